@@ -1,0 +1,40 @@
+# Finds every third-party package once, for all targets.
+#
+# Order matters (see ../shared/gpu/README.md): Protobuf before Torch, or
+# protobuf::libprotobuf ends up empty with the LibTorch of a PyTorch wheel.
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(OpenSSL REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(yaml-cpp CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(CLI11 CONFIG QUIET)
+if(NOT CLI11_FOUND)
+  find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
+  add_library(CLI11::CLI11 INTERFACE IMPORTED)
+  target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
+endif()
+find_package(SQLite3 REQUIRED)
+find_package(Torch REQUIRED)
+
+# Debian's CPU-only LibTorch still ships ATen/cuda headers, so only the package
+# itself can say whether it was built with CUDA.
+set(CONVEYOR_HAS_CUDA OFF)
+if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
+  set(CONVEYOR_HAS_CUDA ON)
+endif()
+message(STATUS "Conveyor: LibTorch ${Torch_VERSION}, CUDA ${CONVEYOR_HAS_CUDA}")
+
+# yaml-cpp 0.7 names its target yaml-cpp; newer releases yaml-cpp::yaml-cpp.
+if(TARGET yaml-cpp::yaml-cpp)
+  set(CONVEYOR_YAML yaml-cpp::yaml-cpp)
+else()
+  set(CONVEYOR_YAML yaml-cpp)
+endif()
+
+# LibTorch's imported flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) reach every target
+# that links it through TORCH_LIBRARIES; TORCH_CXX_FLAGS carries the rest.
+set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")

@@ -1,0 +1,197 @@
+#include "common/dataset.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "common/model_catalog.h"
+
+namespace conveyor {
+namespace {
+
+uint64_t Mix(uint64_t seed, uint64_t salt) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (salt + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+class GzFile {
+ public:
+  explicit GzFile(const std::string& path) : f_(gzopen(path.c_str(), "rb")) {}
+  ~GzFile() {
+    if (f_) gzclose(f_);
+  }
+  GzFile(const GzFile&) = delete;
+  GzFile& operator=(const GzFile&) = delete;
+  bool ok() const { return f_ != nullptr; }
+  bool Read(void* buf, std::size_t n) {
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+      unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(n, 1u << 30));
+      int got = gzread(f_, p, chunk);
+      if (got <= 0) return false;
+      p += got;
+      n -= static_cast<std::size_t>(got);
+    }
+    return true;
+  }
+
+ private:
+  gzFile f_;
+};
+
+struct IdxHeader {
+  std::vector<int64_t> dims;
+};
+
+Status ReadIdxHeader(GzFile& f, const std::string& path, IdxHeader* header) {
+  unsigned char magic[4];
+  if (!f.Read(magic, 4)) return absl::InvalidArgumentError(path + ": empty or not gzip");
+  if (magic[0] != 0 || magic[1] != 0 || magic[2] != 0x08 || magic[3] == 0 || magic[3] > 4)
+    return absl::InvalidArgumentError(path + ": not an IDX file of unsigned bytes");
+  for (int i = 0; i < magic[3]; ++i) {
+    unsigned char b[4];
+    if (!f.Read(b, 4)) return absl::InvalidArgumentError(path + ": truncated IDX header");
+    header->dims.push_back((int64_t{b[0]} << 24) | (b[1] << 16) | (b[2] << 8) | b[3]);
+  }
+  return absl::OkStatus();
+}
+
+Status CheckExists(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    return absl::NotFoundError("dataset file " + path + " does not exist");
+  return absl::OkStatus();
+}
+
+StatusOr<at::Tensor> ReadIdx(const std::string& path, std::vector<int64_t> want_tail) {
+  CONVEYOR_RETURN_IF_ERROR(CheckExists(path));
+  GzFile f(path);
+  if (!f.ok()) return absl::NotFoundError("cannot open dataset file " + path);
+  IdxHeader h;
+  CONVEYOR_RETURN_IF_ERROR(ReadIdxHeader(f, path, &h));
+  std::vector<int64_t> tail(h.dims.begin() + 1, h.dims.end());
+  if (tail != want_tail) return absl::InvalidArgumentError(path + ": unexpected item shape");
+  if (h.dims[0] <= 0 || h.dims[0] > 10000000) return absl::InvalidArgumentError(path + ": bad item count");
+  at::Tensor t = at::empty(h.dims, at::kByte);
+  if (!f.Read(t.data_ptr(), static_cast<std::size_t>(t.numel())))
+    return absl::InvalidArgumentError(path + ": truncated data");
+  return t;
+}
+
+}  // namespace
+
+StatusOr<int64_t> IdxItemCount(const std::string& path) {
+  CONVEYOR_RETURN_IF_ERROR(CheckExists(path));
+  GzFile f(path);
+  if (!f.ok()) return absl::NotFoundError("cannot open dataset file " + path);
+  IdxHeader h;
+  CONVEYOR_RETURN_IF_ERROR(ReadIdxHeader(f, path, &h));
+  return h.dims[0];
+}
+
+StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool inputs, bool labels) {
+  std::unique_ptr<Dataset> d(new Dataset());
+  d->spec_ = spec;
+  const v1::DataSpec& data = spec.data();
+  if (data.kind() == v1::DATA_FASHION_MNIST) {
+    const std::string dir = data.path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      return absl::NotFoundError("data.path " + dir + " is not a directory (install Debian's dataset-fashion-mnist)");
+    auto file = [&](const char* name) { return dir + "/" + name; };
+    CONVEYOR_ASSIGN_OR_RETURN(d->train_size_, IdxItemCount(file("train-labels-idx1-ubyte.gz")));
+    CONVEYOR_ASSIGN_OR_RETURN(d->test_size_, IdxItemCount(file("t10k-labels-idx1-ubyte.gz")));
+    if (inputs) {
+      CONVEYOR_ASSIGN_OR_RETURN(d->train_x_, ReadIdx(file("train-images-idx3-ubyte.gz"), {28, 28}));
+      CONVEYOR_ASSIGN_OR_RETURN(d->test_x_, ReadIdx(file("t10k-images-idx3-ubyte.gz"), {28, 28}));
+      d->train_x_ = d->train_x_.unsqueeze(1);
+      d->test_x_ = d->test_x_.unsqueeze(1);
+    }
+    if (labels) {
+      CONVEYOR_ASSIGN_OR_RETURN(d->train_y_, ReadIdx(file("train-labels-idx1-ubyte.gz"), {}));
+      CONVEYOR_ASSIGN_OR_RETURN(d->test_y_, ReadIdx(file("t10k-labels-idx1-ubyte.gz"), {}));
+      d->train_y_ = d->train_y_.to(at::kLong);
+      d->test_y_ = d->test_y_.to(at::kLong);
+    }
+    if ((inputs && d->train_x_.size(0) != d->train_size_) ||
+        (inputs && d->test_x_.size(0) != d->test_size_))
+      return absl::InvalidArgumentError(dir + ": image and label files disagree on the count");
+  } else {
+    d->train_size_ = data.train_samples();
+    d->test_size_ = data.test_samples();
+    std::vector<int64_t> shape = InputSampleShape(spec);
+    int64_t classes = spec.model().num_classes() > 0 ? spec.model().num_classes()
+                      : spec.model().kind() == v1::MODEL_TOY ? 5 : 10;
+    auto make = [&](int64_t n, uint64_t salt, at::Tensor* x, at::Tensor* y) {
+      at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt));
+      at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt + 1));
+      std::vector<int64_t> full{n};
+      full.insert(full.end(), shape.begin(), shape.end());
+      // Both are drawn whatever is asked for, so the streams never shift.
+      at::Tensor xs = at::randn(full, gx, at::kFloat);
+      at::Tensor ys = at::randint(classes, {n}, gy, at::kLong);
+      if (inputs) *x = xs;
+      if (labels) *y = ys;
+    };
+    make(d->train_size_, 100, &d->train_x_, &d->train_y_);
+    make(d->test_size_, 200, &d->test_x_, &d->test_y_);
+  }
+  if (d->train_size_ < spec.batch_size())
+    return absl::InvalidArgumentError("batch_size " + std::to_string(spec.batch_size()) +
+                                      " is larger than the training split (" +
+                                      std::to_string(d->train_size_) + " samples)");
+  return d;
+}
+
+int64_t Dataset::StepsPerEpoch() const { return train_size_ / spec_.batch_size(); }
+
+int64_t Dataset::EvalBatches() const {
+  return (test_size_ + spec_.eval_batch_size() - 1) / spec_.eval_batch_size();
+}
+
+int64_t Dataset::BatchSize(v1::Phase phase, int64_t step) const {
+  if (phase == v1::PHASE_TRAIN) return spec_.batch_size();
+  int64_t eb = spec_.eval_batch_size();
+  return std::max<int64_t>(0, std::min(eb, test_size_ - step * eb));
+}
+
+at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
+  if (phase == v1::PHASE_EVAL) {
+    int64_t eb = spec_.eval_batch_size();
+    return at::arange(step * eb, step * eb + BatchSize(phase, step), at::kLong);
+  }
+  const int64_t per_epoch = StepsPerEpoch();
+  const int64_t epoch = step / per_epoch, pos = step % per_epoch;
+  at::Tensor perm;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = perms_.find(epoch);
+    if (it == perms_.end()) {
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(Mix(spec_.seed(), 1000 + epoch));
+      it = perms_.emplace(epoch, at::randperm(train_size_, g, at::kLong)).first;
+      while (perms_.size() > 2) perms_.erase(perms_.begin());
+    }
+    perm = it->second;
+  }
+  const int64_t b = spec_.batch_size();
+  return perm.slice(0, pos * b, pos * b + b);
+}
+
+at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step) {
+  at::Tensor x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
+  at::Tensor batch = x.index_select(0, Indices(phase, step));
+  if (batch.scalar_type() == at::kByte) batch = batch.to(at::kFloat).div_(255.0);
+  return batch;
+}
+
+at::Tensor Dataset::Labels(v1::Phase phase, int64_t step) {
+  at::Tensor y = phase == v1::PHASE_TRAIN ? train_y_ : test_y_;
+  return y.index_select(0, Indices(phase, step));
+}
+
+}  // namespace conveyor

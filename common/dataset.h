@@ -1,0 +1,53 @@
+// Training and test data, read deterministically from (seed, step).
+//
+// The first stage asks for inputs and the last stage for labels of the same
+// step; each computes the same sample indices, so input data never crosses the
+// network. Training steps walk a permutation of the training split drawn from
+// (seed, epoch); the last, incomplete mini-batch of an epoch is dropped. Eval
+// batches walk the test split in order, the last one may be smaller.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+class Dataset {
+ public:
+  // Loads what is asked for; NOT_FOUND or INVALID_ARGUMENT names the file.
+  static StatusOr<std::unique_ptr<Dataset>> Open(const v1::JobSpec& spec, bool inputs, bool labels);
+
+  int64_t train_size() const { return train_size_; }
+  int64_t test_size() const { return test_size_; }
+  int64_t StepsPerEpoch() const;
+  int64_t EvalBatches() const;
+  // Samples in the mini-batch of (phase, step).
+  int64_t BatchSize(v1::Phase phase, int64_t step) const;
+
+  // Float inputs [B, ...] and int64 labels [B] of one mini-batch.
+  at::Tensor Inputs(v1::Phase phase, int64_t step);
+  at::Tensor Labels(v1::Phase phase, int64_t step);
+
+ private:
+  Dataset() = default;
+  at::Tensor Indices(v1::Phase phase, int64_t step);
+
+  v1::JobSpec spec_;
+  int64_t train_size_ = 0;
+  int64_t test_size_ = 0;
+  // Images as uint8 (fashion-mnist, scaled on use) or float (synthetic).
+  at::Tensor train_x_, train_y_, test_x_, test_y_;
+  std::mutex mu_;  // guards perms_
+  std::map<int64_t, at::Tensor> perms_;  // epoch -> permutation (last two kept)
+};
+
+// Reads the header of a gzipped IDX file: its item count. Torch-free.
+StatusOr<int64_t> IdxItemCount(const std::string& path);
+
+}  // namespace conveyor

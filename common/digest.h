@@ -1,0 +1,19 @@
+// param_digest: a hex SHA-256 over the model's parameters in model order,
+// independent of the partition (each layer is hashed alone, then the layer
+// hashes are hashed in order).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+namespace conveyor {
+
+// Raw SHA-256 (32 bytes) of one layer's parameters: names, dtypes, shapes, bytes.
+std::string LayerDigest(const torch::nn::Module& layer);
+
+// Hex SHA-256 over the layer digests, in model order. Torch-free.
+std::string CombineDigests(const std::vector<std::string>& layer_digests);
+
+}  // namespace conveyor

@@ -1,0 +1,42 @@
+// Job files: YAML in, a validated conveyor::v1::JobSpec out.
+//
+// The parser rejects unknown keys and wrong types with a message that names the
+// key ("optimizer.lr: expected a number, got 'fast'"), fills the documented
+// defaults, then validates the whole spec once. Every error is
+// INVALID_ARGUMENT. Torch-free, so the coordinator and the fuzz targets use it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+// Defaults (see docs/jobs.md):
+//   name: "job", partition: {stages: 1}, data: {name: synthetic,
+//   train_samples: 1024, test_samples: 256}, batch_size: 32, micro_batches: 1,
+//   schedule: gpipe, optimizer: {name: sgd, lr: 0.01}, adam betas [0.9, 0.999],
+//   eps 1e-8, loss: cross_entropy, epochs: 1, eval: false, seed: 0,
+//   stage_timeout: 10 (seconds), eval_batch_size: 1000.
+constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mnist";
+
+StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text);
+StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
+
+// Checks the cross-field rules (batch vs micro-batches, stages vs layers...).
+// ParseJobYaml calls it; servers call it again on specs that arrive typed.
+Status ValidateJobSpec(const v1::JobSpec& spec);
+
+std::string ScheduleName(v1::ScheduleKind kind);
+std::string ModelName(v1::ModelKind kind);
+std::string JobStateName(v1::JobState state);
+
+// Sizes of the micro-batches of one mini-batch of `batch` samples:
+// micro_batches: M -> M near-equal parts (as torch.tensor_split; fewer when
+// batch < M); split_size: S -> parts of S samples, the last one smaller.
+std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch);
+
+}  // namespace conveyor

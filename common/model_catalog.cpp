@@ -1,0 +1,65 @@
+#include "common/model_catalog.h"
+
+#include <string>
+
+namespace conveyor {
+
+int NumLayers(const v1::ModelSpec& model) {
+  switch (model.kind()) {
+    case v1::MODEL_TOY: return 3;
+    case v1::MODEL_CONVNET: return 12;
+    case v1::MODEL_MLP: return 2 + 2 * model.hidden_size();  // Flatten, (Linear, ReLU)*, Linear
+    default: return 0;
+  }
+}
+
+std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_FASHION_MNIST) return {1, 28, 28};
+  switch (spec.model().kind()) {
+    case v1::MODEL_TOY: return {10};
+    case v1::MODEL_CONVNET: return {1, 28, 28};
+    case v1::MODEL_MLP: return {spec.model().input_dim() > 0 ? spec.model().input_dim() : 784};
+    default: return {};
+  }
+}
+
+StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec) {
+  const int layers = NumLayers(spec.model());
+  const auto& part = spec.partition();
+  const int stages = part.stages();
+  if (stages <= 0) return absl::InvalidArgumentError("partition.stages: must be at least 1");
+  if (stages > layers) {
+    return absl::InvalidArgumentError(
+        "partition.stages: " + std::to_string(stages) + " stages but the model has only " +
+        std::to_string(layers) + " layers");
+  }
+  std::vector<int> starts;
+  if (part.boundaries_size() > 0) {
+    if (part.boundaries_size() != stages - 1) {
+      return absl::InvalidArgumentError("partition.boundaries: " + std::to_string(stages) +
+                                        " stages need " + std::to_string(stages - 1) + " boundaries");
+    }
+    int prev = 0;
+    for (int b : part.boundaries()) {
+      if (b <= prev || b >= layers) {
+        return absl::InvalidArgumentError(
+            "partition.boundaries: must increase strictly within 1.." + std::to_string(layers - 1) +
+            " (the model has " + std::to_string(layers) + " layers), got " + std::to_string(b));
+      }
+      starts.push_back(b);
+      prev = b;
+    }
+  } else {
+    for (int s = 1; s < stages; ++s) starts.push_back(s * layers / stages);
+  }
+  std::vector<LayerRange> ranges;
+  int begin = 0;
+  for (int start : starts) {
+    ranges.push_back({begin, start});
+    begin = start;
+  }
+  ranges.push_back({begin, layers});
+  return ranges;
+}
+
+}  // namespace conveyor

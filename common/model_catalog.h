@@ -1,0 +1,30 @@
+// What the coordinator must know of a model without building it: its number of
+// layers and the per-sample shape of its input. Torch-free. common/models.h
+// builds the layers themselves; a test checks that both agree.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+int NumLayers(const v1::ModelSpec& model);
+
+// Per-sample input shape: toy {10}, convnet {1, 28, 28}, mlp {input_dim}
+// (Fashion-MNIST's {1, 28, 28} for mlp too: its first layer flattens).
+std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec);
+
+// Contiguous layer ranges, one per stage.
+struct LayerRange {
+  int begin = 0;
+  int end = 0;  // exclusive
+};
+
+// From `partition`: explicit boundaries, or `stages` ranges of near-equal
+// layer counts. INVALID_ARGUMENT when a stage would be empty.
+StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
+
+}  // namespace conveyor

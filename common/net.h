@@ -1,0 +1,34 @@
+// gRPC plumbing shared by servers and clients: channels with keepalive, a
+// bounded wait for a connection, deadlines, port files.
+#pragma once
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace conveyor {
+
+// Largest message a server accepts; larger ones get RESOURCE_EXHAUSTED before
+// they are buffered.
+constexpr int kMaxMessageBytes = 1 << 30;
+
+// An insecure channel with keepalive pings (a peer that vanishes without a
+// reset is noticed) and no send-size limit.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+// UNAVAILABLE naming `what` and the address unless the channel connects by
+// `deadline`.
+Status WaitConnected(grpc::Channel& channel, const std::string& what, const std::string& address,
+                     std::chrono::system_clock::time_point deadline);
+
+std::chrono::system_clock::time_point DeadlineAfter(double seconds);
+
+// Writes `content` to `path` atomically (temporary file, then rename).
+Status WriteFileAtomically(const std::string& path, const std::string& content);
+
+}  // namespace conveyor

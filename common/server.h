@@ -1,0 +1,48 @@
+// A started gRPC server: the bound address (port 0 picks a free one), the
+// standard health service, message-size limits, keepalive, and an optional
+// port file written once the server accepts calls.
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace conveyor {
+
+class GrpcServer {
+ public:
+  // `services` are not owned and must outlive the server. UNAVAILABLE when the
+  // address cannot be bound.
+  static StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& listen,
+                                                     const std::vector<grpc::Service*>& services,
+                                                     const std::string& port_file = "");
+  ~GrpcServer();
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  // "host:port" with the port actually bound.
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+  // Idempotent. Ends calls in flight after `grace_seconds`.
+  void Shutdown(double grace_seconds = 2.0);
+
+ private:
+  GrpcServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+// Blocks SIGINT and SIGTERM in this thread and every thread created after it;
+// call first thing in main(). WaitForTerminationSignal() then returns the
+// signal when one arrives.
+void BlockTerminationSignals();
+int WaitForTerminationSignal();
+
+}  // namespace conveyor

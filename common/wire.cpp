@@ -1,0 +1,54 @@
+#include "common/wire.h"
+
+namespace conveyor {
+
+int64_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return 4;
+    case v1::DTYPE_FLOAT64: return 8;
+    case v1::DTYPE_BFLOAT16: return 2;
+    case v1::DTYPE_FLOAT16: return 2;
+    case v1::DTYPE_INT64: return 8;
+    default: return 0;
+  }
+}
+
+std::string DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32: return "float32";
+    case v1::DTYPE_FLOAT64: return "float64";
+    case v1::DTYPE_BFLOAT16: return "bfloat16";
+    case v1::DTYPE_FLOAT16: return "float16";
+    case v1::DTYPE_INT64: return "int64";
+    default: return "unknown dtype " + std::to_string(static_cast<int>(dtype));
+  }
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<int64_t>& shape,
+                       const std::string& what) {
+  if (t.dtype() != dtype) {
+    return absl::InvalidArgumentError(what + " has dtype " + DTypeName(t.dtype()) + ", expected " +
+                                      DTypeName(dtype));
+  }
+  std::vector<int64_t> got(t.shape().begin(), t.shape().end());
+  if (got != shape) {
+    return absl::InvalidArgumentError(what + " has shape " + ShapeString(got) + ", expected " +
+                                      ShapeString(shape));
+  }
+  // Shapes here are the expected ones, already bounded; no overflow.
+  int64_t bytes = DTypeSize(dtype);
+  for (int64_t d : shape) bytes *= d;
+  if (static_cast<int64_t>(t.data().size()) != bytes) {
+    return absl::InvalidArgumentError(what + " carries " + std::to_string(t.data().size()) +
+                                      " bytes, its shape needs " + std::to_string(bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace conveyor

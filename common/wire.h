@@ -1,0 +1,24 @@
+// Tensors on the wire (conveyor.v1.Tensor): checks, torch-free, so the very
+// decoder the servers use can be fuzzed without LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+// Bytes per element; 0 for an unknown dtype.
+int64_t DTypeSize(v1::DType dtype);
+std::string DTypeName(v1::DType dtype);
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+// INVALID_ARGUMENT naming `what`, unless `t` has exactly this dtype and shape
+// and as many bytes as they imply.
+Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<int64_t>& shape,
+                       const std::string& what);
+
+}  // namespace conveyor

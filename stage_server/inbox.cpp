@@ -1,0 +1,129 @@
+#include "stage_server/inbox.h"
+
+#include "common/wire.h"
+
+namespace conveyor {
+namespace {
+
+std::string KindName(v1::FrameKind kind) {
+  return kind == v1::FRAME_ACTIVATION ? "activation" : kind == v1::FRAME_GRADIENT ? "gradient" : "frame";
+}
+
+}  // namespace
+
+void Inbox::Open(InboxExpectations expect) {
+  std::lock_guard<std::mutex> lock(mu_);
+  expect_ = std::move(expect);
+  open_ = true;
+  phase_ = v1::PHASE_TRAIN;
+  step_ = -1;
+  failure_ = absl::OkStatus();
+  frames_.clear();
+}
+
+void Inbox::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = false;
+  frames_.clear();
+  failure_ = absl::FailedPreconditionError("the stage was released");
+  cv_.notify_all();
+}
+
+void Inbox::BeginStep(v1::Phase phase, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  phase_ = phase;
+  step_ = step;
+  failure_ = absl::OkStatus();
+  for (auto it = frames_.begin(); it != frames_.end();) {
+    bool current = std::get<0>(it->first) == phase && std::get<1>(it->first) >= step;
+    it = current ? std::next(it) : frames_.erase(it);
+  }
+}
+
+Status Inbox::Check(const v1::TensorFrame& f) const {
+  const std::string who = "stage " + std::to_string(expect_.stage_index);
+  if (!open_) return absl::FailedPreconditionError(who + " has no job configured");
+  if (f.job_id() != expect_.job_id)
+    return absl::FailedPreconditionError(who + " runs job '" + expect_.job_id + "', not '" + f.job_id() + "'");
+  if (f.phase() != v1::PHASE_TRAIN && f.phase() != v1::PHASE_EVAL)
+    return absl::InvalidArgumentError(who + ": frame has no phase");
+  bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + 1) : f.step() == 0;
+  if (!step_ok) {
+    return absl::FailedPreconditionError(who + " does not expect tensors of step " + std::to_string(f.step()) +
+                                         " (it is at step " + std::to_string(step_) + ")");
+  }
+  const std::vector<int64_t>* sample = nullptr;
+  if (f.kind() == v1::FRAME_ACTIVATION) sample = &expect_.activation_sample_shape;
+  if (f.kind() == v1::FRAME_GRADIENT) sample = &expect_.gradient_sample_shape;
+  if (!sample) return absl::InvalidArgumentError(who + ": frame has no kind");
+  if (sample->empty())
+    return absl::InvalidArgumentError(who + " expects no " + KindName(f.kind()) + " tensors");
+  if (f.micro_batch() < 0 || f.micro_batch() >= expect_.max_micro_batches) {
+    return absl::InvalidArgumentError(who + ": micro-batch " + std::to_string(f.micro_batch()) +
+                                      " is out of range [0, " + std::to_string(expect_.max_micro_batches) + ")");
+  }
+  const std::string what = who + " step " + std::to_string(f.step()) + " micro-batch " +
+                           std::to_string(f.micro_batch()) + ": " + KindName(f.kind());
+  int64_t rows = f.tensor().shape_size() > 0 ? f.tensor().shape(0) : 0;
+  if (rows < 1 || rows > expect_.max_micro_batch_size) rows = expect_.max_micro_batch_size;
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), sample->begin(), sample->end());
+  return CheckWireTensor(f.tensor(), expect_.dtype, shape, what);
+}
+
+Status Inbox::Deliver(v1::TensorFrame frame) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status st = Check(frame);
+  if (!st.ok()) {
+    // A malformed tensor of the current job will never be followed by a good
+    // one: fail the step now rather than time out.
+    if (open_ && frame.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
+      failure_ = st;
+      cv_.notify_all();
+    }
+    return st;
+  }
+  Key key{frame.phase(), frame.step(), frame.kind(), frame.micro_batch()};
+  if (frames_.count(key)) {
+    return absl::AlreadyExistsError("stage " + std::to_string(expect_.stage_index) + ": a " +
+                                    KindName(frame.kind()) + " for step " + std::to_string(frame.step()) +
+                                    " micro-batch " + std::to_string(frame.micro_batch()) + " arrived twice");
+  }
+  frames_.emplace(key, std::move(frame));
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+StatusOr<v1::TensorFrame> Inbox::Take(v1::FrameKind kind, int micro_batch, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Key key{phase_, step_, kind, micro_batch};
+  for (;;) {
+    if (!failure_.ok()) return failure_;
+    auto it = frames_.find(key);
+    if (it != frames_.end()) {
+      v1::TensorFrame f = std::move(it->second);
+      frames_.erase(it);
+      return f;
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !frames_.count(key) && failure_.ok()) {
+      const bool act = kind == v1::FRAME_ACTIVATION;
+      return absl::DeadlineExceededError(
+          "stage " + std::to_string(expect_.stage_index) + " waited too long for the " + KindName(kind) +
+          " of step " + std::to_string(step_) + " micro-batch " + std::to_string(micro_batch) + " from stage " +
+          std::to_string(expect_.stage_index + (act ? -1 : 1)) + " (" + (act ? "upstream" : "downstream") + ")");
+    }
+  }
+}
+
+void Inbox::Fail(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failure_ = status;
+  cv_.notify_all();
+}
+
+std::size_t Inbox::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return frames_.size();
+}
+
+}  // namespace conveyor

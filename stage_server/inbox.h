@@ -1,0 +1,75 @@
+// A stage's inbox: tensors that neighbours pushed, checked on arrival, held
+// until the stage's schedule takes them.
+//
+// Torch-free (the receive path of the gRPC stream and the fuzz targets use it).
+// Thread-safe: Deliver() is called from transport threads, Take() from the
+// stage's executor, Fail() from anywhere.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+// What the inbox accepts while a job is configured.
+struct InboxExpectations {
+  std::string job_id;
+  int stage_index = 0;
+  v1::DType dtype = v1::DTYPE_FLOAT32;
+  std::vector<int64_t> activation_sample_shape;  // from upstream; empty: none expected
+  std::vector<int64_t> gradient_sample_shape;    // from downstream; empty: none expected
+  int max_micro_batches = 0;
+  int64_t max_micro_batch_size = 0;
+};
+
+class Inbox {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Starts accepting frames of a new job; drops whatever was held.
+  void Open(InboxExpectations expect);
+  // Stops accepting frames and drops whatever was held.
+  void Close();
+
+  // The stage starts (phase, step): frames of earlier steps are refused from
+  // now on, and those held are dropped. Clears an earlier Fail().
+  void BeginStep(v1::Phase phase, int64_t step);
+
+  // Checks a frame (job, step, kind, micro-batch, dtype, shape, size) and holds
+  // it. INVALID_ARGUMENT or FAILED_PRECONDITION naming the problem otherwise;
+  // a malformed tensor also fails the step in progress, so the stage does not
+  // wait for a tensor that will never come.
+  Status Deliver(v1::TensorFrame frame);
+
+  // Waits for the frame (kind, micro_batch) of the current step until
+  // `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
+  StatusOr<v1::TensorFrame> Take(v1::FrameKind kind, int micro_batch, Clock::time_point deadline);
+
+  // Wakes every Take() with `status` until the next BeginStep().
+  void Fail(const Status& status);
+
+  std::size_t held() const;
+
+ private:
+  using Key = std::tuple<int, int64_t, int, int>;  // phase, step, kind, micro-batch
+  Status Check(const v1::TensorFrame& frame) const;
+
+  mutable std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  bool open_ = false;
+  InboxExpectations expect_;
+  v1::Phase phase_ = v1::PHASE_TRAIN;
+  int64_t step_ = -1;
+  Status failure_;
+  std::map<Key, v1::TensorFrame> frames_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,65 @@
+// The logic of one pipeline stage, free of gRPC: the layers it owns, their
+// optimizer, the data it reads (first stage: inputs, last stage: labels) and
+// the schedule it runs each step.
+//
+// Thread-safe. Every call but Abort() and Info() runs on the stage's own
+// executor thread, which owns the model; callers block until it is done.
+// Abort() wakes a step that waits for a neighbour. Torch-free header (pimpl).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+#include "stage_server/transport.h"
+
+namespace conveyor {
+
+class Inbox;
+
+struct StageOptions {
+  std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
+  int threads = 0;             // LibTorch intra-op threads; 0: LibTorch's default
+  // Creates the links to the neighbours. Not owned; outlives the stage.
+  TransportFactory* transports = nullptr;
+};
+
+class Stage {
+ public:
+  // INVALID_ARGUMENT for an unknown device, FAILED_PRECONDITION for a CUDA
+  // device in a build or on a machine without CUDA.
+  static StatusOr<std::unique_ptr<Stage>> Create(const StageOptions& options);
+  ~Stage();
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  // Builds this stage's layers for a job (replacing any earlier job) and says
+  // what per-sample shape it sends downstream.
+  StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);
+  // Opens the long-lived links to both neighbours.
+  StatusOr<v1::ConnectReply> Connect(const v1::JobRef& job);
+  // Runs one step's action list: forward and backward of every micro-batch,
+  // then the optimizer step (train), or forward only (eval).
+  StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& request);
+  StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& job);
+  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& job);
+  // Fails the step in progress (if any) with `reason`; safe from any thread.
+  Status Abort(const v1::AbortRequest& request);
+  // Drops the job: layers, optimizer, links.
+  Status Release(const v1::JobRef& job);
+  v1::StageInfo Info() const;
+
+  // Where the transports deliver this stage's incoming frames.
+  Inbox& inbox();
+
+  // Idempotent; Abort()s the running step and joins the executor.
+  void Shutdown();
+
+ private:
+  class Impl;
+  explicit Stage(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace conveyor

@@ -1,0 +1,33 @@
+#include "stage_server/stage_server.h"
+
+#include "common/logging.h"
+#include "stage_server/grpc_transport.h"
+#include "stage_server/stage_service.h"
+
+namespace conveyor {
+
+StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptions& options) {
+  std::unique_ptr<StageServer> s(new StageServer());
+  s->transports_ = std::make_unique<GrpcTransportFactory>();
+  StageOptions stage_options;
+  stage_options.device = options.device;
+  stage_options.threads = options.threads;
+  stage_options.transports = s->transports_.get();
+  CONVEYOR_ASSIGN_OR_RETURN(s->stage_, Stage::Create(stage_options));
+  s->control_ = std::make_unique<StageControlService>(s->stage_.get());
+  s->data_ = std::make_unique<StageDataService>(&s->stage_->inbox());
+  CONVEYOR_ASSIGN_OR_RETURN(s->server_, GrpcServer::Start(options.listen, {s->control_.get(), s->data_.get()},
+                                                          options.port_file));
+  LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device);
+  return s;
+}
+
+StageServer::~StageServer() { Shutdown(); }
+
+void StageServer::Shutdown() {
+  if (stage_) stage_->Abort(v1::AbortRequest());  // no-op unless a job runs
+  if (stage_) stage_->Shutdown();                  // wakes a step waiting on a neighbour
+  if (server_) server_->Shutdown();
+}
+
+}  // namespace conveyor

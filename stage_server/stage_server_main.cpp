@@ -1,0 +1,37 @@
+// stage_server: one pipeline stage on one device, driven by a coordinator.
+#include <CLI/CLI.hpp>
+
+#include "common/logging.h"
+#include "stage_server/stage_server.h"
+
+int main(int argc, char** argv) {
+  conveyor::BlockTerminationSignals();
+  CLI::App app{"Conveyor stage server: owns one partition of a model on one device"};
+  conveyor::StageServerOptions options;
+  std::string log_level = "info";
+  app.add_option("--listen", options.listen, "HOST:PORT to serve on (port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--port-file", options.port_file, "write the bound HOST:PORT here once serving");
+  app.add_option("--device", options.device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--threads", options.threads, "LibTorch intra-op threads (0: LibTorch's default)")
+      ->capture_default_str();
+  app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  conveyor::LogLevel level;
+  if (!conveyor::ParseLogLevel(log_level, &level)) {
+    std::cerr << "unknown log level '" << log_level << "'\n";
+    return 2;
+  }
+  conveyor::SetLogLevel(level);
+  conveyor::SetLogName("stage");
+  auto server = conveyor::StageServer::Start(options);
+  if (!server.ok()) {
+    LOG_ERROR("cannot start: ", server.status().message());
+    return 1;
+  }
+  int sig = conveyor::WaitForTerminationSignal();
+  LOG_INFO("signal ", sig, ": shutting down");
+  (*server)->Shutdown();
+  return 0;
+}

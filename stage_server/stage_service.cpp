@@ -1,0 +1,82 @@
+#include "stage_server/stage_service.h"
+
+#include "common/logging.h"
+#include "stage_server/inbox.h"
+
+namespace conveyor {
+namespace {
+
+template <typename T>
+grpc::Status Reply(StatusOr<T> result, T* reply) {
+  if (!result.ok()) return ToGrpc(result.status());
+  *reply = std::move(*result);
+  return grpc::Status::OK;
+}
+
+// Reads one neighbour's stream frame by frame into the inbox. The first bad
+// frame ends the stream with its status (the sender's link reports it).
+class PushReader final : public grpc::ServerReadReactor<v1::TensorFrame> {
+ public:
+  PushReader(Inbox* inbox, v1::PushReply* reply) : inbox_(inbox), reply_(reply) { StartRead(&frame_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the sender closed its side, or the call broke
+      Finish(grpc::Status::OK);
+      return;
+    }
+    Status st = inbox_->Deliver(std::move(frame_));
+    if (!st.ok()) {
+      LOG_WARN("refused a tensor: ", st.message());
+      Finish(ToGrpc(st));
+      return;
+    }
+    reply_->set_frames(reply_->frames() + 1);
+    frame_.Clear();
+    StartRead(&frame_);
+  }
+  void OnDone() override { delete this; }
+  void OnCancel() override {}
+
+ private:
+  Inbox* inbox_;
+  v1::PushReply* reply_;
+  v1::TensorFrame frame_;
+};
+
+}  // namespace
+
+grpc::Status StageControlService::Configure(grpc::ServerContext*, const v1::StageAssignment* req,
+                                            v1::ConfigureReply* reply) {
+  return Reply(stage_->Configure(*req), reply);
+}
+grpc::Status StageControlService::Connect(grpc::ServerContext*, const v1::JobRef* req, v1::ConnectReply* reply) {
+  return Reply(stage_->Connect(*req), reply);
+}
+grpc::Status StageControlService::RunStep(grpc::ServerContext*, const v1::RunStepRequest* req,
+                                          v1::RunStepReply* reply) {
+  return Reply(stage_->RunStep(*req), reply);
+}
+grpc::Status StageControlService::GetDigest(grpc::ServerContext*, const v1::JobRef* req, v1::DigestReply* reply) {
+  return Reply(stage_->GetDigest(*req), reply);
+}
+grpc::Status StageControlService::GetParameters(grpc::ServerContext*, const v1::JobRef* req,
+                                                v1::ParametersReply* reply) {
+  return Reply(stage_->GetParameters(*req), reply);
+}
+grpc::Status StageControlService::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::Empty*) {
+  return ToGrpc(stage_->Abort(*req));
+}
+grpc::Status StageControlService::Release(grpc::ServerContext*, const v1::JobRef* req, v1::Empty*) {
+  return ToGrpc(stage_->Release(*req));
+}
+grpc::Status StageControlService::GetInfo(grpc::ServerContext*, const v1::Empty*, v1::StageInfo* reply) {
+  *reply = stage_->Info();
+  return grpc::Status::OK;
+}
+
+grpc::ServerReadReactor<v1::TensorFrame>* StageDataService::Push(grpc::CallbackServerContext*,
+                                                                 v1::PushReply* reply) {
+  return new PushReader(inbox_, reply);
+}
+
+}  // namespace conveyor
