@@ -1,6 +1,7 @@
 #include "common/digest.h"
 
 #include <openssl/evp.h>
+#include <torch/nn/module.h>
 
 #include <memory>
 

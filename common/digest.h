@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-#include <torch/nn/module.h>
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace conveyor {
 

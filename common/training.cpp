@@ -1,7 +1,6 @@
 #include "common/training.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
@@ -35,10 +34,5 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
   return std::make_unique<torch::optim::SGD>(std::move(params), o);
 }
 
-void SetComputeThreads(int threads) {
-  if (threads > 0) at::set_num_threads(threads);
-}
-
-int ComputeThreads() { return at::get_num_threads(); }
 
 }  // namespace conveyor

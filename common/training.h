@@ -22,8 +22,4 @@ int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec,
                                                        std::vector<at::Tensor> params);
 
-// Intra-op threads for this process; 0 leaves LibTorch's default.
-void SetComputeThreads(int threads);
-int ComputeThreads();
-
 }  // namespace conveyor

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/models.h"
 #include "common/tensor_codec.h"
+#include "common/device.h"
 #include "common/training.h"
 #include "common/wire.h"
 #include "stage_server/inbox.h"

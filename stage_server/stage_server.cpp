@@ -25,7 +25,6 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
 StageServer::~StageServer() { Shutdown(); }
 
 void StageServer::Shutdown() {
-  if (stage_) stage_->Abort(v1::AbortRequest());  // no-op unless a job runs
   if (stage_) stage_->Shutdown();                  // wakes a step waiting on a neighbour
   if (server_) server_->Shutdown();
 }

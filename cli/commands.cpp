@@ -1,0 +1,361 @@
+#include "cli/commands.h"
+
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "cli/local_cluster.h"
+#include "cli/output.h"
+#include "cli/reference.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "common/net.h"
+#include "common/server.h"
+#include "common/device.h"
+#include "conveyor.grpc.pb.h"
+#include "health.grpc.pb.h"
+
+namespace conveyor::cli {
+namespace {
+
+constexpr int kExitFailure = 1;
+
+int Fail(const Status& st) {
+  std::cerr << "conveyor: error: " << st.message() << " (" << absl::StatusCodeToString(st.code()) << ")\n";
+  return kExitFailure;
+}
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Common {
+  std::string coordinator;
+  std::string log_level = "warn";
+  bool json = false;
+};
+
+std::string CoordinatorAddress(const Common& c) {
+  if (!c.coordinator.empty()) return c.coordinator;
+  if (const char* env = std::getenv("CONVEYOR_COORDINATOR"); env && *env) return env;
+  return "127.0.0.1:50050";
+}
+
+std::unique_ptr<v1::Coordinator::Stub> Connect(const std::string& address) {
+  return v1::Coordinator::NewStub(MakeChannel(address));
+}
+
+// Prints the end of a job: the summary on stderr, and the JSON object on
+// stdout with --json (the summary on stdout otherwise).
+int Report(const v1::JobStatus& status, bool json) {
+  if (json) {
+    std::cerr << Summary(status);
+    std::cout << ToJson(status).dump() << std::endl;
+  } else {
+    std::cout << Summary(status);
+  }
+  return status.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitFailure;
+}
+
+// Follows a job until it ends, printing progress, then reports it.
+int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool json) {
+  ProgressPrinter progress(true);
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  req.set_omit_losses(true);
+  grpc::ClientContext ctx;
+  auto reader = stub.WatchJob(&ctx, req);
+  v1::JobStatus status;
+  bool ended = false;
+  while (reader->Read(&status)) {
+    progress.Update(status);
+    if (Terminal(status.state())) ended = true;
+  }
+  progress.Finish();
+  grpc::Status st = reader->Finish();
+  if (!st.ok() && !ended) return Fail(Annotate(FromGrpc(st), "lost the coordinator while watching " + job_id));
+  grpc::ClientContext get_ctx;
+  get_ctx.set_deadline(DeadlineAfter(30));
+  req.set_omit_losses(false);
+  st = stub.GetJob(&get_ctx, req, &status);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  return Report(status, json);
+}
+
+StatusOr<std::string> SubmitText(v1::Coordinator::Stub& stub, const std::string& yaml) {
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(yaml);
+  v1::SubmitJobReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  grpc::Status st = stub.SubmitJob(&ctx, req, &reply);
+  if (!st.ok()) return FromGrpc(st);
+  return reply.job_id();
+}
+
+// ------------------------------------------------------------- commands --
+
+int CmdSubmit(const Common& c, const std::string& file, bool wait) {
+  auto yaml = ReadText(file);
+  if (!yaml.ok()) return Fail(yaml.status());
+  auto stub = Connect(CoordinatorAddress(c));
+  auto id = SubmitText(*stub, *yaml);
+  if (!id.ok()) return Fail(Annotate(id.status(), file));
+  if (!wait) {
+    if (c.json) std::cout << nlohmann::json{{"job_id", *id}}.dump() << std::endl;
+    else std::cout << *id << std::endl;
+    return 0;
+  }
+  std::cerr << "submitted " << *id << std::endl;
+  return WatchUntilDone(*stub, *id, c.json);
+}
+
+int CmdStatus(const Common& c, const std::string& job_id) {
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::JobStatus status;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  grpc::Status st = stub->GetJob(&ctx, req, &status);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  if (c.json) std::cout << ToJson(status).dump() << std::endl;
+  else std::cout << Summary(status);
+  return 0;
+}
+
+int CmdList(const Common& c) {
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::ListJobsReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &reply);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  if (c.json) {
+    nlohmann::json all = nlohmann::json::array();
+    for (const auto& j : reply.jobs()) all.push_back(ToJson(j));
+    std::cout << all.dump() << std::endl;
+    return 0;
+  }
+  if (reply.jobs().empty()) std::cout << "no jobs\n";
+  for (const auto& j : reply.jobs()) std::cout << ListLine(j) << "\n";
+  return 0;
+}
+
+int CmdCancel(const Common& c, const std::string& job_id) {
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::JobRef req;
+  req.set_job_id(job_id);
+  v1::JobStatus status;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  grpc::Status st = stub->CancelJob(&ctx, req, &status);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  std::cout << "cancelling " << job_id << " (" << JobStateName(status.state()) << ")\n";
+  return 0;
+}
+
+int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads) {
+  if (!reference) {
+    return Fail(absl::InvalidArgumentError(
+        "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
+  }
+  auto spec = LoadJobFile(file);
+  if (!spec.ok()) return Fail(spec.status());
+  SetComputeThreads(threads);
+  ProgressPrinter progress(true);
+  ReferenceOptions options;
+  options.device = device;
+  options.progress = [&](const v1::JobStatus& s) { progress.Update(s); };
+  auto result = TrainReference(*spec, options);
+  progress.Finish();
+  if (!result.ok()) return Fail(result.status());
+  return Report(result->status, c.json);
+}
+
+int CmdHealth(const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(5));
+  grpc::Status st = stub->Check(&ctx, req, &reply);
+  if (!st.ok()) return Fail(Annotate(FromGrpc(st), address));
+  std::cout << address << ": " << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()) << "\n";
+  return reply.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : kExitFailure;
+}
+
+// Ctrl-C or SIGTERM during `local`: cancel the job, and let the normal path
+// tear the cluster down. A second signal gives up waiting.
+class InterruptWatcher {
+ public:
+  InterruptWatcher() : thread_([this] { Loop(); }) {}
+  ~InterruptWatcher() {
+    done_ = true;
+    thread_.join();
+  }
+  void SetJob(v1::Coordinator::Stub* stub, const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stub_ = stub;
+    job_id_ = job_id;
+  }
+  bool interrupted() const { return signals_ > 0; }
+
+ private:
+  void Loop() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    timespec tick{0, 200 * 1000 * 1000};
+    while (!done_) {
+      if (sigtimedwait(&set, nullptr, &tick) < 0) continue;  // timeout: look at done_ again
+      if (++signals_ > 1) {
+        std::cerr << "\nconveyor: interrupted again: stopping the cluster now\n";
+        std::_Exit(130);  // children get SIGTERM through PR_SET_PDEATHSIG
+      }
+      std::cerr << "\nconveyor: interrupted: cancelling the job and stopping the cluster\n";
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stub_) {
+        v1::JobRef req;
+        req.set_job_id(job_id_);
+        v1::JobStatus status;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(DeadlineAfter(10));
+        stub_->CancelJob(&ctx, req, &status);
+      }
+    }
+  }
+
+  std::atomic<bool> done_{false};
+  std::atomic<int> signals_{0};
+  std::mutex mu_;  // guards stub_ and job_id_
+  v1::Coordinator::Stub* stub_ = nullptr;
+  std::string job_id_;
+  std::thread thread_;
+};
+
+int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device) {
+  auto yaml = ReadText(file);
+  if (!yaml.ok()) return Fail(yaml.status());
+  auto spec = ParseJobYaml(*yaml);
+  if (!spec.ok()) return Fail(Annotate(spec.status(), file));
+  LocalClusterOptions options;
+  options.stages = stages > 0 ? stages : spec->partition().stages();
+  options.bin_dir = ExecutableDir();
+  options.log_level = c.log_level == "warn" ? "info" : c.log_level;
+  const int gpus = device == "cpu" ? 0 : CudaDeviceCount();
+  if (device == "cuda" && gpus == 0) return Fail(absl::FailedPreconditionError("--device cuda: no CUDA device here"));
+  for (int i = 0; i < options.stages; ++i)
+    options.devices.push_back(gpus > 0 ? "cuda:" + std::to_string(i % gpus) : "cpu");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.threads_per_stage = std::max(1, cores / options.stages);
+
+  BlockTerminationSignals();
+  InterruptWatcher interrupts;
+  std::cerr << "starting " << options.stages << " stage server(s) on " << (gpus > 0 ? "GPUs" : "CPU") << " ("
+            << options.threads_per_stage << " thread(s) each) and a coordinator" << std::endl;
+  auto cluster = LocalCluster::Start(options);
+  if (!cluster.ok()) return Fail(cluster.status());
+  std::cerr << "cluster up: coordinator " << (*cluster)->coordinator_address() << ", logs in "
+            << (*cluster)->run_dir() << std::endl;
+  if (interrupts.interrupted()) return 130;
+  auto stub = Connect((*cluster)->coordinator_address());
+  auto id = SubmitText(*stub, *yaml);
+  if (!id.ok()) return Fail(Annotate(id.status(), file));
+  interrupts.SetJob(stub.get(), *id);
+  std::cerr << "submitted " << *id << std::endl;
+  int rc = WatchUntilDone(*stub, *id, c.json);
+  interrupts.SetJob(nullptr, "");
+  (*cluster)->Stop();
+  if (rc == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all((*cluster)->run_dir(), ec);
+  } else {
+    std::cerr << "logs kept in " << (*cluster)->run_dir() << "\n";
+  }
+  return interrupts.interrupted() ? 130 : rc;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  CLI::App app{"conveyor: pipeline-parallel training as services"};
+  app.require_subcommand(1);
+  Common common;
+  app.add_option("--coordinator", common.coordinator,
+                 "coordinator HOST:PORT (default: $CONVEYOR_COORDINATOR, else 127.0.0.1:50050)");
+  app.add_option("-v,--log-level", common.log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+
+  std::string file, job_id, device = "cpu", address;
+  bool wait = false, reference = false;
+  int stages = 0, threads = 0;
+
+  auto* submit = app.add_subcommand("submit", "submit a job file to the coordinator");
+  submit->add_option("job", file, "job file (YAML)")->required();
+  submit->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
+  submit->add_flag("--json", common.json, "print the result as one JSON object on stdout");
+
+  auto* status = app.add_subcommand("status", "show a job");
+  status->add_option("job_id", job_id, "job id")->required();
+  status->add_flag("--json", common.json, "print one JSON object");
+
+  auto* list = app.add_subcommand("list", "list the coordinator's jobs");
+  list->add_flag("--json", common.json, "print a JSON array");
+
+  auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  cancel->add_option("job_id", job_id, "job id")->required();
+
+  auto* train = app.add_subcommand("train", "train in this process: the correctness reference");
+  train->add_option("job", file, "job file (YAML)")->required();
+  train->add_flag("--reference", reference, "the whole model on one device, full batches, no pipeline");
+  train->add_flag("--json", common.json, "print the result as one JSON object on stdout");
+  train->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
+  train->add_option("--threads", threads, "LibTorch intra-op threads (0: LibTorch's default)");
+
+  std::string local_device = "auto";
+  auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
+  local->add_option("job", file, "job file (YAML)")->required();
+  local->add_option("--stages", stages, "stage servers to start (default: the job's stages)");
+  local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")->capture_default_str();
+  local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
+
+  auto* health = app.add_subcommand("health", "probe a server with the standard gRPC health check");
+  health->add_option("address", address, "HOST:PORT")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  LogLevel level;
+  if (!ParseLogLevel(common.log_level, &level)) {
+    std::cerr << "conveyor: unknown log level '" << common.log_level << "'\n";
+    return 2;
+  }
+  SetLogLevel(level);
+  SetLogName("conveyor");
+
+  if (*submit) return CmdSubmit(common, file, wait);
+  if (*status) return CmdStatus(common, job_id);
+  if (*list) return CmdList(common);
+  if (*cancel) return CmdCancel(common, job_id);
+  if (*train) return CmdTrain(common, file, reference, device, threads);
+  if (*local) return CmdLocal(common, file, stages, local_device);
+  if (*health) return CmdHealth(address);
+  return 2;
+}
+
+}  // namespace conveyor::cli

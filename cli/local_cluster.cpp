@@ -1,0 +1,182 @@
+#include "cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/inotify.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
+
+namespace conveyor::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string LastLines(const std::string& path, int n) {
+  std::string text = ReadFile(path);
+  std::size_t pos = text.size();
+  for (int i = 0; i <= n && pos != std::string::npos && pos > 0; ++i) pos = text.rfind('\n', pos - 1);
+  return pos == std::string::npos ? text : text.substr(pos + 1);
+}
+
+// A file descriptor that becomes readable when `pid` exits; -1 if the kernel
+// has no pidfd_open (callers then fall back to a bounded poll).
+int PidFd(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+// Waits until `path` holds an address (the child renames it into place once
+// it serves), the child exits, or the deadline passes. Event-driven: inotify
+// on the folder and a pidfd for the child.
+StatusOr<std::string> WaitForPortFile(const std::string& path, pid_t pid, const std::string& name,
+                                      const std::string& log, double timeout_s) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (fd < 0) return absl::InternalError("inotify_init1 failed");
+  inotify_add_watch(fd, dir.c_str(), IN_MOVED_TO | IN_CLOSE_WRITE);
+  int child = PidFd(pid);
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  StatusOr<std::string> result = absl::DeadlineExceededError(name + " did not start within " +
+                                                             std::to_string(static_cast<int>(timeout_s)) + " s; see " + log);
+  for (;;) {
+    std::string content = ReadFile(path);
+    if (!content.empty() && content.back() == '\n') {
+      content.pop_back();
+      result = content;
+      break;
+    }
+    int wstatus = 0;
+    if (waitpid(pid, &wstatus, WNOHANG) == pid) {
+      result = absl::UnavailableError(name + " exited before it served (" +
+                                      (WIFEXITED(wstatus) ? "code " + std::to_string(WEXITSTATUS(wstatus))
+                                                          : "signal " + std::to_string(WTERMSIG(wstatus))) +
+                                      "):\n" + LastLines(log, 5));
+      break;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) break;
+    pollfd p[2] = {{fd, POLLIN, 0}, {child, POLLIN, 0}};
+    if (poll(p, child >= 0 ? 2 : 1, child >= 0 ? static_cast<int>(left) : 100) > 0) {
+      char buf[4096];
+      while (read(fd, buf, sizeof buf) > 0) {
+      }
+    }
+  }
+  close(fd);
+  if (child >= 0) close(child);
+  return result;
+}
+
+}  // namespace
+
+std::string ExecutableDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? "." : exe.parent_path().string();
+}
+
+StatusOr<std::string> LocalCluster::Spawn(const std::string& name, const std::vector<std::string>& args) {
+  const std::string log = run_dir_ + "/" + name + ".log";
+  const std::string port_file = run_dir_ + "/" + name + ".port";
+  std::vector<std::string> argv = args;
+  argv.push_back("--port-file");
+  argv.push_back(port_file);
+  pid_t pid = fork();
+  if (pid < 0) return absl::ResourceExhaustedError("fork failed");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    setpgid(0, 0);  // Ctrl-C at the terminal reaches the CLI alone, which stops us in order
+    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out >= 0) {
+      dup2(out, STDOUT_FILENO);
+      dup2(out, STDERR_FILENO);
+    }
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execv(cargv[0], cargv.data());
+    std::perror(("cannot run " + argv[0]).c_str());
+    _exit(127);
+  }
+  pids_.push_back(pid);
+  names_.push_back(name);
+  return WaitForPortFile(port_file, pid, name, log, start_timeout_s_);
+}
+
+StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->start_timeout_s_ = options.start_timeout_s;
+  std::string tmpl = (std::filesystem::temp_directory_path() / "conveyor-local-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) return absl::InternalError("cannot create a temporary folder");
+  c->run_dir_ = tmpl;
+  const std::string stage_bin = options.bin_dir + "/stage_server";
+  const std::string coord_bin = options.bin_dir + "/coordinator";
+  for (const auto& bin : {stage_bin, coord_bin}) {
+    if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
+  }
+  for (int i = 0; i < options.stages; ++i) {
+    std::string device = i < static_cast<int>(options.devices.size()) ? options.devices[i] : "cpu";
+    auto address = c->Spawn("stage-" + std::to_string(i),
+                            {stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
+                             std::to_string(options.threads_per_stage), "--log-level", options.log_level});
+    if (!address.ok()) return address.status();
+    c->stage_addresses_.push_back(*address);
+  }
+  std::string stages;
+  for (const auto& a : c->stage_addresses_) stages += (stages.empty() ? "" : ",") + a;
+  auto address = c->Spawn("coordinator", {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
+                                          c->run_dir_ + "/state", "--log-level", options.log_level});
+  if (!address.ok()) return address.status();
+  c->coordinator_address_ = *address;
+  return c;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+void LocalCluster::Stop() {
+  // The coordinator first, so it does not see its stages vanish mid-job.
+  for (std::size_t i = pids_.size(); i-- > 0;) {
+    if (pids_[i] > 0) kill(pids_[i], SIGTERM);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (std::size_t i = pids_.size(); i-- > 0;) {
+    if (pids_[i] <= 0) continue;
+    int child = PidFd(pids_[i]);
+    for (;;) {
+      int wstatus = 0;
+      pid_t r = waitpid(pids_[i], &wstatus, WNOHANG);
+      if (r == pids_[i] || r < 0) break;
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        LOG_WARN(names_[i], " did not stop within 10 s: killing it");
+        kill(pids_[i], SIGKILL);
+        waitpid(pids_[i], &wstatus, 0);
+        break;
+      }
+      pollfd p{child, POLLIN, 0};
+      poll(&p, child >= 0 ? 1 : 0, child >= 0 ? static_cast<int>(left) : 20);
+    }
+    if (child >= 0) close(child);
+    pids_[i] = -1;
+  }
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,121 @@
+#include "cli/output.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "common/job_spec.h"
+
+namespace conveyor::cli {
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds >= 0) || std::isinf(seconds)) return "?";
+  long s = std::lround(seconds);
+  std::ostringstream out;
+  if (s >= 3600) out << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60) out << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else out << std::fixed << std::setprecision(seconds < 10 ? 1 : 0) << seconds << "s";
+  return out.str();
+}
+
+ProgressPrinter::ProgressPrinter(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1) {}
+
+void ProgressPrinter::Update(const v1::JobStatus& s) {
+  if (!enabled_ || s.state() != v1::JOB_STATE_RUNNING || s.step() == 0) return;
+  auto now = std::chrono::steady_clock::now();
+  auto every = tty_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000);
+  if (now - last_ < every && s.step() != s.total_steps()) return;
+  last_ = now;
+  std::ostringstream line;
+  line << "epoch " << s.epoch() << "/" << s.total_epochs() << "  step " << s.step() << "/" << s.total_steps();
+  line << "  loss " << std::fixed << std::setprecision(4) << s.loss();
+  line << "  " << std::fixed << std::setprecision(0) << s.samples_per_second() << " samples/s"
+       << "  ETA " << FormatDuration(s.eta_seconds());
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", line.str().c_str());
+    line_open_ = true;
+  } else {
+    std::fprintf(stderr, "%s\n", line.str().c_str());
+  }
+  std::fflush(stderr);
+}
+
+void ProgressPrinter::Finish() {
+  if (line_open_) std::fprintf(stderr, "\n");
+  line_open_ = false;
+}
+
+nlohmann::json ToJson(const v1::JobStatus& s) {
+  nlohmann::json j;
+  j["job_id"] = s.job_id();
+  j["name"] = s.name();
+  j["state"] = JobStateName(s.state());
+  if (!s.error().empty()) j["error"] = s.error();
+  j["steps"] = s.step();
+  j["total_steps"] = s.total_steps();
+  j["losses"] = std::vector<float>(s.losses().begin(), s.losses().end());
+  if (s.losses_size() > 0) j["final_loss"] = s.losses(s.losses_size() - 1);
+  else j["final_loss"] = nullptr;
+  j["samples_per_second"] = s.samples_per_second();
+  j["elapsed_seconds"] = s.elapsed_seconds();
+  if (s.has_eval()) j["eval_accuracy"] = s.eval_accuracy();
+  j["param_digest"] = s.param_digest();
+  j["schedule"] = s.schedule();
+  j["micro_batches"] = s.micro_batches();
+  j["batch_size"] = s.batch_size();
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : s.stages()) {
+    stages.push_back({{"index", st.index()},
+                      {"address", st.address()},
+                      {"layers", {st.layer_begin(), st.layer_end()}},
+                      {"device", st.device()},
+                      {"transport", st.transport()},
+                      {"num_parameters", st.num_parameters()},
+                      {"peak_activations", st.peak_activations()},
+                      {"peak_activation_bytes", st.peak_activation_bytes()},
+                      {"busy_fraction", st.busy_fraction()}});
+  }
+  j["stages"] = stages;
+  return j;
+}
+
+std::string Summary(const v1::JobStatus& s) {
+  std::ostringstream out;
+  out << "job " << s.job_id() << " (" << s.name() << "): " << JobStateName(s.state());
+  if (s.elapsed_seconds() > 0) out << " after " << FormatDuration(s.elapsed_seconds()) << " of training";
+  out << "\n";
+  if (!s.error().empty()) out << "  error: " << s.error() << "\n";
+  if (s.total_steps() > 0) {
+    out << "  steps " << s.step() << "/" << s.total_steps() << " (" << s.total_epochs() << " epochs), batch "
+        << s.batch_size() << " in " << s.micro_batches() << " micro-batches, schedule " << s.schedule() << "\n";
+  }
+  if (s.losses_size() > 0) {
+    out << "  final loss " << std::fixed << std::setprecision(4) << s.losses(s.losses_size() - 1) << ", "
+        << std::setprecision(0) << s.samples_per_second() << " samples/s\n";
+  }
+  if (s.has_eval()) out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%\n";
+  for (const auto& st : s.stages()) {
+    out << "  stage " << st.index() << " " << st.address() << " layers [" << st.layer_begin() << ", "
+        << st.layer_end() << ") " << st.device() << ", " << st.num_parameters() << " params, busy "
+        << std::setprecision(0) << 100 * st.busy_fraction() << "%, peak " << st.peak_activations()
+        << " micro-batches held";
+    if (!st.transport().empty()) out << ", " << st.transport() << " to next";
+    out << "\n";
+  }
+  if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
+  return out.str();
+}
+
+std::string ListLine(const v1::JobStatus& s) {
+  std::ostringstream out;
+  out << std::left << std::setw(10) << s.job_id() << " " << std::setw(10) << JobStateName(s.state()) << " "
+      << std::setw(24) << s.name() << " step " << s.step() << "/" << s.total_steps();
+  if (s.has_eval()) out << "  acc " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%";
+  if (!s.error().empty()) out << "  " << s.error();
+  return out.str();
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,42 @@
+// What the CLI prints: live progress on stderr, a summary, and the JSON object
+// of --json on stdout.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "conveyor.pb.h"
+
+namespace conveyor::cli {
+
+// Prints at most a few progress lines a second: overwriting one line on a
+// terminal, one line every few seconds otherwise.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(bool enabled);
+  void Update(const v1::JobStatus& status);
+  // Ends the progress line, if one is open.
+  void Finish();
+
+ private:
+  bool enabled_;
+  bool tty_;
+  bool line_open_ = false;
+  std::chrono::steady_clock::time_point last_;
+};
+
+// The --json object: job_id, state, steps, losses, final_loss,
+// samples_per_second, eval_accuracy (when evaluated), param_digest, ...
+nlohmann::json ToJson(const v1::JobStatus& status);
+
+// A human summary of a finished (or any) job, several lines.
+std::string Summary(const v1::JobStatus& status);
+
+// One line per job for `conveyor list`.
+std::string ListLine(const v1::JobStatus& status);
+
+std::string FormatDuration(double seconds);
+
+}  // namespace conveyor::cli

@@ -1,0 +1,91 @@
+#include "cli/reference.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+
+#include <chrono>
+#include <optional>
+
+#include "common/dataset.h"
+#include "common/digest.h"
+#include "common/job_spec.h"
+#include "common/model_catalog.h"
+#include "common/models.h"
+#include "common/training.h"
+
+namespace conveyor::cli {
+
+StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const ReferenceOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  std::optional<at::Device> device;
+  try {
+    device.emplace(options.device);
+  } catch (const c10::Error&) {
+    return absl::InvalidArgumentError("unknown device '" + options.device + "'");
+  }
+  if (device->is_cuda() && !at::hasCUDA()) return absl::FailedPreconditionError("no CUDA device here");
+  CONVEYOR_ASSIGN_OR_RETURN(auto data, Dataset::Open(spec, true, true));
+  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential model, BuildLayers(spec, 0, NumLayers(spec.model())));
+
+  ReferenceResult result;
+  v1::JobStatus& s = result.status;
+  s.set_job_id("reference");
+  s.set_name(spec.name());
+  s.set_state(v1::JOB_STATE_RUNNING);
+  s.set_schedule("reference");
+  s.set_batch_size(spec.batch_size());
+  s.set_micro_batches(1);
+  const int64_t per_epoch = data->StepsPerEpoch();
+  const int64_t total = spec.steps() > 0 ? spec.steps() : spec.epochs() * per_epoch;
+  s.set_total_steps(total);
+  s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
+  try {
+    model->to(*device);
+    auto optimizer = MakeOptimizer(spec.optimizer(), model->parameters());
+    model->train();
+    auto start = Clock::now();
+    for (int64_t step = 0; step < total; ++step) {
+      at::Tensor x = data->Inputs(v1::PHASE_TRAIN, step).to(*device);
+      at::Tensor y = data->Labels(v1::PHASE_TRAIN, step).to(*device);
+      optimizer->zero_grad();
+      at::Tensor loss = ComputeLoss(spec, model->forward(x), y, 1.0);
+      loss.backward();
+      optimizer->step();
+      s.add_losses(loss.item<float>());
+      s.set_loss(s.losses(s.losses_size() - 1));
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      s.set_step(step + 1);
+      s.set_epoch(static_cast<int>(step / per_epoch) + 1);
+      s.set_elapsed_seconds(elapsed);
+      s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size()) / elapsed);
+      s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
+      if (options.progress) options.progress(s);
+    }
+    if (spec.eval()) {
+      at::NoGradGuard no_grad;
+      model->eval();
+      int64_t correct = 0;
+      for (int64_t b = 0; b < data->EvalBatches(); ++b) {
+        at::Tensor x = data->Inputs(v1::PHASE_EVAL, b).to(*device);
+        at::Tensor y = data->Labels(v1::PHASE_EVAL, b).to(*device);
+        correct += CountCorrect(model->forward(x), y);
+      }
+      s.set_has_eval(true);
+      s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(data->test_size()));
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());
+  }
+  std::vector<std::string> digests;
+  for (const auto& layer : model->children()) digests.push_back(LayerDigest(*layer));
+  s.set_param_digest(CombineDigests(digests));
+  for (auto& [name, t] : NamedParameters(model)) result.parameters.emplace_back(name, t.detach().to(at::kCPU));
+  s.set_state(v1::JOB_STATE_SUCCEEDED);
+  s.set_eta_seconds(0);
+  return result;
+}
+
+}  // namespace conveyor::cli

@@ -1,0 +1,18 @@
+#include "common/device.h"
+
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
+
+namespace conveyor {
+
+void SetComputeThreads(int threads) {
+  if (threads > 0) {
+    at::set_num_threads(threads);
+  }
+}
+
+int ComputeThreads() { return at::get_num_threads(); }
+
+int CudaDeviceCount() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
+
+}  // namespace conveyor

@@ -1,0 +1,215 @@
+#include "coordinator/coordinator.h"
+
+#include <filesystem>
+
+#include "common/job_spec.h"
+#include "common/logging.h"
+
+namespace conveyor {
+namespace {
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  if (options.stages.empty()) return absl::InvalidArgumentError("the coordinator needs at least one stage address");
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  std::string db = ":memory:";
+  if (!options.state_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.state_dir, ec);
+    if (ec) return absl::FailedPreconditionError("cannot create state dir " + options.state_dir + ": " + ec.message());
+    db = options.state_dir + "/conveyor.db";
+  }
+  CONVEYOR_ASSIGN_OR_RETURN(c->store_, JobStore::Open(db));
+  if (!options.client_factory) options.client_factory = MakeGrpcStageClient;
+  for (const auto& address : options.stages) c->clients_.push_back(options.client_factory(address));
+
+  // Jobs that were running when an earlier coordinator stopped.
+  CONVEYOR_ASSIGN_OR_RETURN(auto orphans, c->store_->InState(v1::JOB_STATE_RUNNING));
+  for (const auto& id : orphans) {
+    CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, c->store_->Get(id));
+    job.status.set_state(v1::JOB_STATE_FAILED);
+    job.status.set_error("the coordinator stopped while the job ran");
+    CONVEYOR_RETURN_IF_ERROR(c->store_->Update(job.status));
+    LOG_WARN("job ", id, " was running when the coordinator stopped: marked failed");
+  }
+  c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
+  return c;
+}
+
+Coordinator::~Coordinator() { Shutdown(); }
+
+void Coordinator::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+    if (runner_) runner_->Cancel("the coordinator shut down");
+  }
+  cv_.notify_all();
+  if (scheduler_.joinable()) scheduler_.join();
+}
+
+StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
+  if (job_yaml.size() > (1 << 20)) return absl::InvalidArgumentError("job file is larger than 1 MiB");
+  CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(job_yaml));
+  if (spec.partition().stages() > static_cast<int>(clients_.size())) {
+    return absl::FailedPreconditionError("the job needs " + std::to_string(spec.partition().stages()) +
+                                         " stages, this coordinator has " + std::to_string(clients_.size()));
+  }
+  CONVEYOR_ASSIGN_OR_RETURN(std::string id, store_->Insert(spec, job_yaml, v1::JobStatus()));
+  store_->AddEvent(id, "submitted").IgnoreError();
+  LOG_INFO("job ", id, " (", spec.name(), ") queued");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++version_;
+  }
+  cv_.notify_all();
+  return id;
+}
+
+StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_losses) {
+  v1::JobStatus status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_id == running_id_) status = live_;
+  }
+  if (status.job_id().empty()) {
+    auto job = store_->Get(job_id);
+    if (!job.ok()) return job.status();
+    status = std::move(job->status);
+  }
+  if (omit_losses) status.clear_losses();
+  return status;
+}
+
+StatusOr<std::vector<v1::JobStatus>> Coordinator::List() {
+  CONVEYOR_ASSIGN_OR_RETURN(auto jobs, store_->List());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& j : jobs) {
+    if (j.job_id() == running_id_) {
+      j = live_;
+      j.clear_losses();
+    }
+  }
+  return jobs;
+}
+
+StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
+  CONVEYOR_ASSIGN_OR_RETURN(v1::JobStatus status, Get(job_id, true));
+  if (Terminal(status.state()))
+    return absl::FailedPreconditionError("job " + job_id + " already " + JobStateName(status.state()));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (job_id == running_id_) {
+    if (runner_) {
+      runner_->Cancel("cancelled by the user");
+    } else {
+      cancel_pending_ = job_id;  // RunJob cancels it as soon as its runner exists
+    }
+    return status;
+  }
+  // Still queued (the scheduler reads the state from the store under mu_).
+  status.set_state(v1::JOB_STATE_CANCELLED);
+  status.set_error("cancelled by the user before it started");
+  CONVEYOR_RETURN_IF_ERROR(store_->Update(status));
+  store_->AddEvent(job_id, "cancelled").IgnoreError();
+  ++version_;
+  cv_.notify_all();
+  return status;
+}
+
+StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* version,
+                                           std::chrono::steady_clock::time_point deadline, bool omit_losses) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, deadline, [&] { return stop_ || version_ != *version; });
+    *version = version_;
+  }
+  return Get(job_id, omit_losses);
+}
+
+void Coordinator::OnStatus(const v1::JobStatus& status) {
+  bool save = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool state_changed = status.state() != live_.state();
+    live_ = status;
+    ++version_;
+    auto now = std::chrono::steady_clock::now();
+    if (state_changed || now - last_saved_ > std::chrono::seconds(1)) {
+      last_saved_ = now;
+      save = true;
+    }
+  }
+  cv_.notify_all();
+  if (save) {
+    Status st = store_->Update(status);
+    if (!st.ok()) LOG_ERROR("saving job ", status.job_id(), ": ", st.message());
+  }
+}
+
+void Coordinator::RunJob(const std::string& job_id) {
+  auto job = store_->Get(job_id);
+  if (!job.ok()) {
+    LOG_ERROR("cannot load job ", job_id, ": ", job.status().message());
+    std::lock_guard<std::mutex> lock(mu_);
+    running_id_.clear();
+    return;
+  }
+  std::vector<StageClient*> stages;
+  for (auto& c : clients_) stages.push_back(c.get());
+  JobRunner runner(job->status, job->spec, stages, [this](const v1::JobStatus& s) { OnStatus(s); });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_id_ = job_id;
+    runner_ = &runner;
+    live_ = job->status;
+    if (stop_) runner.Cancel("the coordinator shut down");
+    if (cancel_pending_ == job_id) runner.Cancel("cancelled by the user");
+  }
+  store_->AddEvent(job_id, "started").IgnoreError();
+  v1::JobStatus final_status = runner.Run();
+  Status st = store_->Update(final_status);
+  if (!st.ok()) LOG_ERROR("saving job ", job_id, ": ", st.message());
+  store_->AddEvent(job_id, JobStateName(final_status.state()) + (final_status.error().empty() ? "" : ": " + final_status.error()))
+      .IgnoreError();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_id_.clear();
+    runner_ = nullptr;
+    ++version_;
+  }
+  cv_.notify_all();
+}
+
+void Coordinator::SchedulerLoop() {
+  for (;;) {
+    std::optional<std::string> next;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      uint64_t seen = version_ - 1;  // look at the store at least once
+      for (;;) {
+        if (stop_) return;
+        if (seen != version_) {
+          seen = version_;
+          auto queued = store_->NextQueued();
+          if (!queued.ok()) LOG_ERROR("job database: ", queued.status().message());
+          if (queued.ok() && *queued) {
+            next = *queued;
+            running_id_ = *next;  // from here Cancel() treats it as running
+            live_.Clear();
+            break;
+          }
+        }
+        cv_.wait(lock, [&] { return stop_ || seen != version_; });
+      }
+    }
+    RunJob(*next);
+  }
+}
+
+}  // namespace conveyor

@@ -1,0 +1,77 @@
+// The coordinator's logic, free of gRPC: accepts jobs, keeps them in the job
+// store, runs one at a time over its stages in submission order, and answers
+// questions about them. CoordinatorService is its gRPC adapter.
+//
+// Thread-safe. Jobs run on a scheduler thread of the coordinator's own.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+#include "coordinator/job_runner.h"
+#include "coordinator/job_store.h"
+#include "coordinator/stage_client.h"
+
+namespace conveyor {
+
+struct CoordinatorOptions {
+  std::vector<std::string> stages;  // stage server addresses, in pipeline order
+  std::string state_dir;            // holds conveyor.db; "" keeps jobs in memory only
+  // Makes the client of one stage; gRPC unless a test substitutes its own.
+  std::function<std::unique_ptr<StageClient>(const std::string& address)> client_factory;
+};
+
+class Coordinator {
+ public:
+  static StatusOr<std::unique_ptr<Coordinator>> Start(CoordinatorOptions options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // INVALID_ARGUMENT for a bad job file, FAILED_PRECONDITION when the job
+  // needs more stages than the coordinator has.
+  StatusOr<std::string> Submit(const std::string& job_yaml);
+  // NOT_FOUND for an unknown id.
+  StatusOr<v1::JobStatus> Get(const std::string& job_id, bool omit_losses = false);
+  StatusOr<std::vector<v1::JobStatus>> List();
+  // Queued jobs end at once, a running one at its next step; FAILED_PRECONDITION
+  // for a job that already ended.
+  StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
+  // Waits until anything changed since `*version` (then updates it) or until
+  // `deadline`, and returns the job's status.
+  StatusOr<v1::JobStatus> Watch(const std::string& job_id, uint64_t* version,
+                                std::chrono::steady_clock::time_point deadline, bool omit_losses);
+
+  // Idempotent: cancels the running job and stops the scheduler.
+  void Shutdown();
+
+ private:
+  Coordinator() = default;
+  void SchedulerLoop();
+  void RunJob(const std::string& job_id);
+  void OnStatus(const v1::JobStatus& status);
+
+  std::unique_ptr<JobStore> store_;
+  std::vector<std::unique_ptr<StageClient>> clients_;
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t version_ = 0;         // bumped on every change of any job
+  std::string running_id_;       // picked by the scheduler, until it ends
+  std::string cancel_pending_;   // cancelled before its runner existed
+  JobRunner* runner_ = nullptr;  // the running job's, owned by RunJob()
+  v1::JobStatus live_;           // the running job's latest status
+  std::chrono::steady_clock::time_point last_saved_;
+  std::thread scheduler_;
+};
+
+}  // namespace conveyor

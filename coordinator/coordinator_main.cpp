@@ -1,0 +1,47 @@
+// coordinator: accepts training jobs and drives them over its stage servers.
+#include <CLI/CLI.hpp>
+
+#include "common/logging.h"
+#include "common/server.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/coordinator_service.h"
+
+int main(int argc, char** argv) {
+  conveyor::BlockTerminationSignals();
+  CLI::App app{"Conveyor coordinator: runs training jobs over pipeline stage servers"};
+  std::string listen = "127.0.0.1:50050", port_file, log_level = "info";
+  conveyor::CoordinatorOptions options;
+  app.add_option("--listen", listen, "HOST:PORT to serve on (port 0 picks a free port)")->capture_default_str();
+  app.add_option("--stages", options.stages, "stage server addresses, in pipeline order")
+      ->required()
+      ->delimiter(',');
+  app.add_option("--state-dir", options.state_dir, "folder for the job database")->required();
+  app.add_option("--port-file", port_file, "write the bound HOST:PORT here once serving");
+  app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  conveyor::LogLevel level;
+  if (!conveyor::ParseLogLevel(log_level, &level)) {
+    std::cerr << "unknown log level '" << log_level << "'\n";
+    return 2;
+  }
+  conveyor::SetLogLevel(level);
+  conveyor::SetLogName("coordinator");
+  auto coordinator = conveyor::Coordinator::Start(options);
+  if (!coordinator.ok()) {
+    LOG_ERROR("cannot start: ", coordinator.status().message());
+    return 1;
+  }
+  conveyor::CoordinatorService service(coordinator->get());
+  auto server = conveyor::GrpcServer::Start(listen, {&service}, port_file);
+  if (!server.ok()) {
+    LOG_ERROR("cannot start: ", server.status().message());
+    return 1;
+  }
+  LOG_INFO("coordinator listening on ", (*server)->address(), " with ", options.stages.size(), " stages");
+  int sig = conveyor::WaitForTerminationSignal();
+  LOG_INFO("signal ", sig, ": shutting down");
+  (*coordinator)->Shutdown();
+  (*server)->Shutdown();
+  return 0;
+}

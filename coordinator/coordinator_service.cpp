@@ -1,0 +1,61 @@
+#include "coordinator/coordinator_service.h"
+
+namespace conveyor {
+namespace {
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+                                           v1::SubmitJobReply* reply) {
+  auto id = coordinator_->Submit(req->job_yaml());
+  if (!id.ok()) return ToGrpc(id.status());
+  reply->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* reply) {
+  auto status = coordinator_->Get(req->job_id(), req->omit_losses());
+  if (!status.ok()) return ToGrpc(status.status());
+  *reply = std::move(*status);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                          v1::ListJobsReply* reply) {
+  auto jobs = coordinator_->List();
+  if (!jobs.ok()) return ToGrpc(jobs.status());
+  for (auto& j : *jobs) *reply->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) {
+  auto status = coordinator_->Cancel(req->job_id());
+  if (!status.ok()) return ToGrpc(status.status());
+  *reply = std::move(*status);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                                          grpc::ServerWriter<v1::JobStatus>* writer) {
+  uint64_t version = 0;
+  auto status = coordinator_->Get(req->job_id(), req->omit_losses());
+  while (status.ok()) {
+    if (!writer->Write(*status)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+    if (Terminal(status->state())) return grpc::Status::OK;
+    // Wake at least once a second to notice a cancelled call.
+    do {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
+      uint64_t before = version;
+      status = coordinator_->Watch(req->job_id(), &version,
+                                   std::chrono::steady_clock::now() + std::chrono::seconds(1), req->omit_losses());
+      if (version != before) break;
+    } while (status.ok());
+  }
+  return ToGrpc(status.status());
+}
+
+}  // namespace conveyor

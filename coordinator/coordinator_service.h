@@ -1,0 +1,24 @@
+// gRPC adapter of the Coordinator (the job API the CLI calls).
+#pragma once
+
+#include "conveyor.grpc.pb.h"
+#include "coordinator/coordinator.h"
+
+namespace conveyor {
+
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req, v1::SubmitJobReply* reply) override;
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* reply) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req, v1::ListJobsReply* reply) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) override;
+  grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
+                        grpc::ServerWriter<v1::JobStatus>* writer) override;
+
+ private:
+  Coordinator* coordinator_;  // not owned
+};
+
+}  // namespace conveyor

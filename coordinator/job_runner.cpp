@@ -1,0 +1,269 @@
+#include "coordinator/job_runner.h"
+
+#include <chrono>
+
+#include "common/digest.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "common/model_catalog.h"
+#include "common/wire.h"
+
+namespace conveyor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Generous: a step's own waits are bounded by stage_timeout on the stages,
+// and a vanished stage breaks the call through keepalive long before this.
+constexpr double kStepDeadlineS = 3600;
+constexpr double kControlDeadlineS = 600;
+constexpr double kAbortDeadlineS = 5;
+
+}  // namespace
+
+JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, StatusSink sink)
+    : status_(std::move(status)),
+      spec_(std::move(spec)),
+      stages_(std::move(stages)),
+      sink_(std::move(sink)),
+      pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))) {}
+
+void JobRunner::Cancel(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(reason_mu_);
+    if (cancel_reason_.empty()) cancel_reason_ = reason;
+  }
+  cancelled_ = true;
+  AbortAll(reason);
+}
+
+void JobRunner::AbortAll(const std::string& reason) {
+  v1::AbortRequest req;
+  req.set_job_id(status_.job_id());
+  req.set_reason(reason);
+  for (StageClient* s : stages_) s->Abort(req, kAbortDeadlineS).IgnoreError();
+}
+
+void JobRunner::Publish() {
+  if (sink_) sink_(status_);
+}
+
+Status JobRunner::Setup() {
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
+  const int p = static_cast<int>(ranges.size());
+  if (p > static_cast<int>(stages_.size())) {
+    return absl::FailedPreconditionError("the job needs " + std::to_string(p) + " stages, the coordinator has " +
+                                         std::to_string(stages_.size()));
+  }
+  stages_.resize(p);
+  // Every stage must answer before any is configured: a dead address fails
+  // the job within stage_timeout instead of hanging it.
+  for (int s = 0; s < p; ++s) {
+    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
+    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
+  }
+  std::vector<int64_t> shape = InputSampleShape(spec_);
+  for (int s = 0; s < p; ++s) {
+    v1::StageAssignment a;
+    a.set_job_id(status_.job_id());
+    *a.mutable_spec() = spec_;
+    a.set_stage_index(s);
+    a.set_num_stages(p);
+    a.set_layer_begin(ranges[s].begin);
+    a.set_layer_end(ranges[s].end);
+    if (s > 0) a.set_upstream(stages_[s - 1]->address());
+    if (s + 1 < p) a.set_downstream(stages_[s + 1]->address());
+    for (int64_t d : shape) a.add_input_sample_shape(d);
+    auto reply = stages_[s]->Configure(a, kControlDeadlineS);
+    if (!reply.ok()) return reply.status();
+    shape.assign(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
+    if (s == 0) {
+      steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
+      test_samples_ = reply->test_samples();
+    }
+    v1::StageReport* r = status_.add_stages();
+    r->set_index(s);
+    r->set_address(stages_[s]->address());
+    r->set_layer_begin(ranges[s].begin);
+    r->set_layer_end(ranges[s].end);
+    r->set_device(reply->device());
+    r->set_num_parameters(reply->num_parameters());
+  }
+  for (int s = 0; s < p; ++s) {
+    v1::JobRef ref;
+    ref.set_job_id(status_.job_id());
+    auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
+    if (!reply.ok()) return reply.status();
+    status_.mutable_stages(s)->set_transport(s + 1 < p ? reply->transport() : "");
+  }
+  if (steps_per_epoch_ <= 0) return absl::InvalidArgumentError("batch_size is larger than the training split");
+  status_.set_total_epochs(spec_.epochs());
+  status_.set_total_steps(spec_.steps() > 0 ? spec_.steps() : spec_.epochs() * steps_per_epoch_);
+  if (spec_.steps() > 0)
+    status_.set_total_epochs(static_cast<int>((spec_.steps() + steps_per_epoch_ - 1) / steps_per_epoch_));
+  busy_.assign(p, 0);
+  wall_.assign(p, 0);
+  return absl::OkStatus();
+}
+
+Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
+  const std::size_t p = stages_.size();
+  replies->assign(p, v1::RunStepReply());
+  std::vector<Status> results(p);
+  std::mutex first_mu;  // guards first_failure
+  int first_failure = -1;
+  std::vector<std::function<void()>> calls;
+  for (std::size_t s = 0; s < p; ++s) {
+    calls.push_back([&, s] {
+      auto reply = stages_[s]->RunStep(req, kStepDeadlineS);
+      if (reply.ok()) {
+        (*replies)[s] = std::move(*reply);
+        return;
+      }
+      results[s] = reply.status();
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(first_mu);
+        if (first_failure < 0 && !absl::IsAborted(reply.status())) {
+          first_failure = static_cast<int>(s);
+          first = true;
+        }
+      }
+      if (first) AbortAll("stage " + std::to_string(s) + " failed");
+    });
+  }
+  pool_.RunAll(calls);
+  if (first_failure >= 0) return Annotate(results[first_failure], "stage " + std::to_string(first_failure));
+  for (std::size_t s = 0; s < p; ++s)
+    if (!results[s].ok()) return Annotate(results[s], "stage " + std::to_string(s));
+  return absl::OkStatus();
+}
+
+Status JobRunner::Train() {
+  const int64_t total = status_.total_steps();
+  const int64_t batch = spec_.batch_size();
+  auto start = Clock::now();
+  auto last_publish = Clock::time_point();
+  std::vector<v1::RunStepReply> replies;
+  for (int64_t step = 0; step < total; ++step) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    v1::RunStepRequest req;
+    req.set_job_id(status_.job_id());
+    req.set_phase(v1::PHASE_TRAIN);
+    req.set_step(step);
+    req.set_batch_size(batch);
+    CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
+    const v1::RunStepReply& last = replies.back();
+    status_.add_losses(static_cast<float>(last.loss_sum()));
+    status_.set_loss(static_cast<float>(last.loss_sum()));
+    for (std::size_t s = 0; s < replies.size(); ++s) {
+      busy_[s] += replies[s].busy_seconds();
+      wall_[s] += replies[s].step_seconds();
+      v1::StageReport* r = status_.mutable_stages(static_cast<int>(s));
+      r->set_peak_activations(std::max(r->peak_activations(), replies[s].peak_activations()));
+      r->set_peak_activation_bytes(std::max(r->peak_activation_bytes(), replies[s].peak_activation_bytes()));
+      r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const int64_t done = step + 1;
+    status_.set_step(done);
+    status_.set_epoch(static_cast<int>(step / steps_per_epoch_) + 1);
+    status_.set_elapsed_seconds(elapsed);
+    status_.set_samples_per_second(elapsed > 0 ? static_cast<double>(done * batch) / elapsed : 0);
+    status_.set_eta_seconds(elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+    // Publish at most ten times a second, and the last step.
+    if (done == total || Clock::now() - last_publish > std::chrono::milliseconds(100)) {
+      last_publish = Clock::now();
+      Publish();
+    }
+    if (done % std::max<int64_t>(1, steps_per_epoch_ / 4) == 0 || done == total) {
+      LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", last.loss_sum(), " ",
+               static_cast<int64_t>(status_.samples_per_second()), " samples/s");
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status JobRunner::Evaluate() {
+  const int64_t eb = spec_.eval_batch_size();
+  const int64_t batches = (test_samples_ + eb - 1) / eb;
+  int64_t correct = 0, seen = 0;
+  std::vector<v1::RunStepReply> replies;
+  for (int64_t b = 0; b < batches; ++b) {
+    if (cancelled_) return absl::CancelledError("cancelled");
+    v1::RunStepRequest req;
+    req.set_job_id(status_.job_id());
+    req.set_phase(v1::PHASE_EVAL);
+    req.set_step(b);
+    req.set_batch_size(std::min(eb, test_samples_ - b * eb));
+    CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
+    correct += replies.back().correct();
+    seen += req.batch_size();
+  }
+  status_.set_has_eval(true);
+  status_.set_eval_accuracy(seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
+  LOG_INFO("job ", status_.job_id(), " test accuracy ", status_.eval_accuracy(), " (", correct, "/", seen, ")");
+  return absl::OkStatus();
+}
+
+Status JobRunner::CollectDigest() {
+  std::vector<std::string> digests;
+  v1::JobRef ref;
+  ref.set_job_id(status_.job_id());
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
+    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
+    digests.insert(digests.end(), reply->layer_digests().begin(), reply->layer_digests().end());
+  }
+  status_.set_param_digest(CombineDigests(digests));
+  return absl::OkStatus();
+}
+
+v1::JobStatus JobRunner::Run() {
+  status_.set_state(v1::JOB_STATE_RUNNING);
+  status_.set_started_unix_ms(NowMs());
+  status_.set_schedule(ScheduleName(spec_.schedule()));
+  status_.set_batch_size(spec_.batch_size());
+  status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
+  Publish();
+  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages");
+
+  Status st = Setup();
+  if (st.ok()) {
+    Publish();
+    st = Train();
+  }
+  if (st.ok() && spec_.eval()) st = Evaluate();
+  if (st.ok()) st = CollectDigest();
+
+  v1::JobRef ref;
+  ref.set_job_id(status_.job_id());
+  if (cancelled_) {
+    status_.set_state(v1::JOB_STATE_CANCELLED);
+    std::lock_guard<std::mutex> lock(reason_mu_);
+    status_.set_error(cancel_reason_);
+  } else if (!st.ok()) {
+    status_.set_state(v1::JOB_STATE_FAILED);
+    status_.set_error(std::string(st.message()));
+  } else {
+    status_.set_state(v1::JOB_STATE_SUCCEEDED);
+  }
+  // A finished job's parameters stay on the stages (GetParameters reads them)
+  // until the next job; a failed or cancelled one is dropped at once.
+  if (status_.state() != v1::JOB_STATE_SUCCEEDED) {
+    for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
+  }
+  status_.set_eta_seconds(0);
+  status_.set_finished_unix_ms(NowMs());
+  LOG_INFO("job ", status_.job_id(), " ", JobStateName(status_.state()),
+           status_.error().empty() ? "" : ": " + status_.error());
+  Publish();
+  return status_;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,66 @@
+// Drives one job over its stages: assigns the partition, opens the links,
+// starts every step on all stages at once, evaluates, collects the digest.
+//
+// The coordinator starts steps; it never drives micro-batches nor relays
+// tensors. Any stage's failure aborts the step on every stage (so none waits
+// for a neighbour that will not send) and fails the job with that stage's
+// message.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/worker_pool.h"
+#include "conveyor.pb.h"
+#include "coordinator/stage_client.h"
+
+namespace conveyor {
+
+class JobRunner {
+ public:
+  // Receives a snapshot whenever the job's status changes. Called on the
+  // thread that runs Run().
+  using StatusSink = std::function<void(const v1::JobStatus&)>;
+
+  // `status` holds the job's id, name and submission time; `stages` are not
+  // owned, at least as many as the spec's partition has stages.
+  JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, StatusSink sink);
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  // Runs the job to its end; returns the final status (SUCCEEDED, FAILED or
+  // CANCELLED). Call once.
+  v1::JobStatus Run();
+
+  // Stops the job at the next chance, from any thread; it ends CANCELLED.
+  void Cancel(const std::string& reason);
+
+ private:
+  Status Setup();
+  Status Train();
+  Status Evaluate();
+  Status CollectDigest();
+  // Runs `req` on every stage at once; replies in stage order.
+  Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
+  void AbortAll(const std::string& reason);
+  void Publish();
+
+  v1::JobStatus status_;
+  const v1::JobSpec spec_;
+  std::vector<StageClient*> stages_;
+  StatusSink sink_;
+  WorkerPool pool_;
+  std::atomic<bool> cancelled_{false};
+  std::mutex reason_mu_;  // guards cancel_reason_
+  std::string cancel_reason_;
+
+  int64_t steps_per_epoch_ = 0;
+  int64_t test_samples_ = 0;
+  std::vector<double> busy_, wall_;  // per stage, summed over steps
+};
+
+}  // namespace conveyor

@@ -1,0 +1,197 @@
+#include "coordinator/job_store.h"
+
+#include <chrono>
+
+namespace conveyor {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// A prepared statement, finalised on scope exit.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Status status() const {
+    if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return absl::OkStatus();
+    return absl::InternalError(std::string("job database: ") + sqlite3_errmsg(db_));
+  }
+  void Bind(int i, const std::string& s) { sqlite3_bind_blob(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT); }
+  void BindText(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.c_str(), -1, SQLITE_TRANSIENT); }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  // True while there is a row; errors end the loop and show in status().
+  bool Step() {
+    rc_ = sqlite3_step(stmt_);
+    return rc_ == SQLITE_ROW;
+  }
+  std::string Blob(int col) {
+    const void* p = sqlite3_column_blob(stmt_, col);
+    return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : std::string();
+  }
+  std::string Text(int col) {
+    const unsigned char* p = sqlite3_column_text(stmt_, col);
+    return p ? reinterpret_cast<const char*>(p) : "";
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::FailedPreconditionError("cannot open job database " + path + ": " + msg);
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  CONVEYOR_RETURN_IF_ERROR(store->Exec(
+      "PRAGMA journal_mode=WAL;"
+      "PRAGMA synchronous=NORMAL;"
+      "CREATE TABLE IF NOT EXISTS jobs ("
+      "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+      "  id TEXT UNIQUE,"
+      "  name TEXT NOT NULL,"
+      "  spec_yaml TEXT NOT NULL,"
+      "  spec BLOB NOT NULL,"
+      "  state INTEGER NOT NULL,"
+      "  status BLOB NOT NULL,"
+      "  submitted_ms INTEGER NOT NULL,"
+      "  updated_ms INTEGER NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS job_events ("
+      "  job_id TEXT NOT NULL,"
+      "  at_ms INTEGER NOT NULL,"
+      "  event TEXT NOT NULL);"));
+  return store;
+}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+Status JobStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError("job database: " + msg);
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::string> JobStore::Insert(const v1::JobSpec& spec, const std::string& yaml, v1::JobStatus status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = NowMs();
+  CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  Stmt ins(db_,
+           "INSERT INTO jobs (name, spec_yaml, spec, state, status, submitted_ms, updated_ms) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?);");
+  ins.BindText(1, spec.name());
+  ins.BindText(2, yaml);
+  ins.Bind(3, spec.SerializeAsString());
+  ins.Bind(4, static_cast<int64_t>(v1::JOB_STATE_QUEUED));
+  ins.Bind(5, std::string());
+  ins.Bind(6, now);
+  ins.Bind(7, now);
+  ins.Step();
+  if (!ins.status().ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return ins.status();
+  }
+  const std::string id = "job-" + std::to_string(sqlite3_last_insert_rowid(db_));
+  status.set_job_id(id);
+  status.set_name(spec.name());
+  status.set_state(v1::JOB_STATE_QUEUED);
+  status.set_submitted_unix_ms(now);
+  Stmt upd(db_, "UPDATE jobs SET id = ?, status = ? WHERE seq = ?;");
+  upd.BindText(1, id);
+  upd.Bind(2, status.SerializeAsString());
+  upd.Bind(3, sqlite3_last_insert_rowid(db_));
+  upd.Step();
+  if (!upd.status().ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return upd.status();
+  }
+  CONVEYOR_RETURN_IF_ERROR(Exec("COMMIT;"));
+  return id;
+}
+
+Status JobStore::Update(const v1::JobStatus& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt upd(db_, "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
+  upd.Bind(1, static_cast<int64_t>(status.state()));
+  upd.Bind(2, status.SerializeAsString());
+  upd.Bind(3, NowMs());
+  upd.BindText(4, status.job_id());
+  upd.Step();
+  return upd.status();
+}
+
+Status JobStore::AddEvent(const std::string& job_id, const std::string& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt ins(db_, "INSERT INTO job_events (job_id, at_ms, event) VALUES (?, ?, ?);");
+  ins.BindText(1, job_id);
+  ins.Bind(2, NowMs());
+  ins.BindText(3, event);
+  ins.Step();
+  return ins.status();
+}
+
+StatusOr<StoredJob> JobStore::Get(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT spec, status FROM jobs WHERE id = ?;");
+  q.BindText(1, job_id);
+  if (!q.Step()) {
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+    return absl::NotFoundError("no job '" + job_id + "'");
+  }
+  StoredJob job;
+  if (!job.spec.ParseFromString(q.Blob(0)) || !job.status.ParseFromString(q.Blob(1)))
+    return absl::DataLossError("job database: job " + job_id + " is corrupt");
+  return job;
+}
+
+StatusOr<std::vector<v1::JobStatus>> JobStore::List() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT status FROM jobs ORDER BY seq;");
+  std::vector<v1::JobStatus> out;
+  while (q.Step()) {
+    v1::JobStatus s;
+    if (!s.ParseFromString(q.Blob(0))) return absl::DataLossError("job database: a job is corrupt");
+    s.clear_losses();
+    out.push_back(std::move(s));
+  }
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return out;
+}
+
+StatusOr<std::optional<std::string>> JobStore::NextQueued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT id FROM jobs WHERE state = ? ORDER BY seq LIMIT 1;");
+  q.Bind(1, static_cast<int64_t>(v1::JOB_STATE_QUEUED));
+  if (q.Step()) return std::optional<std::string>(q.Text(0));
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return std::optional<std::string>();
+}
+
+StatusOr<std::vector<std::string>> JobStore::InState(v1::JobState state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT id FROM jobs WHERE state = ? ORDER BY seq;");
+  q.Bind(1, static_cast<int64_t>(state));
+  std::vector<std::string> ids;
+  while (q.Step()) ids.push_back(q.Text(0));
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return ids;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,106 @@
+// The `conveyor` binary as a user runs it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "cli/local_cluster.h"
+#include "tests/support/test_util.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Binary;
+using testing::RunCommand;
+
+std::string Example(const std::string& name) { return std::string(CONVEYOR_SOURCE_DIR) + "/examples/" + name; }
+
+TEST(Cli, EveryProgramHasHelp) {
+  for (const char* bin : {"conveyor", "stage_server", "coordinator"}) {
+    auto r = RunCommand({Binary(bin), "--help"});
+    EXPECT_EQ(r.exit_code, 0) << bin;
+    EXPECT_THAT(r.out, HasSubstr("Usage")) << bin;
+  }
+  auto r = RunCommand({Binary("conveyor"), "local", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--stages"));
+}
+
+TEST(Cli, LocalRunMatchesTheReference) {
+  auto ref = RunCommand({Binary("conveyor"), "train", Example("toy.yaml"), "--reference", "--json"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  auto local = RunCommand({Binary("conveyor"), "local", Example("toy.yaml"), "--json"});
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  auto a = nlohmann::json::parse(local.out);
+  auto b = nlohmann::json::parse(ref.out);
+  EXPECT_EQ(a["state"], "succeeded");
+  for (const char* key : {"job_id", "steps", "losses", "final_loss", "samples_per_second", "eval_accuracy",
+                          "param_digest"}) {
+    EXPECT_TRUE(a.contains(key)) << key;
+    EXPECT_TRUE(b.contains(key)) << key;
+  }
+  ASSERT_EQ(a["losses"].size(), b["losses"].size());
+  for (std::size_t i = 0; i < a["losses"].size(); ++i) {
+    double x = a["losses"][i], y = b["losses"][i];
+    EXPECT_NEAR(x, y, testing::kAtol + testing::kRtol * std::abs(y)) << "step " << i;
+  }
+  EXPECT_EQ(a["eval_accuracy"], b["eval_accuracy"]);
+  EXPECT_THAT(local.err, HasSubstr("test accuracy"));  // the summary
+}
+
+TEST(Cli, JobCommandsAgainstARunningCoordinator) {
+  cli::LocalClusterOptions options;
+  options.stages = 1;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string coord = (*cluster)->coordinator_address();
+  const std::string bad = ::testing::TempDir() + "/bad-job.yaml";
+  std::ofstream(bad) << "model: toy\nbatch_size: 8\nmicro_batches: 9\n";
+  auto r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", bad});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("micro_batches: 9 is larger than batch_size 8"));
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", Example("toy.yaml"), "--wait", "--json"});
+  EXPECT_NE(r.exit_code, 0);  // toy.yaml wants 3 stages; this cluster has 1
+  EXPECT_THAT(r.err, HasSubstr("needs 3 stages"));
+
+  const std::string one = ::testing::TempDir() + "/one-stage.yaml";
+  std::ofstream(one) << "name: tiny\nmodel: toy\nsteps: 3\n";
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", one, "--wait", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const std::string id = j["job_id"];
+  EXPECT_EQ(j["steps"], 3);
+
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "status", id});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("succeeded"));
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "list"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr(id));
+  EXPECT_THAT(r.out, HasSubstr("tiny"));
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "status", "job-404"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+  r = RunCommand({Binary("conveyor"), "--coordinator", coord, "cancel", id});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("already succeeded"));
+  r = RunCommand({Binary("conveyor"), "health", (*cluster)->stage_addresses()[0]});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SERVING"));
+}
+
+TEST(Cli, ReferenceNamesABadJobFile) {
+  const std::string bad = ::testing::TempDir() + "/typo.yaml";
+  std::ofstream(bad) << "model: toy\nepoch: 3\n";
+  auto r = RunCommand({Binary("conveyor"), "train", bad, "--reference"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("epoch: unknown key"));
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,141 @@
+#include "common/job_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/model_catalog.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char* kFull = R"(
+name: fashion-convnet
+model: {name: convnet, num_classes: 10}
+partition: {stages: 4}
+data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist}
+batch_size: 64
+micro_batches: 8
+schedule: gpipe
+optimizer: {name: adam, lr: 0.001}
+loss: cross_entropy
+epochs: 3
+eval: true
+seed: 0
+)";
+
+Status ParseError(const std::string& yaml) { return ParseJobYaml(yaml).status(); }
+
+TEST(JobSpec, ParsesTheDocumentedExample) {
+  auto spec = ParseJobYaml(kFull);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "fashion-convnet");
+  EXPECT_EQ(spec->model().kind(), v1::MODEL_CONVNET);
+  EXPECT_EQ(spec->partition().stages(), 4);
+  EXPECT_EQ(spec->data().kind(), v1::DATA_FASHION_MNIST);
+  EXPECT_EQ(spec->batch_size(), 64);
+  EXPECT_EQ(spec->micro_batches(), 8);
+  EXPECT_EQ(spec->schedule(), v1::SCHEDULE_GPIPE);
+  EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_ADAM);
+  EXPECT_DOUBLE_EQ(spec->optimizer().lr(), 0.001);
+  EXPECT_EQ(spec->epochs(), 3);
+  EXPECT_TRUE(spec->eval());
+}
+
+TEST(JobSpec, FillsDefaults) {
+  auto spec = ParseJobYaml("model: toy");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition().stages(), 1);
+  EXPECT_EQ(spec->data().kind(), v1::DATA_SYNTHETIC);
+  EXPECT_EQ(spec->batch_size(), 32);
+  EXPECT_EQ(spec->micro_batches(), 1);
+  EXPECT_EQ(spec->schedule(), v1::SCHEDULE_GPIPE);
+  EXPECT_EQ(spec->optimizer().kind(), v1::OPTIMIZER_SGD);
+  EXPECT_EQ(spec->loss(), v1::LOSS_CROSS_ENTROPY);
+  EXPECT_EQ(spec->epochs(), 1);
+  EXPECT_DOUBLE_EQ(spec->stage_timeout_s(), 10);
+}
+
+TEST(JobSpec, UnknownKeysAreNamed) {
+  Status st = ParseError("model: toy\nbatchsize: 3\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("batchsize: unknown key"));
+  st = ParseError("model: {name: toy, width: 3}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("model.width: unknown key"));
+  st = ParseError("model: toy\noptimizer: {name: sgd, momentun: 0.9}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.momentun: unknown key"));
+}
+
+TEST(JobSpec, WrongTypesAreNamed) {
+  Status st = ParseError("model: toy\nbatch_size: lots\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("batch_size: expected an integer, got 'lots'"));
+  st = ParseError("model: toy\noptimizer: {name: sgd, lr: fast}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.lr: expected a number"));
+  st = ParseError("model: toy\neval: maybe\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("eval: expected true or false"));
+  st = ParseError("model: toy\npartition: {boundaries: [1, x]}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("partition.boundaries: item 1"));
+}
+
+TEST(JobSpec, BadValuesAreNamed) {
+  struct Case {
+    const char* yaml;
+    const char* message;
+  } cases[] = {
+      {"model: toy\nbatch_size: 4\nmicro_batches: 8\n", "micro_batches: 8 is larger than batch_size 4"},
+      {"model: toy\nbatch_size: 4\nsplit_size: 5\n", "split_size: 5 is larger than batch_size 4"},
+      {"model: toy\nmicro_batches: 2\nsplit_size: 2\n", "not both"},
+      {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
+      {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
+      {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "boundaries give 2 stages"},
+      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b)"},
+      {"model: resnet9\n", "model.name: unknown value 'resnet9'"},
+      {"batch_size: 3\n", "model: missing"},
+      {"model: toy\nepochs: 1\nsteps: 3\n", "epochs and steps"},
+      {"model: toy\noptimizer: {name: sgd, lr: -1}\n", "optimizer.lr: must be positive"},
+      {"model: toy\nbatch_size: 0\n", "batch_size: must be between"},
+      {"model: toy\ndata: fashion-mnist\n", "use convnet or mlp"},
+      {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
+      {"- just\n- a list\n", "expected a mapping"},
+      {"model: {name: toy\n", "not valid YAML"},
+  };
+  for (const auto& c : cases) {
+    Status st = ParseError(c.yaml);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.yaml << " -> " << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.message)) << c.yaml;
+  }
+}
+
+TEST(JobSpec, MicroBatchSizes) {
+  v1::JobSpec spec;
+  spec.set_micro_batches(4);
+  EXPECT_EQ(MicroBatchSizes(spec, 10), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(MicroBatchSizes(spec, 2), (std::vector<int64_t>{1, 1}));
+  spec.set_micro_batches(0);
+  spec.set_split_size(8);  // the seed's knob: samples per micro-batch
+  EXPECT_EQ(MicroBatchSizes(spec, 20), (std::vector<int64_t>{8, 8, 4}));
+  EXPECT_EQ(MicroBatchSizes(spec, 16), (std::vector<int64_t>{8, 8}));
+}
+
+TEST(ModelCatalog, EvenPartitionsAndBoundaries) {
+  auto spec = ParseJobYaml("model: convnet\npartition: {stages: 4}\n");
+  ASSERT_TRUE(spec.ok());
+  auto ranges = PartitionLayers(*spec);
+  ASSERT_TRUE(ranges.ok());
+  ASSERT_EQ(ranges->size(), 4u);
+  EXPECT_EQ((*ranges)[0].begin, 0);
+  EXPECT_EQ((*ranges)[1].begin, 3);
+  EXPECT_EQ((*ranges)[3].end, 12);
+  spec = ParseJobYaml("model: convnet\npartition: {boundaries: [3, 6, 11]}\n");
+  ASSERT_TRUE(spec.ok());
+  ranges = PartitionLayers(*spec);
+  ASSERT_TRUE(ranges.ok());
+  EXPECT_EQ((*ranges)[2].begin, 6);
+  EXPECT_EQ((*ranges)[2].end, 11);
+  EXPECT_EQ((*ranges)[3].begin, 11);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,92 @@
+#include "common/models.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "common/digest.h"
+#include "common/job_spec.h"
+#include "common/model_catalog.h"
+
+namespace conveyor {
+namespace {
+
+v1::JobSpec Spec(const std::string& yaml) {
+  auto spec = ParseJobYaml(yaml);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+class ModelsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ModelsTest, CatalogAgreesWithTheBuiltModel) {
+  v1::JobSpec spec = Spec(GetParam());
+  auto model = BuildLayers(spec, 0, NumLayers(spec.model()));
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(static_cast<int>((*model)->size()), NumLayers(spec.model()));
+  std::vector<int64_t> shape{2};
+  for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
+  at::Tensor out = (*model)->forward(at::zeros(shape));
+  EXPECT_EQ(out.dim(), 2);
+  EXPECT_EQ(out.size(0), 2);
+}
+
+TEST_P(ModelsTest, InitialWeightsDoNotDependOnThePartition) {
+  v1::JobSpec spec = Spec(GetParam());
+  const int n = NumLayers(spec.model());
+  auto whole = BuildLayers(spec, 0, n);
+  ASSERT_TRUE(whole.ok());
+  std::vector<std::pair<std::string, at::Tensor>> pieces;
+  for (int b = 0; b < n; b += 2) {  // two layers per "stage"
+    auto part = BuildLayers(spec, b, std::min(n, b + 2));
+    ASSERT_TRUE(part.ok());
+    for (auto& p : NamedParameters(*part)) pieces.push_back(p);
+  }
+  auto all = NamedParameters(*whole);
+  ASSERT_EQ(all.size(), pieces.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].first, pieces[i].first);
+    EXPECT_TRUE(at::equal(all[i].second, pieces[i].second)) << all[i].first;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, ModelsTest,
+                         ::testing::Values("model: toy", "model: convnet",
+                                           "model: {name: mlp, input_dim: 12, hidden: [7, 5], num_classes: 3}"));
+
+TEST(Models, SeedChangesWeights) {
+  auto a = BuildLayers(Spec("model: toy\nseed: 1"), 0, 3);
+  auto b = BuildLayers(Spec("model: toy\nseed: 2"), 0, 3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_FALSE(at::equal((*a)->parameters()[0], (*b)->parameters()[0]));
+}
+
+TEST(Models, DigestIsPerLayerAndIndependentOfThePartition) {
+  v1::JobSpec spec = Spec("model: convnet");
+  auto whole = BuildLayers(spec, 0, 12);
+  auto head = BuildLayers(spec, 0, 5);
+  auto tail = BuildLayers(spec, 5, 12);
+  ASSERT_TRUE(whole.ok() && head.ok() && tail.ok());
+  std::vector<std::string> one, two;
+  for (const auto& l : (*whole)->children()) one.push_back(LayerDigest(*l));
+  for (const auto& l : (*head)->children()) two.push_back(LayerDigest(*l));
+  for (const auto& l : (*tail)->children()) two.push_back(LayerDigest(*l));
+  EXPECT_EQ(CombineDigests(one), CombineDigests(two));
+  EXPECT_EQ(CombineDigests(one).size(), 64u);
+  // A changed weight changes the digest.
+  {
+    at::NoGradGuard g;
+    (*tail)->parameters()[0].add_(1e-3);
+  }
+  two.clear();
+  for (const auto& l : (*head)->children()) two.push_back(LayerDigest(*l));
+  for (const auto& l : (*tail)->children()) two.push_back(LayerDigest(*l));
+  EXPECT_NE(CombineDigests(one), CombineDigests(two));
+}
+
+TEST(Models, BadRangeIsAnError) {
+  auto m = BuildLayers(Spec("model: toy"), 2, 5);
+  EXPECT_TRUE(absl::IsInvalidArgument(m.status()));
+}
+
+}  // namespace
+}  // namespace conveyor

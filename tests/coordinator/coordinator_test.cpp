@@ -1,0 +1,141 @@
+// The coordinator over in-process stages: job API semantics and bad input.
+#include "coordinator/coordinator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/support/in_process.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::InProcessCluster;
+using testing::RunToEnd;
+
+const char* kToy = "name: toy\nmodel: toy\npartition: {stages: 3}\nbatch_size: 8\nmicro_batches: 2\nsteps: 5\n";
+const char* kEndless = "name: endless\nmodel: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100000000\n";
+
+// Waits for `job_id` to satisfy `done`, on change notifications.
+v1::JobStatus WaitFor(Coordinator& c, const std::string& job_id, const std::function<bool(const v1::JobStatus&)>& done) {
+  uint64_t version = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    auto s = c.Watch(job_id, &version, deadline, true);
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok() || done(*s) || std::chrono::steady_clock::now() > deadline) return s.ok() ? *s : v1::JobStatus();
+  }
+}
+
+TEST(Coordinator, RunsAJobAndAnswersAboutIt) {
+  InProcessCluster cluster(3);
+  auto c = cluster.StartCoordinator();
+  v1::JobStatus s = RunToEnd(*c, kToy);
+  EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(s.step(), 5);
+  EXPECT_EQ(s.losses_size(), 5);
+  EXPECT_EQ(s.stages_size(), 3);
+  EXPECT_EQ(s.stages(0).transport(), "inproc");
+  EXPECT_EQ(s.param_digest().size(), 64u);
+  auto list = c->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].job_id(), s.job_id());
+  auto again = c->Cancel(s.job_id());
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("already succeeded"));
+}
+
+TEST(Coordinator, BadJobsAreRefusedWithTheReason) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  auto id = c->Submit("model: toy\nbatch_sise: 8\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(id.status()));
+  EXPECT_THAT(std::string(id.status().message()), HasSubstr("batch_sise: unknown key"));
+  id = c->Submit("model: toy\nbatch_size: 4\nmicro_batches: 8\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(id.status()));
+  id = c->Submit("model: toy\npartition: {stages: 3}\n");  // the coordinator has 2
+  EXPECT_TRUE(absl::IsFailedPrecondition(id.status()));
+  EXPECT_THAT(std::string(id.status().message()), HasSubstr("needs 3 stages, this coordinator has 2"));
+  EXPECT_TRUE(absl::IsNotFound(c->Get("job-42").status()));
+  EXPECT_TRUE(absl::IsNotFound(c->Cancel("job-42").status()));
+  EXPECT_TRUE(absl::IsNotFound(c->Get("").status()));
+  // Still serving.
+  EXPECT_EQ(RunToEnd(*c, "model: toy\npartition: {stages: 2}\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST(Coordinator, MissingDatasetFailsTheJobNamingThePath) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  v1::JobStatus s = RunToEnd(*c, "model: convnet\npartition: {stages: 2}\ndata: {name: fashion-mnist, path: /no/data}\n");
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s.error(), HasSubstr("/no/data"));
+  EXPECT_THAT(s.error(), HasSubstr("stage 0"));
+}
+
+TEST(Coordinator, CancelsRunningAndQueuedJobs) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  auto running = c->Submit(kEndless);
+  auto queued = c->Submit(kEndless);
+  ASSERT_TRUE(running.ok() && queued.ok());
+  WaitFor(*c, *running, [](const v1::JobStatus& s) { return s.step() > 2; });
+  auto q = c->Get(*queued);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(q->state(), v1::JOB_STATE_QUEUED);  // one job at a time
+  auto cq = c->Cancel(*queued);
+  ASSERT_TRUE(cq.ok()) << cq.status();
+  EXPECT_EQ(cq->state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_TRUE(c->Cancel(*running).ok());
+  v1::JobStatus s = WaitFor(*c, *running, [](const v1::JobStatus& s) { return s.state() != v1::JOB_STATE_RUNNING; });
+  EXPECT_EQ(s.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(s.error(), HasSubstr("cancelled by the user"));
+  // The stages are free for the next job.
+  EXPECT_EQ(RunToEnd(*c, "model: toy\npartition: {stages: 2}\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST(Coordinator, RunsJobsInSubmissionOrder) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  auto a = c->Submit("name: a\nmodel: toy\nsteps: 30\n");
+  auto b = c->Submit("name: b\nmodel: toy\nsteps: 3\n");
+  ASSERT_TRUE(a.ok() && b.ok());
+  v1::JobStatus sb = WaitFor(*c, *b, [](const v1::JobStatus& s) { return s.state() == v1::JOB_STATE_SUCCEEDED; });
+  auto sa = c->Get(*a);
+  ASSERT_TRUE(sa.ok());
+  EXPECT_EQ(sa->state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_LE(sa->finished_unix_ms(), sb.started_unix_ms());
+}
+
+TEST(Coordinator, ARestartMarksTheInterruptedJobFailed) {
+  const std::string dir = ::testing::TempDir() + "/coordinator-restart";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string id;
+  {
+    auto store = JobStore::Open(dir + "/conveyor.db");
+    ASSERT_TRUE(store.ok());
+    auto spec = v1::JobSpec();
+    auto inserted = (*store)->Insert(spec, "model: toy", v1::JobStatus());
+    ASSERT_TRUE(inserted.ok());
+    id = *inserted;
+    auto job = (*store)->Get(id);
+    job->status.set_state(v1::JOB_STATE_RUNNING);
+    ASSERT_TRUE((*store)->Update(job->status).ok());
+  }
+  InProcessCluster cluster(1);
+  CoordinatorOptions options;
+  options.stages = {"unused:1"};
+  options.state_dir = dir;
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto s = (*c)->Get(id);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s->error(), HasSubstr("coordinator stopped"));
+}
+
+}  // namespace
+}  // namespace conveyor

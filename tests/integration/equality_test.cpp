@@ -1,0 +1,105 @@
+// The pipeline equals the single-process reference: every model, stage count,
+// micro-batch count and schedule, 20 steps, in-process over the in-memory
+// transport, per-step losses and final parameters within rtol 1e-5/atol 1e-6.
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <tuple>
+
+#include "common/job_spec.h"
+#include "tests/support/in_process.h"
+#include "tests/support/test_util.h"
+
+namespace conveyor {
+namespace {
+
+using testing::ExpectMatchesReference;
+using testing::InProcessCluster;
+using testing::Reference;
+using testing::RunToEnd;
+
+// The reference depends on model, data, optimizer and seed only.
+const std::map<std::string, std::string> kModels = {
+    {"toy",
+     "model: toy\ndata: {name: synthetic, train_samples: 320}\nbatch_size: 16\n"
+     "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nloss: mse\nsteps: 20\nseed: 3\n"},
+    {"convnet",
+     "model: convnet\ndata: {name: synthetic, train_samples: 320}\nbatch_size: 16\n"
+     "optimizer: {name: adam, lr: 0.001}\nsteps: 20\nseed: 5\n"},
+};
+
+const cli::ReferenceResult& CachedReference(const std::string& model) {
+  static std::map<std::string, cli::ReferenceResult> cache;
+  auto it = cache.find(model);
+  if (it == cache.end()) it = cache.emplace(model, Reference(kModels.at(model))).first;
+  return it->second;
+}
+
+using Case = std::tuple<std::string, int, int, std::string>;  // model, stages, micro-batches, schedule
+
+class EqualityTest : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() { at::set_num_threads(1); }
+};
+
+TEST_P(EqualityTest, PipelineEqualsReference) {
+  const auto& [model, stages, mbs, schedule] = GetParam();
+  const std::string yaml = kModels.at(model) + "partition: {stages: " + std::to_string(stages) +
+                           "}\nmicro_batches: " + std::to_string(mbs) + "\nschedule: " + schedule + "\n";
+  InProcessCluster cluster(stages);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, yaml);
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), stages), CachedReference(model));
+  // Activation memory: GPipe holds every micro-batch, 1F1B at most P - s.
+  for (int s = 0; s < run.stages_size(); ++s) {
+    int64_t bound = schedule == "1f1b" ? std::min(mbs, stages - s) : mbs;
+    EXPECT_EQ(run.stages(s).peak_activations(), bound) << "stage " << s;
+  }
+}
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  const auto& [model, stages, mbs, schedule] = info.param;
+  return model + "_" + std::to_string(stages) + "stages_" + std::to_string(mbs) + "mb_" +
+         (schedule == "1f1b" ? "1F1B" : "GPipe");
+}
+
+INSTANTIATE_TEST_SUITE_P(Toy, EqualityTest,
+                         ::testing::Combine(::testing::Values("toy"), ::testing::Values(1, 2, 3),
+                                            ::testing::Values(1, 4, 8), ::testing::Values("gpipe", "1f1b")),
+                         Name);
+INSTANTIATE_TEST_SUITE_P(ConvNet, EqualityTest,
+                         ::testing::Combine(::testing::Values("convnet"), ::testing::Values(1, 2, 4),
+                                            ::testing::Values(1, 4, 8), ::testing::Values("gpipe", "1f1b")),
+                         Name);
+
+TEST(Equality, UnevenMicroBatchesFromSplitSize) {
+  at::set_num_threads(1);
+  // The seed's knob: 20 samples in micro-batches of 8, 8 and 4.
+  const std::string base =
+      "model: convnet\ndata: {name: synthetic, train_samples: 200}\nbatch_size: 20\nsteps: 20\n"
+      "optimizer: {name: sgd, lr: 0.1}\n";
+  InProcessCluster cluster(3);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, base + "partition: {boundaries: [2, 8]}\nsplit_size: 8\nschedule: 1f1b\n");
+  EXPECT_EQ(run.micro_batches(), 3);
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 3), Reference(base));
+}
+
+TEST(Equality, FashionMnistWithEvaluation) {
+  if (!testing::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  at::set_num_threads(1);
+  const std::string base = "model: convnet\ndata: fashion-mnist\nbatch_size: 64\nsteps: 20\neval: true\n"
+                           "eval_batch_size: 2500\noptimizer: {name: adam, lr: 0.001}\n";
+  InProcessCluster cluster(4);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, base + "partition: {stages: 4}\nmicro_batches: 8\n");
+  cli::ReferenceResult ref = Reference(base);
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 4), ref);
+  ASSERT_TRUE(run.has_eval());
+  EXPECT_NEAR(run.eval_accuracy(), ref.status.eval_accuracy(), 1.0 / 10000);
+  EXPECT_GT(run.eval_accuracy(), 0.3);  // 20 steps already learn something
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,140 @@
+#include "stage_server/inbox.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <future>
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+InboxExpectations Expect() {
+  InboxExpectations e;
+  e.job_id = "job-1";
+  e.stage_index = 2;
+  e.activation_sample_shape = {3};
+  e.gradient_sample_shape = {5};
+  e.max_micro_batches = 4;
+  e.max_micro_batch_size = 2;
+  return e;
+}
+
+v1::TensorFrame Frame(v1::FrameKind kind, int64_t step, int mb, std::vector<int64_t> shape,
+                      v1::DType dtype = v1::DTYPE_FLOAT32) {
+  v1::TensorFrame f;
+  f.set_job_id("job-1");
+  f.set_phase(v1::PHASE_TRAIN);
+  f.set_step(step);
+  f.set_micro_batch(mb);
+  f.set_kind(kind);
+  f.mutable_tensor()->set_dtype(dtype);
+  int64_t n = 4;
+  for (int64_t d : shape) {
+    f.mutable_tensor()->add_shape(d);
+    n *= d;
+  }
+  f.mutable_tensor()->mutable_data()->resize(static_cast<std::size_t>(n));
+  return f;
+}
+
+TEST(Inbox, DeliversWhatTheStageWaitsFor) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  auto taker = std::async(std::launch::async, [&] {
+    return inbox.Take(v1::FRAME_ACTIVATION, 1, Clock::now() + std::chrono::seconds(30));
+  });
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  auto frame = taker.get();
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->micro_batch(), 1);
+  // The next step's frames may come early; older ones are refused.
+  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_GRADIENT, 1, 0, {2, 5})).ok());
+  inbox.BeginStep(v1::PHASE_TRAIN, 1);
+  EXPECT_EQ(inbox.held(), 1u);
+  Status stale = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 2, {2, 3}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
+  EXPECT_THAT(std::string(stale.message()), HasSubstr("does not expect tensors of step 0"));
+}
+
+TEST(Inbox, RefusesBadFramesWithTheReason) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  struct Case {
+    v1::TensorFrame frame;
+    absl::StatusCode code;
+    const char* message;
+  };
+  v1::TensorFrame other_job = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  other_job.set_job_id("job-9");
+  v1::TensorFrame short_data = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  short_data.mutable_tensor()->mutable_data()->resize(3);
+  Case cases[] = {
+      {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4}), absl::StatusCode::kInvalidArgument, "has shape [2, 4], expected [2, 3]"},
+      {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}, v1::DTYPE_BFLOAT16), absl::StatusCode::kInvalidArgument,
+       "dtype bfloat16, expected float32"},
+      {Frame(v1::FRAME_GRADIENT, 0, 0, {9, 5}), absl::StatusCode::kInvalidArgument, "expected [2, 5]"},
+      {Frame(v1::FRAME_ACTIVATION, 0, 7, {2, 3}), absl::StatusCode::kInvalidArgument, "micro-batch 7 is out of range"},
+      {Frame(v1::FRAME_UNSPECIFIED, 0, 0, {2, 3}), absl::StatusCode::kInvalidArgument, "no kind"},
+      {Frame(v1::FRAME_ACTIVATION, 5, 0, {2, 3}), absl::StatusCode::kFailedPrecondition, "step 5"},
+      {other_job, absl::StatusCode::kFailedPrecondition, "runs job 'job-1', not 'job-9'"},
+      {short_data, absl::StatusCode::kInvalidArgument, "carries 3 bytes"},
+  };
+  for (auto& c : cases) {
+    Status st = inbox.Deliver(c.frame);
+    EXPECT_EQ(st.code(), c.code) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.message));
+  }
+  Inbox closed;
+  EXPECT_TRUE(absl::IsFailedPrecondition(closed.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
+}
+
+TEST(Inbox, ABadTensorFailsTheWaitingStep) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  auto taker = std::async(std::launch::async, [&] {
+    return inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now() + std::chrono::seconds(60));
+  });
+  EXPECT_FALSE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4})).ok());
+  auto result = taker.get();
+  EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
+}
+
+TEST(Inbox, DuplicateFramesAreRefused) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
+}
+
+TEST(Inbox, TimeoutNamesTheActionAndThePeer) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 3);
+  auto r = inbox.Take(v1::FRAME_GRADIENT, 1, Clock::now());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("stage 2 waited too long for the gradient of step 3 micro-batch 1 from stage 3 (downstream)"));
+}
+
+TEST(Inbox, FailWakesAWaitingTake) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  auto taker = std::async(std::launch::async, [&] {
+    return inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now() + std::chrono::seconds(60));
+  });
+  inbox.Fail(absl::AbortedError("stop"));
+  EXPECT_TRUE(absl::IsAborted(taker.get().status()));
+  inbox.BeginStep(v1::PHASE_TRAIN, 1);  // a new step clears the failure
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3})).ok());
+  EXPECT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now()).ok());
+}
+
+}  // namespace
+}  // namespace conveyor

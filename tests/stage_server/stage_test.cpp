@@ -1,0 +1,119 @@
+// One Stage driven directly, without a coordinator: the errors a caller sees.
+#include "stage_server/stage.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/job_spec.h"
+#include "stage_server/inproc_transport.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+
+class StageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StageOptions options;
+    options.transports = &fabric_;
+    auto s = Stage::Create(options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    stage_ = std::move(*s);
+    fabric_.Register("inproc://1", &stage_->inbox());
+  }
+
+  v1::StageAssignment Assignment(const std::string& yaml, int index, int stages, int begin, int end,
+                                 std::vector<int64_t> input) {
+    auto spec = ParseJobYaml(yaml);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    v1::StageAssignment a;
+    a.set_job_id("job-1");
+    *a.mutable_spec() = *spec;
+    a.set_stage_index(index);
+    a.set_num_stages(stages);
+    a.set_layer_begin(begin);
+    a.set_layer_end(end);
+    for (int64_t d : input) a.add_input_sample_shape(d);
+    return a;
+  }
+
+  InProcFabric fabric_;
+  std::unique_ptr<Stage> stage_;
+};
+
+TEST_F(StageTest, ConfigureReportsTheOutputShape) {
+  auto reply = stage_->Configure(Assignment("model: convnet\npartition: {stages: 2}", 1, 2, 6, 12, {16, 4, 4}));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(std::vector<int64_t>(reply->output_sample_shape().begin(), reply->output_sample_shape().end()),
+            std::vector<int64_t>{10});
+  EXPECT_EQ(reply->num_parameters(), 256 * 120 + 120 + 120 * 84 + 84 + 84 * 10 + 10);
+  EXPECT_EQ(stage_->Info().job_id(), "job-1");
+}
+
+TEST_F(StageTest, ConfigureRefusesAShapeTheLayersCannotTake) {
+  auto reply = stage_->Configure(Assignment("model: convnet\npartition: {stages: 2}", 1, 2, 6, 12, {3, 7}));
+  EXPECT_TRUE(absl::IsInvalidArgument(reply.status())) << reply.status();
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("cannot take samples of shape [3, 7]"));
+}
+
+TEST_F(StageTest, ConfigureNamesAMissingDatasetPath) {
+  auto reply = stage_->Configure(Assignment(
+      "model: convnet\ndata: {name: fashion-mnist, path: /nowhere/fmnist}\n", 0, 1, 0, 12, {1, 28, 28}));
+  EXPECT_TRUE(absl::IsNotFound(reply.status())) << reply.status();
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("/nowhere/fmnist"));
+}
+
+TEST_F(StageTest, CallsForAnotherJobAreRefused) {
+  ASSERT_TRUE(stage_->Configure(Assignment("model: toy", 0, 1, 0, 3, {10})).ok());
+  v1::RunStepRequest req;
+  req.set_job_id("job-7");
+  req.set_phase(v1::PHASE_TRAIN);
+  req.set_batch_size(32);
+  auto r = stage_->RunStep(req);
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("runs job 'job-1', not 'job-7'"));
+  req.set_job_id("job-1");
+  req.set_batch_size(33);
+  EXPECT_TRUE(absl::IsInvalidArgument(stage_->RunStep(req).status()));
+  req.set_batch_size(32);
+  EXPECT_TRUE(stage_->RunStep(req).ok());
+}
+
+TEST_F(StageTest, AStageWhoseNeighbourNeverSendsTimesOutNamingIt) {
+  // Stage 1 of 2; stage 0 (inproc://0) exists but never runs.
+  StageOptions options;
+  options.transports = &fabric_;
+  auto upstream = Stage::Create(options);
+  ASSERT_TRUE(upstream.ok());
+  fabric_.Register("inproc://0", &(*upstream)->inbox());
+  auto a = Assignment("model: toy\npartition: {stages: 2}\nstage_timeout: 0.2", 1, 2, 1, 3, {10});
+  a.set_upstream("inproc://0");
+  ASSERT_TRUE(stage_->Configure(a).ok());
+  v1::JobRef ref;
+  ref.set_job_id("job-1");
+  ASSERT_TRUE(stage_->Connect(ref).ok());
+  v1::RunStepRequest req;
+  req.set_job_id("job-1");
+  req.set_phase(v1::PHASE_TRAIN);
+  req.set_batch_size(32);
+  auto r = stage_->RunStep(req);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("waited too long for the activation of step 0 micro-batch 0 from stage 0 (upstream)"));
+}
+
+TEST(StageCreate, UnknownOrMissingDevices) {
+  InProcFabric fabric;
+  StageOptions options;
+  options.transports = &fabric;
+  options.device = "tpu:0";
+  EXPECT_TRUE(absl::IsInvalidArgument(Stage::Create(options).status()));
+  options.device = "cuda:0";
+  auto s = Stage::Create(options);
+  if (s.ok()) GTEST_SKIP() << "this machine has CUDA";
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.status())) << s.status();
+}
+
+}  // namespace
+}  // namespace conveyor

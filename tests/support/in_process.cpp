@@ -1,0 +1,94 @@
+#include "tests/support/in_process.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "common/tensor_codec.h"
+
+namespace conveyor::testing {
+namespace {
+
+class InProcessStageClient : public StageClient {
+ public:
+  InProcessStageClient(Stage* stage, std::string address) : stage_(stage), address_(std::move(address)) {}
+  const std::string& address() const override { return address_; }
+  StatusOr<v1::StageInfo> GetInfo(double) override { return stage_->Info(); }
+  StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
+    return stage_->Configure(req);
+  }
+  StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double) override { return stage_->Connect(req); }
+  StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double) override { return stage_->RunStep(req); }
+  StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double) override { return stage_->GetDigest(req); }
+  Status Abort(const v1::AbortRequest& req, double) override { return stage_->Abort(req); }
+  Status Release(const v1::JobRef& req, double) override { return stage_->Release(req); }
+
+ private:
+  Stage* stage_;
+  std::string address_;
+};
+
+bool Terminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+InProcessCluster::InProcessCluster(int stages) {
+  for (int i = 0; i < stages; ++i) {
+    StageOptions options;
+    options.transports = &fabric_;
+    auto stage = Stage::Create(options);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    addresses_.push_back("inproc://" + std::to_string(i));
+    fabric_.Register(addresses_.back(), &(*stage)->inbox());
+    stages_.push_back(std::move(*stage));
+  }
+}
+
+InProcessCluster::~InProcessCluster() {
+  for (auto& s : stages_) s->Shutdown();
+}
+
+std::unique_ptr<Coordinator> InProcessCluster::StartCoordinator() {
+  CoordinatorOptions options;
+  options.stages = addresses_;
+  std::map<std::string, Stage*> by_address;
+  for (int i = 0; i < size(); ++i) by_address[addresses_[i]] = stages_[i].get();
+  options.client_factory = [by_address](const std::string& address) -> std::unique_ptr<StageClient> {
+    return std::make_unique<InProcessStageClient>(by_address.at(address), address);
+  };
+  auto c = Coordinator::Start(options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> InProcessCluster::Parameters(const std::string& job_id, int stages) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  v1::JobRef ref;
+  ref.set_job_id(job_id);
+  for (int i = 0; i < stages; ++i) {
+    auto reply = stages_[i]->GetParameters(ref);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    if (!reply.ok()) continue;
+    for (auto& p : *reply->mutable_parameters()) out.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
+  }
+  return out;
+}
+
+v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double timeout_s) {
+  auto id = coordinator.Submit(yaml);
+  EXPECT_TRUE(id.ok()) << id.status();
+  if (!id.ok()) return v1::JobStatus();
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+  uint64_t version = 0;
+  for (;;) {
+    auto status = coordinator.Watch(*id, &version, deadline, false);
+    EXPECT_TRUE(status.ok()) << status.status();
+    if (!status.ok() || Terminal(status->state()) || std::chrono::steady_clock::now() >= deadline)
+      return status.ok() ? *status : v1::JobStatus();
+  }
+}
+
+}  // namespace conveyor::testing

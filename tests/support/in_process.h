@@ -1,0 +1,44 @@
+// An in-process pipeline for tests: P Stages joined by an InProcFabric (the
+// in-memory transport), and StageClients that call them directly, so a real
+// Coordinator drives them with no gRPC in between.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator/coordinator.h"
+#include "stage_server/inproc_transport.h"
+#include "stage_server/stage.h"
+
+namespace conveyor::testing {
+
+class InProcessCluster {
+ public:
+  explicit InProcessCluster(int stages);
+  ~InProcessCluster();
+
+  int size() const { return static_cast<int>(stages_.size()); }
+  Stage& stage(int i) { return *stages_[i]; }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // A coordinator over these stages, jobs kept in memory.
+  std::unique_ptr<Coordinator> StartCoordinator();
+
+  // Final parameters of `job_id`, in model order, gathered from the stages.
+  std::vector<std::pair<std::string, at::Tensor>> Parameters(const std::string& job_id, int stages);
+
+ private:
+  InProcFabric fabric_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+};
+
+// Submits `yaml` and waits, on the coordinator's change notifications, until
+// the job ends (or `timeout_s` passes: the status then is still RUNNING).
+v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double timeout_s = 300);
+
+}  // namespace conveyor::testing

@@ -1,0 +1,88 @@
+#include "tests/support/test_util.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/job_spec.h"
+
+namespace conveyor::testing {
+
+cli::ReferenceResult Reference(const std::string& yaml) {
+  auto spec = ParseJobYaml(yaml);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  auto ref = cli::TrainReference(*spec, cli::ReferenceOptions());
+  EXPECT_TRUE(ref.ok()) << ref.status();
+  return ref.ok() ? std::move(*ref) : cli::ReferenceResult();
+}
+
+void ExpectMatchesReference(const v1::JobStatus& run, const std::vector<std::pair<std::string, at::Tensor>>& params,
+                            const cli::ReferenceResult& ref) {
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  ASSERT_EQ(run.losses_size(), ref.status.losses_size());
+  for (int i = 0; i < run.losses_size(); ++i) {
+    const double a = run.losses(i), b = ref.status.losses(i);
+    EXPECT_LE(std::abs(a - b), kAtol + kRtol * std::abs(b)) << "loss of step " << i << ": " << a << " vs " << b;
+  }
+  ASSERT_EQ(params.size(), ref.parameters.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].first, ref.parameters[i].first);
+    const at::Tensor& a = params[i].second;
+    const at::Tensor& b = ref.parameters[i].second;
+    ASSERT_EQ(a.sizes(), b.sizes()) << params[i].first;
+    EXPECT_TRUE(at::allclose(a, b, kRtol, kAtol))
+        << params[i].first << ": max difference " << (a - b).abs().max().item<double>();
+  }
+}
+
+std::string Binary(const std::string& name) { return std::string(CONVEYOR_BIN_DIR) + "/" + name; }
+
+CommandResult RunCommand(const std::vector<std::string>& argv) {
+  CommandResult r;
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return r;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[65536];
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+bool HaveFashionMnist() {
+  return std::filesystem::exists(std::string(kDefaultFashionMnistPath) + "/train-images-idx3-ubyte.gz");
+}
+
+}  // namespace conveyor::testing

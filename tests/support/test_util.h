@@ -1,0 +1,41 @@
+// Helpers shared by the suites: tolerance checks against the reference, job
+// files, and running the project's binaries.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/reference.h"
+#include "conveyor.pb.h"
+
+namespace conveyor::testing {
+
+// The equality bar of the project: fp32, CPU.
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+// Trains the reference for `yaml` (which must parse).
+cli::ReferenceResult Reference(const std::string& yaml);
+
+// EXPECTs per-step losses and every parameter of a pipelined run to equal the
+// reference's within kRtol/kAtol.
+void ExpectMatchesReference(const v1::JobStatus& run, const std::vector<std::pair<std::string, at::Tensor>>& params,
+                            const cli::ReferenceResult& ref);
+
+// Path of one of the project's executables.
+std::string Binary(const std::string& name);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+// Runs argv (no shell) and collects its output.
+CommandResult RunCommand(const std::vector<std::string>& argv);
+
+bool HaveFashionMnist();
+
+}  // namespace conveyor::testing
