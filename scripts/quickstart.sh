@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The Quick start: installs what is missing, builds, and trains the seed's
+# ConvNet on Fashion-MNIST over 4 stage-server processes and a coordinator on
+# this machine (GPUs where present), with live progress and a summary.
+# Extra arguments go to `conveyor local` (e.g. --json, --device cpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh
+exec "${BUILD_DIR:-build}/bin/conveyor" local examples/fashion-convnet.yaml "$@"

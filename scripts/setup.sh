@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what Conveyor needs to build and run, with apt (Debian bookworm).
+#
+# Where a pip-installed PyTorch is present (GPU machines, Ubuntu 24.04, which
+# has no libtorch-dev), its LibTorch is used and libtorch-dev is not installed;
+# CONVEYOR_TORCH=debian|pip forces the choice.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  cmake g++ ninja-build pkg-config ccache
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libgtest-dev libgmock-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  libsqlite3-dev libssl-dev zlib1g-dev
+  dataset-fashion-mnist python3-matplotlib docker-compose
+)
+if [ "$(scripts/torch-source.sh)" = debian ]; then
+  packages+=(libtorch-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all packages present"
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+echo "setup: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"
