@@ -15,6 +15,7 @@
 #include "cli/local_cluster.h"
 #include "cli/output.h"
 #include "cli/reference.h"
+#include "cli/trace.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -189,6 +190,36 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   return Report(result->status, c.json);
 }
 
+// Fetches one step's timeline and writes PREFIX.json and PREFIX.png.
+int WriteStepTrace(v1::Coordinator::Stub& stub, const std::string& job_id, int64_t step, std::string prefix) {
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  get.set_omit_losses(true);
+  v1::JobStatus status;
+  grpc::ClientContext get_ctx;
+  get_ctx.set_deadline(DeadlineAfter(30));
+  grpc::Status st = stub.GetJob(&get_ctx, get, &status);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  v1::GetTraceRequest req;
+  req.set_job_id(job_id);
+  req.set_step(step);
+  v1::StepTrace trace;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  st = stub.GetTrace(&ctx, req, &trace);
+  if (!st.ok()) return Fail(FromGrpc(st));
+  if (prefix.empty()) prefix = job_id + "-step" + std::to_string(trace.step());
+  auto said = WriteTrace(trace, status.theoretical_idle_fraction(), prefix);
+  if (!said.ok()) return Fail(said.status());
+  std::cerr << *said << "\n";
+  return 0;
+}
+
+int CmdTrace(const Common& c, const std::string& job_id, int64_t step, const std::string& prefix) {
+  auto stub = Connect(CoordinatorAddress(c));
+  return WriteStepTrace(*stub, job_id, step, prefix);
+}
+
 int CmdHealth(const std::string& address) {
   auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
   grpc::health::v1::HealthCheckRequest req;
@@ -251,7 +282,8 @@ class InterruptWatcher {
   std::thread thread_;
 };
 
-int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device) {
+int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
+             const std::string& trace_prefix) {
   auto yaml = ReadText(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
@@ -283,6 +315,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   std::cerr << "submitted " << *id << std::endl;
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
+  if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix);
   (*cluster)->Stop();
   if (rc == 0) {
     std::error_code ec;
@@ -303,7 +336,7 @@ int Main(int argc, char** argv) {
                  "coordinator HOST:PORT (default: $CONVEYOR_COORDINATOR, else 127.0.0.1:50050)");
   app.add_option("-v,--log-level", common.log_level, "trace, debug, info, warn, error, off")->capture_default_str();
 
-  std::string file, job_id, device = "cpu", address;
+  std::string file, job_id, device = "cpu", address, trace_prefix;
   bool wait = false, reference = false;
   int stages = 0, threads = 0;
 
@@ -336,6 +369,14 @@ int Main(int argc, char** argv) {
   local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")->capture_default_str();
   local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
 
+  local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
+
+  int64_t step = -1;
+  auto* trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");
+  trace->add_option("job_id", job_id, "job id")->required();
+  trace->add_option("--step", step, "the step (default: the last one kept)");
+  trace->add_option("--out", trace_prefix, "file prefix (default JOB-stepN)");
+
   auto* health = app.add_subcommand("health", "probe a server with the standard gRPC health check");
   health->add_option("address", address, "HOST:PORT")->required();
 
@@ -353,7 +394,8 @@ int Main(int argc, char** argv) {
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*train) return CmdTrain(common, file, reference, device, threads);
-  if (*local) return CmdLocal(common, file, stages, local_device);
+  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix);
+  if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address);
   return 2;
 }

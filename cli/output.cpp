@@ -76,9 +76,13 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                       {"num_parameters", st.num_parameters()},
                       {"peak_activations", st.peak_activations()},
                       {"peak_activation_bytes", st.peak_activation_bytes()},
-                      {"busy_fraction", st.busy_fraction()}});
+                      {"busy_fraction", st.busy_fraction()},
+                      {"idle_fraction", st.idle_fraction()},
+                      {"chunks", std::vector<int>(st.chunks().begin(), st.chunks().end())}});
   }
   j["stages"] = stages;
+  j["theoretical_idle_fraction"] = s.theoretical_idle_fraction();
+  j["virtual_stages"] = s.virtual_stages();
   return j;
 }
 
@@ -90,7 +94,9 @@ std::string Summary(const v1::JobStatus& s) {
   if (!s.error().empty()) out << "  error: " << s.error() << "\n";
   if (s.total_steps() > 0) {
     out << "  steps " << s.step() << "/" << s.total_steps() << " (" << s.total_epochs() << " epochs), batch "
-        << s.batch_size() << " in " << s.micro_batches() << " micro-batches, schedule " << s.schedule() << "\n";
+        << s.batch_size() << " in " << s.micro_batches() << " micro-batches, schedule " << s.schedule();
+    if (s.virtual_stages() > 1) out << " with " << s.virtual_stages() << " chunks per stage";
+    out << "\n";
   }
   if (s.losses_size() > 0) {
     out << "  final loss " << std::fixed << std::setprecision(4) << s.losses(s.losses_size() - 1) << ", "
@@ -100,8 +106,9 @@ std::string Summary(const v1::JobStatus& s) {
   for (const auto& st : s.stages()) {
     out << "  stage " << st.index() << " " << st.address() << " layers [" << st.layer_begin() << ", "
         << st.layer_end() << ") " << st.device() << ", " << st.num_parameters() << " params, busy "
-        << std::setprecision(0) << 100 * st.busy_fraction() << "%, peak " << st.peak_activations()
-        << " micro-batches held";
+        << std::setprecision(0) << 100 * st.busy_fraction() << "%, idle " << 100 * st.idle_fraction()
+        << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak " << st.peak_activations()
+        << " micro-batches held (" << std::setprecision(1) << st.peak_activation_bytes() / 1e6 << " MB)";
     if (!st.transport().empty()) out << ", " << st.transport() << " to next";
     out << "\n";
   }

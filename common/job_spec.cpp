@@ -108,7 +108,10 @@ const std::vector<std::pair<std::string, v1::ModelKind>> kModels = {
 const std::vector<std::pair<std::string, v1::DataKind>> kData = {
     {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}};
 const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
-    {"gpipe", v1::SCHEDULE_GPIPE}, {"1f1b", v1::SCHEDULE_1F1B}};
+    {"gpipe", v1::SCHEDULE_GPIPE},
+    {"1f1b", v1::SCHEDULE_1F1B},
+    {"interleaved", v1::SCHEDULE_INTERLEAVED},
+    {"zero-bubble", v1::SCHEDULE_ZERO_BUBBLE}};
 const std::vector<std::pair<std::string, v1::OptimizerKind>> kOptimizers = {
     {"sgd", v1::OPTIMIZER_SGD}, {"adam", v1::OPTIMIZER_ADAM}};
 const std::vector<std::pair<std::string, v1::LossKind>> kLosses = {
@@ -191,15 +194,12 @@ Status ReadPartition(Fields& root, v1::PartitionSpec* part) {
   CONVEYOR_RETURN_IF_ERROR(f.GetIntList("boundaries", &bounds, &has_bounds));
   CONVEYOR_RETURN_IF_ERROR(f.Finish());
   for (int64_t b : bounds) part->add_boundaries(static_cast<int32_t>(b));
-  if (has_bounds) {
-    int32_t derived = static_cast<int32_t>(bounds.size()) + 1;
-    if (has_stages && stages != derived) {
-      return Invalid("partition: stages is " + std::to_string(stages) + " but boundaries give " +
-                     std::to_string(derived) + " stages");
-    }
-    part->set_stages(derived);
-  } else if (has_stages) {
+  // With boundaries alone, one chunk per stage; with virtual_stages the
+  // stages must be given too (PartitionLayers checks the counts agree).
+  if (has_stages) {
     part->set_stages(stages);
+  } else if (has_bounds) {
+    part->set_stages(static_cast<int32_t>(bounds.size()) + 1);
   }
   return absl::OkStatus();
 }
@@ -303,6 +303,28 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_eval_batch_size(1000);
   CONVEYOR_RETURN_IF_ERROR(f.Get("eval_batch_size", &i32, "an integer", &present));
   if (present) spec->set_eval_batch_size(i32);
+  spec->set_virtual_stages(1);
+  CONVEYOR_RETURN_IF_ERROR(f.Get("virtual_stages", &i32, "an integer", &present));
+  if (present) spec->set_virtual_stages(i32);
+  // recompute: true | false | [stage, ...]
+  YAML::Node recompute = f.Child("recompute");
+  if (recompute.IsDefined() && !recompute.IsNull()) {
+    if (recompute.IsSequence()) {
+      for (std::size_t i = 0; i < recompute.size(); ++i) {
+        try {
+          spec->add_recompute_stages(recompute[i].as<int32_t>());
+        } catch (const YAML::Exception&) {
+          return Invalid("recompute: item " + std::to_string(i) + ": expected a stage index, got " + Show(recompute[i]));
+        }
+      }
+    } else {
+      try {
+        spec->set_recompute(recompute.as<bool>());
+      } catch (const YAML::Exception&) {
+        return Invalid("recompute: expected true, false or a list of stage indices, got " + Show(recompute));
+      }
+    }
+  }
   return f.Finish();
 }
 
@@ -394,6 +416,21 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.epochs() > 100000 || spec.steps() > 1000000000) return Invalid("epochs/steps: too large");
   if (!(spec.stage_timeout_s() > 0)) return Invalid("stage_timeout: must be a positive number of seconds");
   if (spec.eval_batch_size() <= 0) return Invalid("eval_batch_size: must be positive");
+  if (spec.virtual_stages() < 1 || spec.virtual_stages() > 64)
+    return Invalid("virtual_stages: must be between 1 and 64, got " + std::to_string(spec.virtual_stages()));
+  if (spec.schedule() == v1::SCHEDULE_INTERLEAVED) {
+    if (spec.virtual_stages() < 2) return Invalid("virtual_stages: the interleaved schedule needs 2 or more");
+    const int64_t m = static_cast<int64_t>(MicroBatchSizes(spec, spec.batch_size()).size());
+    if (m % spec.partition().stages() != 0) {
+      return Invalid("micro_batches: the interleaved schedule needs a multiple of the stages (" +
+                     std::to_string(spec.partition().stages()) + "), got " + std::to_string(m));
+    }
+  } else if (spec.virtual_stages() != 1) {
+    return Invalid("virtual_stages: only the interleaved schedule hosts several chunks per stage");
+  }
+  for (int s : spec.recompute_stages())
+    if (s < 0 || s >= spec.partition().stages())
+      return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
   if (spec.partition().stages() <= 0)
     return Invalid("partition.stages: must be at least 1, got " + std::to_string(spec.partition().stages()));
   return PartitionLayers(spec).status();
@@ -420,6 +457,24 @@ std::string JobStateName(v1::JobState state) {
     case v1::JOB_STATE_CANCELLED: return "cancelled";
     default: return "unknown";
   }
+}
+
+double TheoreticalIdleFraction(const v1::JobSpec& spec) {
+  const double p = spec.partition().stages();
+  const double m = static_cast<double>(MicroBatchSizes(spec, spec.batch_size()).size());
+  const double v = std::max(1, spec.virtual_stages());
+  switch (spec.schedule()) {
+    case v1::SCHEDULE_INTERLEAVED: return (p - 1) / (v * m + p - 1);
+    case v1::SCHEDULE_ZERO_BUBBLE: return (p - 1) / (m + p - 1) / 3;
+    default: return (p - 1) / (m + p - 1);
+  }
+}
+
+bool RecomputeOn(const v1::JobSpec& spec, int stage) {
+  if (spec.recompute()) return true;
+  for (int s : spec.recompute_stages())
+    if (s == stage) return true;
+  return false;
 }
 
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {

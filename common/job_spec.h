@@ -20,7 +20,8 @@ namespace conveyor {
 //   train_samples: 1024, test_samples: 256}, batch_size: 32, micro_batches: 1,
 //   schedule: gpipe, optimizer: {name: sgd, lr: 0.01}, adam betas [0.9, 0.999],
 //   eps 1e-8, loss: cross_entropy, epochs: 1, eval: false, seed: 0,
-//   stage_timeout: 10 (seconds), eval_batch_size: 1000.
+//   stage_timeout: 10 (seconds), eval_batch_size: 1000, virtual_stages: 1,
+//   recompute: false.
 constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mnist";
 
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text);
@@ -38,5 +39,13 @@ std::string JobStateName(v1::JobState state);
 // micro_batches: M -> M near-equal parts (as torch.tensor_split; fewer when
 // batch < M); split_size: S -> parts of S samples, the last one smaller.
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch);
+
+// The schedule's idle fraction of a step, for equal forward and backward
+// costs per micro-batch: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(vM+P-1)
+// interleaved, a third of 1f1b's for zero-bubble (ZB-H1).
+double TheoreticalIdleFraction(const v1::JobSpec& spec);
+
+// Whether `stage` recomputes its forwards during backward.
+bool RecomputeOn(const v1::JobSpec& spec, int stage);
 
 }  // namespace conveyor

@@ -1,5 +1,6 @@
 #include "common/model_catalog.h"
 
+#include <algorithm>
 #include <string>
 
 namespace conveyor {
@@ -26,18 +27,20 @@ std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
 StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec) {
   const int layers = NumLayers(spec.model());
   const auto& part = spec.partition();
-  const int stages = part.stages();
-  if (stages <= 0) return absl::InvalidArgumentError("partition.stages: must be at least 1");
+  if (part.stages() <= 0) return absl::InvalidArgumentError("partition.stages: must be at least 1");
+  const int v = std::max(1, spec.virtual_stages());
+  const int stages = part.stages() * v;  // chunks
   if (stages > layers) {
     return absl::InvalidArgumentError(
-        "partition.stages: " + std::to_string(stages) + " stages but the model has only " +
+        "partition.stages: " + std::to_string(part.stages()) + " stages" +
+        (v > 1 ? " of " + std::to_string(v) + " chunks" : "") + " but the model has only " +
         std::to_string(layers) + " layers");
   }
   std::vector<int> starts;
   if (part.boundaries_size() > 0) {
     if (part.boundaries_size() != stages - 1) {
       return absl::InvalidArgumentError("partition.boundaries: " + std::to_string(stages) +
-                                        " stages need " + std::to_string(stages - 1) + " boundaries");
+                                        " chunks need " + std::to_string(stages - 1) + " boundaries");
     }
     int prev = 0;
     for (int b : part.boundaries()) {

@@ -17,14 +17,15 @@ int NumLayers(const v1::ModelSpec& model);
 // (Fashion-MNIST's {1, 28, 28} for mlp too: its first layer flattens).
 std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec);
 
-// Contiguous layer ranges, one per stage.
+// Contiguous layer ranges, one per model chunk: stages x virtual_stages of
+// them (chunk c runs on stage c % stages).
 struct LayerRange {
   int begin = 0;
   int end = 0;  // exclusive
 };
 
-// From `partition`: explicit boundaries, or `stages` ranges of near-equal
-// layer counts. INVALID_ARGUMENT when a stage would be empty.
+// From `partition`: explicit boundaries, or near-equal layer counts.
+// INVALID_ARGUMENT when a chunk would be empty.
 StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 
 }  // namespace conveyor

@@ -122,6 +122,16 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   return status;
 }
 
+StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t step) {
+  CONVEYOR_RETURN_IF_ERROR(Get(job_id, true).status());  // NOT_FOUND for an unknown job
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_id == running_id_ && runner_) return runner_->Trace(step);
+  }
+  CONVEYOR_ASSIGN_OR_RETURN(auto traces, store_->Traces(job_id));
+  return FindTrace(traces, step);
+}
+
 StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* version,
                                            std::chrono::steady_clock::time_point deadline, bool omit_losses) {
   {
@@ -173,7 +183,9 @@ void Coordinator::RunJob(const std::string& job_id) {
   }
   store_->AddEvent(job_id, "started").IgnoreError();
   v1::JobStatus final_status = runner.Run();
-  Status st = store_->Update(final_status);
+  Status st = store_->SaveTraces(job_id, runner.Traces());
+  if (!st.ok()) LOG_ERROR("saving the timelines of job ", job_id, ": ", st.message());
+  st = store_->Update(final_status);
   if (!st.ok()) LOG_ERROR("saving job ", job_id, ": ", st.message());
   store_->AddEvent(job_id, JobStateName(final_status.state()) + (final_status.error().empty() ? "" : ": " + final_status.error()))
       .IgnoreError();

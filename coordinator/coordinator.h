@@ -50,6 +50,10 @@ class Coordinator {
   StatusOr<v1::JobStatus> Watch(const std::string& job_id, uint64_t* version,
                                 std::chrono::steady_clock::time_point deadline, bool omit_losses);
 
+  // The timeline of one step (-1: the last kept). NOT_FOUND names the steps
+  // that have one.
+  StatusOr<v1::StepTrace> GetTrace(const std::string& job_id, int64_t step);
+
   // Idempotent: cancels the running job and stops the scheduler.
   void Shutdown();
 

@@ -39,6 +39,14 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::JobRe
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req,
+                                          v1::StepTrace* reply) {
+  auto trace = coordinator_->GetTrace(req->job_id(), req->step());
+  if (!trace.ok()) return ToGrpc(trace.status());
+  *reply = std::move(*trace);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                                           grpc::ServerWriter<v1::JobStatus>* writer) {
   uint64_t version = 0;

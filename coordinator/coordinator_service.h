@@ -16,6 +16,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                         grpc::ServerWriter<v1::JobStatus>* writer) override;
+  grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req, v1::StepTrace* reply) override;
 
  private:
   Coordinator* coordinator_;  // not owned

@@ -55,7 +55,8 @@ void JobRunner::Publish() {
 
 Status JobRunner::Setup() {
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
-  const int p = static_cast<int>(ranges.size());
+  const int p = spec_.partition().stages();
+  const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
   if (p > static_cast<int>(stages_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(p) + " stages, the coordinator has " +
                                          std::to_string(stages_.size()));
@@ -67,26 +68,44 @@ Status JobRunner::Setup() {
     auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
     if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
   }
-  std::vector<int64_t> shape = InputSampleShape(spec_);
+  // Each chunk's shapes, probed along the chain on the stage that will hold it.
+  std::vector<std::vector<int64_t>> shapes{InputSampleShape(spec_)};
+  for (int c = 0; c < chunks; ++c) {
+    v1::ProbeRequest probe;
+    *probe.mutable_spec() = spec_;
+    probe.set_layer_begin(ranges[c].begin);
+    probe.set_layer_end(ranges[c].end);
+    for (int64_t d : shapes.back()) probe.add_input_sample_shape(d);
+    auto reply = stages_[c % p]->Probe(probe, kControlDeadlineS);
+    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(c % p));
+    shapes.emplace_back(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
+  }
+  const bool ring = chunks > p;  // interleaved: the last stage feeds the first
   for (int s = 0; s < p; ++s) {
     v1::StageAssignment a;
     a.set_job_id(status_.job_id());
     *a.mutable_spec() = spec_;
     a.set_stage_index(s);
     a.set_num_stages(p);
-    a.set_layer_begin(ranges[s].begin);
-    a.set_layer_end(ranges[s].end);
-    if (s > 0) a.set_upstream(stages_[s - 1]->address());
-    if (s + 1 < p) a.set_downstream(stages_[s + 1]->address());
-    for (int64_t d : shape) a.add_input_sample_shape(d);
+    a.set_num_chunks(chunks);
+    if (s > 0 || ring) a.set_upstream(stages_[(s + p - 1) % p]->address());
+    if (s + 1 < p || ring) a.set_downstream(stages_[(s + 1) % p]->address());
+    v1::StageReport* r = status_.add_stages();
+    for (int c = s; c < chunks; c += p) {
+      v1::ChunkAssignment* ca = a.add_chunks();
+      ca->set_index(c);
+      ca->set_layer_begin(ranges[c].begin);
+      ca->set_layer_end(ranges[c].end);
+      for (int64_t d : shapes[c]) ca->add_input_sample_shape(d);
+      for (int64_t d : shapes[c + 1]) ca->add_output_sample_shape(d);
+      r->add_chunks(c);
+    }
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
     if (!reply.ok()) return reply.status();
-    shape.assign(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
     if (s == 0) {
       steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
       test_samples_ = reply->test_samples();
     }
-    v1::StageReport* r = status_.add_stages();
     r->set_index(s);
     r->set_address(stages_[s]->address());
     r->set_layer_begin(ranges[s].begin);
@@ -99,7 +118,7 @@ Status JobRunner::Setup() {
     ref.set_job_id(status_.job_id());
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
     if (!reply.ok()) return reply.status();
-    status_.mutable_stages(s)->set_transport(s + 1 < p ? reply->transport() : "");
+    status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : "");
   }
   if (steps_per_epoch_ <= 0) return absl::InvalidArgumentError("batch_size is larger than the training split");
   status_.set_total_epochs(spec_.epochs());
@@ -109,6 +128,50 @@ Status JobRunner::Setup() {
   busy_.assign(p, 0);
   wall_.assign(p, 0);
   return absl::OkStatus();
+}
+
+void JobRunner::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies) {
+  v1::StepTrace trace;
+  trace.set_job_id(status_.job_id());
+  trace.set_step(step);
+  trace.set_schedule(ScheduleName(spec_.schedule()));
+  trace.set_micro_batches(status_.micro_batches());
+  trace.set_virtual_stages(spec_.virtual_stages());
+  for (std::size_t s = 0; s < replies.size(); ++s) {
+    v1::StageTrace* st = trace.add_stages();
+    st->set_stage(static_cast<int>(s));
+    *st->mutable_events() = replies[s].events();
+  }
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  traces_[step] = std::move(trace);
+  // Keep the first steps (start-up) and the last ones (steady state).
+  while (static_cast<int>(traces_.size()) > kFirstTraces + kLastTraces) {
+    auto it = traces_.begin();
+    std::advance(it, kFirstTraces);
+    traces_.erase(it);
+  }
+  status_.clear_traced_steps();
+  for (const auto& [k, v] : traces_) status_.add_traced_steps(k);
+}
+
+StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step) {
+  if (traces.empty()) return absl::NotFoundError("no step of this job has a timeline yet");
+  if (step < 0) return traces.back();
+  std::string kept;
+  for (const auto& t : traces) {
+    if (t.step() == step) return t;
+    kept += (kept.empty() ? "" : ", ") + std::to_string(t.step());
+  }
+  return absl::NotFoundError("step " + std::to_string(step) + " has no timeline; kept: " + kept);
+}
+
+StatusOr<v1::StepTrace> JobRunner::Trace(int64_t step) const { return FindTrace(Traces(), step); }
+
+std::vector<v1::StepTrace> JobRunner::Traces() const {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  std::vector<v1::StepTrace> out;
+  for (const auto& [k, v] : traces_) out.push_back(v);
+  return out;
 }
 
 Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
@@ -168,7 +231,9 @@ Status JobRunner::Train() {
       r->set_peak_activations(std::max(r->peak_activations(), replies[s].peak_activations()));
       r->set_peak_activation_bytes(std::max(r->peak_activation_bytes(), replies[s].peak_activation_bytes()));
       r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
+      r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);
     }
+    KeepTrace(step, replies);
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const int64_t done = step + 1;
     status_.set_step(done);
@@ -212,14 +277,18 @@ Status JobRunner::Evaluate() {
 }
 
 Status JobRunner::CollectDigest() {
-  std::vector<std::string> digests;
+  std::map<int, std::string> by_layer;  // model order, whatever stage holds a layer
   v1::JobRef ref;
   ref.set_job_id(status_.job_id());
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
     if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
-    digests.insert(digests.end(), reply->layer_digests().begin(), reply->layer_digests().end());
+    if (reply->layers_size() != reply->layer_digests_size())
+      return absl::InternalError("stage " + std::to_string(s) + ": digests without layer indices");
+    for (int i = 0; i < reply->layers_size(); ++i) by_layer[reply->layers(i)] = reply->layer_digests(i);
   }
+  std::vector<std::string> digests;
+  for (auto& [layer, d] : by_layer) digests.push_back(std::move(d));
   status_.set_param_digest(CombineDigests(digests));
   return absl::OkStatus();
 }
@@ -230,6 +299,8 @@ v1::JobStatus JobRunner::Run() {
   status_.set_schedule(ScheduleName(spec_.schedule()));
   status_.set_batch_size(spec_.batch_size());
   status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
+  status_.set_virtual_stages(spec_.virtual_stages());
+  status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
   Publish();
   LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages");
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ class JobRunner {
   // Stops the job at the next chance, from any thread; it ends CANCELLED.
   void Cancel(const std::string& reason);
 
+  // Timelines kept so far: the first kFirstTraces steps and the last
+  // kLastTraces. Thread-safe. step -1: the last one kept.
+  static constexpr int kFirstTraces = 3;
+  static constexpr int kLastTraces = 10;
+  StatusOr<v1::StepTrace> Trace(int64_t step) const;
+  std::vector<v1::StepTrace> Traces() const;
+
  private:
   Status Setup();
   Status Train();
@@ -48,6 +56,7 @@ class JobRunner {
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   void AbortAll(const std::string& reason);
   void Publish();
+  void KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies);
 
   v1::JobStatus status_;
   const v1::JobSpec spec_;
@@ -61,6 +70,12 @@ class JobRunner {
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
   std::vector<double> busy_, wall_;  // per stage, summed over steps
+
+  mutable std::mutex trace_mu_;  // guards traces_
+  std::map<int64_t, v1::StepTrace> traces_;
 };
+
+// Finds a step's trace among `traces`; NOT_FOUND names the steps kept.
+StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step);
 
 }  // namespace conveyor

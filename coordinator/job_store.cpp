@@ -70,6 +70,11 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "  status BLOB NOT NULL,"
       "  submitted_ms INTEGER NOT NULL,"
       "  updated_ms INTEGER NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS traces ("
+      "  job_id TEXT NOT NULL,"
+      "  step INTEGER NOT NULL,"
+      "  trace BLOB NOT NULL,"
+      "  PRIMARY KEY (job_id, step));"
       "CREATE TABLE IF NOT EXISTS job_events ("
       "  job_id TEXT NOT NULL,"
       "  at_ms INTEGER NOT NULL,"
@@ -182,6 +187,43 @@ StatusOr<std::optional<std::string>> JobStore::NextQueued() {
   if (q.Step()) return std::optional<std::string>(q.Text(0));
   CONVEYOR_RETURN_IF_ERROR(q.status());
   return std::optional<std::string>();
+}
+
+Status JobStore::SaveTraces(const std::string& job_id, const std::vector<v1::StepTrace>& traces) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  Stmt del(db_, "DELETE FROM traces WHERE job_id = ?;");
+  del.BindText(1, job_id);
+  del.Step();
+  Status st = del.status();
+  for (const auto& t : traces) {
+    if (!st.ok()) break;
+    Stmt ins(db_, "INSERT INTO traces (job_id, step, trace) VALUES (?, ?, ?);");
+    ins.BindText(1, job_id);
+    ins.Bind(2, t.step());
+    ins.Bind(3, t.SerializeAsString());
+    ins.Step();
+    st = ins.status();
+  }
+  if (!st.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT;");
+}
+
+StatusOr<std::vector<v1::StepTrace>> JobStore::Traces(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT trace FROM traces WHERE job_id = ? ORDER BY step;");
+  q.BindText(1, job_id);
+  std::vector<v1::StepTrace> out;
+  while (q.Step()) {
+    v1::StepTrace t;
+    if (!t.ParseFromString(q.Blob(0))) return absl::DataLossError("job database: a trace of " + job_id + " is corrupt");
+    out.push_back(std::move(t));
+  }
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return out;
 }
 
 StatusOr<std::vector<std::string>> JobStore::InState(v1::JobState state) {

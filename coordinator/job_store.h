@@ -39,6 +39,9 @@ class JobStore {
   StatusOr<std::vector<v1::JobStatus>> List();
   // The oldest QUEUED job, if any.
   StatusOr<std::optional<std::string>> NextQueued();
+  // Timelines of a job's steps (replacing any kept before), and reading them back.
+  Status SaveTraces(const std::string& job_id, const std::vector<v1::StepTrace>& traces);
+  StatusOr<std::vector<v1::StepTrace>> Traces(const std::string& job_id);
   // Ids of jobs in `state`.
   StatusOr<std::vector<std::string>> InState(v1::JobState state);
 

@@ -1,5 +1,7 @@
 #include "stage_server/inbox.h"
 
+#include <algorithm>
+
 #include "common/wire.h"
 
 namespace conveyor {
@@ -52,12 +54,16 @@ Status Inbox::Check(const v1::TensorFrame& f) const {
     return absl::FailedPreconditionError(who + " does not expect tensors of step " + std::to_string(f.step()) +
                                          " (it is at step " + std::to_string(step_) + ")");
   }
-  const std::vector<int64_t>* sample = nullptr;
-  if (f.kind() == v1::FRAME_ACTIVATION) sample = &expect_.activation_sample_shape;
-  if (f.kind() == v1::FRAME_GRADIENT) sample = &expect_.gradient_sample_shape;
-  if (!sample) return absl::InvalidArgumentError(who + ": frame has no kind");
-  if (sample->empty())
-    return absl::InvalidArgumentError(who + " expects no " + KindName(f.kind()) + " tensors");
+  const std::map<int, std::vector<int64_t>>* shapes = nullptr;
+  if (f.kind() == v1::FRAME_ACTIVATION) shapes = &expect_.activation_shapes;
+  if (f.kind() == v1::FRAME_GRADIENT) shapes = &expect_.gradient_shapes;
+  if (!shapes) return absl::InvalidArgumentError(who + ": frame has no kind");
+  auto it = shapes->find(f.chunk());
+  if (it == shapes->end()) {
+    return absl::InvalidArgumentError(who + " expects no " + KindName(f.kind()) + " tensors for chunk " +
+                                      std::to_string(f.chunk()));
+  }
+  const std::vector<int64_t>* sample = &it->second;
   if (f.micro_batch() < 0 || f.micro_batch() >= expect_.max_micro_batches) {
     return absl::InvalidArgumentError(who + ": micro-batch " + std::to_string(f.micro_batch()) +
                                       " is out of range [0, " + std::to_string(expect_.max_micro_batches) + ")");
@@ -83,7 +89,7 @@ Status Inbox::Deliver(v1::TensorFrame frame) {
     }
     return st;
   }
-  Key key{frame.phase(), frame.step(), frame.kind(), frame.micro_batch()};
+  Key key{frame.phase(), frame.step(), frame.kind(), frame.chunk(), frame.micro_batch()};
   if (frames_.count(key)) {
     return absl::AlreadyExistsError("stage " + std::to_string(expect_.stage_index) + ": a " +
                                     KindName(frame.kind()) + " for step " + std::to_string(frame.step()) +
@@ -94,9 +100,9 @@ Status Inbox::Deliver(v1::TensorFrame frame) {
   return absl::OkStatus();
 }
 
-StatusOr<v1::TensorFrame> Inbox::Take(v1::FrameKind kind, int micro_batch, Clock::time_point deadline) {
+StatusOr<v1::TensorFrame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  Key key{phase_, step_, kind, micro_batch};
+  Key key{phase_, step_, kind, chunk, micro_batch};
   for (;;) {
     if (!failure_.ok()) return failure_;
     auto it = frames_.find(key);
@@ -107,10 +113,13 @@ StatusOr<v1::TensorFrame> Inbox::Take(v1::FrameKind kind, int micro_batch, Clock
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !frames_.count(key) && failure_.ok()) {
       const bool act = kind == v1::FRAME_ACTIVATION;
+      const int p = std::max(1, expect_.num_stages);
+      const int peer = (expect_.stage_index + (act ? p - 1 : 1)) % p;
       return absl::DeadlineExceededError(
           "stage " + std::to_string(expect_.stage_index) + " waited too long for the " + KindName(kind) +
-          " of step " + std::to_string(step_) + " micro-batch " + std::to_string(micro_batch) + " from stage " +
-          std::to_string(expect_.stage_index + (act ? -1 : 1)) + " (" + (act ? "upstream" : "downstream") + ")");
+          " of step " + std::to_string(step_) + " micro-batch " + std::to_string(micro_batch) +
+          (expect_.activation_shapes.size() + expect_.gradient_shapes.size() > 2 ? " chunk " + std::to_string(chunk) : "") +
+          " from stage " + std::to_string(peer) + " (" + (act ? "upstream" : "downstream") + ")");
     }
   }
 }

@@ -23,9 +23,12 @@ namespace conveyor {
 struct InboxExpectations {
   std::string job_id;
   int stage_index = 0;
+  int num_stages = 1;
   v1::DType dtype = v1::DTYPE_FLOAT32;
-  std::vector<int64_t> activation_sample_shape;  // from upstream; empty: none expected
-  std::vector<int64_t> gradient_sample_shape;    // from downstream; empty: none expected
+  // Per-sample shapes by receiving model chunk: activations its input,
+  // gradients its output. A chunk absent from a map receives no such frames.
+  std::map<int, std::vector<int64_t>> activation_shapes;
+  std::map<int, std::vector<int64_t>> gradient_shapes;
   int max_micro_batches = 0;
   int64_t max_micro_batch_size = 0;
 };
@@ -49,9 +52,9 @@ class Inbox {
   // wait for a tensor that will never come.
   Status Deliver(v1::TensorFrame frame);
 
-  // Waits for the frame (kind, micro_batch) of the current step until
+  // Waits for the frame (kind, chunk, micro_batch) of the current step until
   // `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
-  StatusOr<v1::TensorFrame> Take(v1::FrameKind kind, int micro_batch, Clock::time_point deadline);
+  StatusOr<v1::TensorFrame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline);
 
   // Wakes every Take() with `status` until the next BeginStep().
   void Fail(const Status& status);
@@ -59,7 +62,7 @@ class Inbox {
   std::size_t held() const;
 
  private:
-  using Key = std::tuple<int, int64_t, int, int>;  // phase, step, kind, micro-batch
+  using Key = std::tuple<int, int64_t, int, int, int>;  // phase, step, kind, chunk, micro-batch
   Status Check(const v1::TensorFrame& frame) const;
 
   mutable std::mutex mu_;  // guards everything below

@@ -1,37 +1,56 @@
 // Pipeline schedules as per-stage action lists.
 //
-// A stage runs its list in order; each action implies its transfers: a forward
-// at stage s > 0 first receives the activation from s-1, and at s < P-1 sends
-// its output to s+1; a backward at s < P-1 first receives the gradient from
-// s+1, and at s > 0 sends the input gradient to s-1. Sends never block (they
-// are queued), so any lists where every receive's matching send comes earlier
-// in the sender's list are deadlock-free; both schedules here are.
+// A stage runs its list in order; each action implies its transfers. With P
+// stages and v chunks per stage, the model is a chain of P*v chunks and chunk
+// c lives on stage c % P. A forward of chunk c > 0 first receives its input
+// from chunk c-1 (the stage before, wrapping from the first stage to the
+// last), and a forward of any chunk but the last sends its output on. A
+// backward of a chunk but the last first receives the output gradient from
+// chunk c+1, and a backward of chunk c > 0 sends the input gradient back.
+// Sends never block (they are queued), so lists in which every receive's
+// matching send comes earlier in the sender's list are deadlock-free; a test
+// simulates every schedule here for many (P, M, v) to check it.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "conveyor.pb.h"
 
 namespace conveyor {
 
-enum class ActionType { kForward, kBackward };
+enum class ActionType {
+  kForward,
+  kBackward,  // the whole backward; with zero-bubble only the input gradient
+  kWeight,    // zero-bubble: the weight gradient, deferred
+};
 
 struct Action {
   ActionType type;
   int micro_batch;
-  bool operator==(const Action& o) const { return type == o.type && micro_batch == o.micro_batch; }
+  int chunk = 0;  // local chunk index on this stage (model chunk = chunk * P + stage)
+  bool operator==(const Action& o) const {
+    return type == o.type && micro_batch == o.micro_batch && chunk == o.chunk;
+  }
 };
 
-// gpipe: all M forwards, then all M backwards (in reverse order).
-// 1f1b:  min(M, P - s) warm-up forwards, then one forward and one backward in
-//        turn, then the remaining backwards: at most min(M, P - s)
-//        micro-batches in flight at stage s.
-// For the eval phase use ForwardOnly().
-std::vector<Action> BuildSchedule(v1::ScheduleKind kind, int stage, int stages, int micro_batches);
-std::vector<Action> ForwardOnly(int micro_batches);
+// gpipe:       all M forwards, then all M backwards in reverse order.
+// 1f1b:        min(M, P - s) warm-up forwards, then backward/forward pairs,
+//              then the remaining backwards: at most min(M, P - s)
+//              micro-batches in flight at stage s.
+// interleaved: Megatron-LM's interleaved 1F1B over v chunks per stage;
+//              needs v >= 2 and M a multiple of P.
+// zero-bubble: ZB-H1: 1F1B whose backwards compute only the input gradient;
+//              each weight-gradient pass is deferred by P - s - 1
+//              micro-batches, into what would be the cool-down bubble.
+// INVALID_ARGUMENT when the arguments do not fit the schedule.
+StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, int stages, int micro_batches,
+                                            int virtual_stages = 1);
+// Eval: every micro-batch through every local chunk, in chain order.
+std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 
-// "F0 F1 B0 ..." for logs and tests.
+// "F0 F1 B0 ..." ("F1.0" for chunk 1, micro-batch 0 when v > 1) for logs and tests.
 std::string ToString(const std::vector<Action>& actions);
 
 }  // namespace conveyor

@@ -2,22 +2,23 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
 
 #include <atomic>
-#include <optional>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "common/dataset.h"
+#include "common/device.h"
 #include "common/digest.h"
 #include "common/executor.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/models.h"
 #include "common/tensor_codec.h"
-#include "common/device.h"
 #include "common/training.h"
 #include "common/wire.h"
 #include "stage_server/inbox.h"
@@ -30,10 +31,38 @@ using Clock = std::chrono::steady_clock;
 
 std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
-// One micro-batch's tensors kept between its forward and its backward.
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+// Output shape of `layers` for one sample of `input`; c10::Error if they
+// cannot take it.
+std::vector<int64_t> ProbeShape(torch::nn::Sequential& layers, const std::vector<int64_t>& input, at::Device device) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> probe{1};
+  probe.insert(probe.end(), input.begin(), input.end());
+  at::Tensor out = layers->forward(at::zeros(probe, at::TensorOptions().device(device)));
+  return ToVector(out.sizes().slice(1));
+}
+
+Status CheckSampleShape(const google::protobuf::RepeatedField<int64_t>& shape, const std::string& who) {
+  if (shape.empty() || shape.size() > 8) return absl::InvalidArgumentError(who + ": a sample shape needs 1 to 8 dimensions");
+  for (int64_t d : shape)
+    if (d <= 0 || d > (int64_t{1} << 31)) return absl::InvalidArgumentError(who + ": bad sample shape");
+  return absl::OkStatus();
+}
+
+// One chunk's micro-batch, from its forward until its backward (or, with
+// zero-bubble, its weight pass) is done.
 struct Held {
-  at::Tensor input;   // requires grad at stages > 0
-  at::Tensor output;  // the activation sent on, or the loss at the last stage
+  at::Tensor input;   // requires grad unless it is the model's input
+  at::Tensor output;  // the activation sent on, or the scaled loss; undefined while recomputing
+  at::Tensor grad;    // zero-bubble: the output gradient, kept for the weight pass
+  at::Tensor labels;  // last chunk with recompute: to rebuild the loss
+  double scale = 1;
   int64_t bytes = 0;
 };
 
@@ -43,6 +72,7 @@ class Stage::Impl {
  public:
   Impl(const StageOptions& options, at::Device device) : options_(options), device_(device) {}
 
+  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& a);
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& ref);
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req);
@@ -56,24 +86,72 @@ class Stage::Impl {
   Inbox& inbox() { return inbox_; }
 
  private:
+  struct Chunk {
+    int index = 0;  // in the model's chain of chunks
+    torch::nn::Sequential layers{nullptr};
+    std::vector<int64_t> input_shape, output_shape;
+    std::vector<at::Tensor> params;
+  };
   // Everything of the configured job; touched on the executor thread only.
   struct Job {
     v1::StageAssignment assignment;
-    torch::nn::Sequential layers{nullptr};
+    std::vector<Chunk> chunks;  // local chunk i holds model chunk i * P + stage
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<Dataset> data;
     std::unique_ptr<Transport> transport;
-    std::vector<int64_t> input_shape, output_shape;
-    bool first = false, last = false;
+    bool recompute = false;
     const v1::JobSpec& spec() const { return assignment.spec(); }
+    bool IsFirst(const Chunk& c) const { return c.index == 0; }
+    bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
+  };
+
+  // The state of one step in progress.
+  struct StepState {
+    const v1::RunStepRequest* req = nullptr;
+    bool train = true;
+    std::vector<int64_t> sizes, offsets;
+    at::Tensor inputs, labels;
+    Clock::duration timeout;
+    std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
+    int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
+    double busy = 0, loss_sum = 0;
+    int64_t correct = 0;
+    v1::RunStepReply* reply = nullptr;
+  };
+
+  // Records one action on the timeline; compute actions also count as busy.
+  class Span {
+   public:
+    Span(StepState& st, v1::TraceEvent::Kind kind, int chunk, int mb)
+        : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()) {}
+    ~Span() {
+      v1::TraceEvent* e = st_.reply->add_events();
+      e->set_kind(kind_);
+      e->set_chunk(chunk_);
+      e->set_micro_batch(mb_);
+      e->set_start_us(start_);
+      e->set_end_us(NowUs());
+      if (kind_ != v1::TraceEvent::SEND && kind_ != v1::TraceEvent::RECEIVE)
+        st_.busy += static_cast<double>(e->end_us() - e->start_us()) * 1e-6;
+    }
+
+   private:
+    StepState& st_;
+    v1::TraceEvent::Kind kind_;
+    int chunk_, mb_;
+    int64_t start_;
   };
 
   Status CheckJob(const std::string& job_id) const;
   void DropJob();
   std::string Who() const { return "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1); }
-  StatusOr<at::Tensor> Receive(v1::FrameKind kind, int mb, int64_t rows, Clock::time_point deadline);
-  Status Send(Peer peer, v1::FrameKind kind, const v1::RunStepRequest& req, int mb, const at::Tensor& t);
-  Status RunActions(const v1::RunStepRequest& req, v1::RunStepReply* reply);
+  StatusOr<at::Tensor> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
+  Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t);
+  Status Forward(StepState& st, int local, int mb);
+  Status Backward(StepState& st, int local, int mb, bool input_grad_only);
+  Status WeightPass(StepState& st, int local, int mb);
+  void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
+  Status RunActions(StepState& st);
 
   const StageOptions options_;
   const at::Device device_;
@@ -104,6 +182,22 @@ void Stage::Impl::DropJob() {
   stage_index_ = -1;
 }
 
+StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(req.spec()));
+  CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(req.input_sample_shape(), "probe"));
+  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layers, BuildLayers(req.spec(), req.layer_begin(), req.layer_end()));
+  std::vector<int64_t> input(req.input_sample_shape().begin(), req.input_sample_shape().end());
+  v1::ProbeReply reply;
+  try {
+    for (int64_t d : ProbeShape(layers, input, at::kCPU)) reply.add_output_sample_shape(d);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError("layers [" + std::to_string(req.layer_begin()) + ", " +
+                                      std::to_string(req.layer_end()) + ") cannot take samples of shape " +
+                                      ShapeString(input) + ": " + e.what_without_backtrace());
+  }
+  return reply;
+}
+
 StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a) {
   const std::string who = "stage " + std::to_string(a.stage_index());
   if (a.job_id().empty()) return absl::InvalidArgumentError(who + ": job_id is empty");
@@ -112,39 +206,51 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     return absl::InvalidArgumentError(who + ": stage index out of range for " + std::to_string(a.num_stages()) +
                                       " stages");
   }
-  if (a.input_sample_shape_size() == 0 || a.input_sample_shape_size() > 8)
-    return absl::InvalidArgumentError(who + ": input_sample_shape must have 1 to 8 dimensions");
-  for (int64_t d : a.input_sample_shape())
-    if (d <= 0 || d > (int64_t{1} << 31)) return absl::InvalidArgumentError(who + ": bad input_sample_shape");
+  if (a.chunks().empty() || a.num_chunks() < a.chunks_size() || a.num_chunks() > 4096)
+    return absl::InvalidArgumentError(who + ": a stage needs 1 or more of the model's chunks");
   DropJob();
 
   auto job = std::make_unique<Job>();
   job->assignment = a;
-  job->first = a.stage_index() == 0;
-  job->last = a.stage_index() == a.num_stages() - 1;
-  job->input_shape.assign(a.input_sample_shape().begin(), a.input_sample_shape().end());
-  CONVEYOR_ASSIGN_OR_RETURN(job->layers, BuildLayers(a.spec(), a.layer_begin(), a.layer_end()));
-  if (job->first || job->last) {
-    auto data = Dataset::Open(a.spec(), job->first, job->last);
+  job->recompute = RecomputeOn(a.spec(), a.stage_index());
+  bool reads_inputs = false, reads_labels = false;
+  int64_t num_params = 0;
+  std::vector<at::Tensor> all_params;
+  for (const v1::ChunkAssignment& ca : a.chunks()) {
+    const std::string what = who + " chunk " + std::to_string(ca.index());
+    if (ca.index() < 0 || ca.index() >= a.num_chunks() || ca.index() % a.num_stages() != a.stage_index())
+      return absl::InvalidArgumentError(what + ": not a chunk of this stage");
+    CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
+    Chunk c;
+    c.index = ca.index();
+    c.input_shape.assign(ca.input_sample_shape().begin(), ca.input_sample_shape().end());
+    CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildLayers(a.spec(), ca.layer_begin(), ca.layer_end()));
+    try {
+      c.layers->to(device_);
+      c.output_shape = ProbeShape(c.layers, c.input_shape, device_);
+    } catch (const c10::Error& e) {
+      return absl::InvalidArgumentError(what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
+                                        std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
+                                        ShapeString(c.input_shape) + ": " + e.what_without_backtrace());
+    }
+    std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());
+    if (!promised.empty() && promised != c.output_shape) {
+      return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(c.output_shape) +
+                                        ", the assignment says " + ShapeString(promised));
+    }
+    c.params = c.layers->parameters();
+    for (const auto& p : c.params) num_params += p.numel();
+    all_params.insert(all_params.end(), c.params.begin(), c.params.end());
+    reads_inputs |= job->IsFirst(c);
+    reads_labels |= job->IsLast(c);
+    job->chunks.push_back(std::move(c));
+  }
+  if (reads_inputs || reads_labels) {
+    auto data = Dataset::Open(a.spec(), reads_inputs, reads_labels);
     if (!data.ok()) return Annotate(data.status(), who);
     job->data = std::move(*data);
   }
-  try {
-    job->layers->to(device_);
-    at::NoGradGuard no_grad;
-    std::vector<int64_t> probe{1};
-    probe.insert(probe.end(), job->input_shape.begin(), job->input_shape.end());
-    at::Tensor out = job->layers->forward(at::zeros(probe, at::TensorOptions().device(device_)));
-    job->output_shape = ToVector(out.sizes().slice(1));
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError(who + ": layers [" + std::to_string(a.layer_begin()) + ", " +
-                                      std::to_string(a.layer_end()) + ") cannot take samples of shape " +
-                                      ShapeString(job->input_shape) + ": " + e.what_without_backtrace());
-  }
-  std::vector<at::Tensor> params = job->layers->parameters();
-  int64_t num_params = 0;
-  for (const auto& p : params) num_params += p.numel();
-  if (!params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), params);
+  if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
 
   const v1::JobSpec& spec = a.spec();
   std::vector<int64_t> train_mbs = MicroBatchSizes(spec, spec.batch_size());
@@ -152,24 +258,30 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   InboxExpectations expect;
   expect.job_id = a.job_id();
   expect.stage_index = a.stage_index();
+  expect.num_stages = a.num_stages();
   expect.dtype = v1::DTYPE_FLOAT32;
-  if (!job->first) expect.activation_sample_shape = job->input_shape;
-  if (!job->last) expect.gradient_sample_shape = job->output_shape;
+  for (const Chunk& c : job->chunks) {
+    if (!job->IsFirst(c)) expect.activation_shapes[c.index] = c.input_shape;
+    if (!job->IsLast(c)) expect.gradient_shapes[c.index] = c.output_shape;
+  }
   expect.max_micro_batches = static_cast<int>(std::max(train_mbs.size(), eval_mbs.size()));
   expect.max_micro_batch_size = std::max(train_mbs.front(), eval_mbs.front());
   inbox_.Open(std::move(expect));
 
   v1::ConfigureReply reply;
-  for (int64_t d : job->output_shape) reply.add_output_sample_shape(d);
+  for (int64_t d : job->chunks.back().output_shape) reply.add_output_sample_shape(d);
   reply.set_num_parameters(num_params);
   reply.set_device(device_.str());
   if (job->data) {
     reply.set_train_samples(job->data->train_size());
     reply.set_test_samples(job->data->test_size());
   }
-  LOG_INFO("job ", a.job_id(), " ", who, ": layers [", a.layer_begin(), ", ", a.layer_end(), "), ", num_params,
-           " parameters, input ", ShapeString(job->input_shape), " -> output ", ShapeString(job->output_shape),
-           " on ", device_.str());
+  std::string ranges;
+  for (const auto& ca : a.chunks())
+    ranges += (ranges.empty() ? "" : ", ") + std::string("[") + std::to_string(ca.layer_begin()) + ", " +
+              std::to_string(ca.layer_end()) + ")";
+  LOG_INFO("job ", a.job_id(), " ", who, ": layers ", ranges, ", ", num_params, " parameters on ", device_.str(),
+           job->recompute ? ", recomputing forwards" : "");
   job_ = std::move(job);
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_ = a.job_id();
@@ -179,159 +291,207 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
 
 StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  v1::ConnectReply reply;
+  if (job_->assignment.num_stages() == 1) {  // chunks pass tensors to themselves
+    reply.set_transport("local");
+    return reply;
+  }
   if (job_->transport) job_->transport->Shutdown();
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(job_->spec().stage_timeout_s()));
   auto transport = options_.transports->Connect(job_->assignment, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
-  v1::ConnectReply reply;
   reply.set_transport(job_->transport->Name());
   return reply;
 }
 
-StatusOr<at::Tensor> Stage::Impl::Receive(v1::FrameKind kind, int mb, int64_t rows, Clock::time_point deadline) {
-  CONVEYOR_ASSIGN_OR_RETURN(v1::TensorFrame frame, inbox_.Take(kind, mb, deadline));
-  if (frame.tensor().shape(0) != rows) {
+StatusOr<at::Tensor> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
+  Span span(st, v1::TraceEvent::RECEIVE, local, mb);
+  const int chunk = job_->chunks[local].index;
+  CONVEYOR_ASSIGN_OR_RETURN(v1::TensorFrame frame, inbox_.Take(kind, chunk, mb, Clock::now() + st.timeout));
+  if (frame.tensor().shape(0) != st.sizes[mb]) {
     return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
                                       (kind == v1::FRAME_ACTIVATION ? "activation" : "gradient") + " has " +
                                       std::to_string(frame.tensor().shape(0)) + " samples, expected " +
-                                      std::to_string(rows));
+                                      std::to_string(st.sizes[mb]));
   }
   return DecodeTensor(frame.mutable_tensor()).to(device_);
 }
 
-Status Stage::Impl::Send(Peer peer, v1::FrameKind kind, const v1::RunStepRequest& req, int mb,
-                         const at::Tensor& t) {
+Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t) {
+  const int from_chunk = kind == v1::FRAME_ACTIVATION ? to_chunk - 1 : to_chunk + 1;
+  Span span(st, v1::TraceEvent::SEND, from_chunk / job_->assignment.num_stages(), mb);
   v1::TensorFrame frame;
-  frame.set_job_id(req.job_id());
-  frame.set_phase(req.phase());
-  frame.set_step(req.step());
+  frame.set_job_id(st.req->job_id());
+  frame.set_phase(st.req->phase());
+  frame.set_step(st.req->step());
   frame.set_micro_batch(mb);
   frame.set_kind(kind);
+  frame.set_chunk(to_chunk);
   frame.set_from_stage(job_->assignment.stage_index());
   CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, frame.mutable_tensor()));
+  if (job_->assignment.num_stages() == 1) return inbox_.Deliver(std::move(frame));
+  const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
   return Annotate(job_->transport->Send(peer, std::move(frame)), Who());
 }
 
-Status Stage::Impl::RunActions(const v1::RunStepRequest& req, v1::RunStepReply* reply) {
-  const v1::JobSpec& spec = job_->spec();
-  const bool train = req.phase() == v1::PHASE_TRAIN;
-  const int64_t batch = req.batch_size();
-  const std::vector<int64_t> sizes = MicroBatchSizes(spec, batch);
-  std::vector<int64_t> offsets{0};
-  for (int64_t n : sizes) offsets.push_back(offsets.back() + n);
-  const int m = static_cast<int>(sizes.size());
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
-
-  at::Tensor inputs, labels;
-  if (job_->first) inputs = job_->data->Inputs(req.phase(), req.step()).to(device_);
-  if (job_->last) labels = job_->data->Labels(req.phase(), req.step()).to(device_);
-  if ((inputs.defined() && inputs.size(0) != batch) || (labels.defined() && labels.size(0) != batch)) {
-    return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
-                                         std::to_string(batch) + " for step " + std::to_string(req.step()));
-  }
-  std::unique_ptr<at::NoGradGuard> no_grad;
-  if (train) {
-    job_->layers->train();
-    if (job_->optimizer) job_->optimizer->zero_grad();
+Status Stage::Impl::Forward(StepState& st, int local, int mb) {
+  Chunk& c = job_->chunks[local];
+  const bool first = job_->IsFirst(c), last = job_->IsLast(c);
+  const int64_t rows = st.sizes[mb];
+  at::Tensor x;
+  if (first) {
+    x = st.inputs.narrow(0, st.offsets[mb], rows);
   } else {
-    job_->layers->eval();
-    no_grad = std::make_unique<at::NoGradGuard>();
+    CONVEYOR_ASSIGN_OR_RETURN(x, Receive(st, v1::FRAME_ACTIVATION, local, mb));
+    if (st.train) x.requires_grad_(true);
   }
-  const std::vector<Action> actions =
-      train ? BuildSchedule(spec.schedule(), job_->assignment.stage_index(), job_->assignment.num_stages(), m)
-            : ForwardOnly(m);
+  Held h;
+  h.input = x;
+  h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size());
+  at::Tensor out;
+  {
+    Span span(st, v1::TraceEvent::FORWARD, local, mb);
+    // Recomputing stages keep only the chunk's input; the forward runs again in backward.
+    std::optional<at::NoGradGuard> no_grad;
+    if (job_->recompute && st.train) no_grad.emplace();
+    out = c.layers->forward(x);
+    if (last) {
+      h.labels = st.labels.narrow(0, st.offsets[mb], rows);
+      at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
+      st.loss_sum += loss.item<double>();
+      if (!st.train) st.correct += CountCorrect(out, h.labels);
+      if (!job_->recompute) h.output = loss;
+    } else if (!job_->recompute) {
+      h.output = out;
+    }
+  }
+  if (!last) CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_ACTIVATION, c.index + 1, mb, out));
+  if (st.train) {
+    h.bytes = Bytes(h.input) + Bytes(h.output);
+    st.held_bytes += h.bytes;
+    st.held.emplace(std::make_pair(local, mb), std::move(h));
+    st.peak_count = std::max<int64_t>(st.peak_count, static_cast<int64_t>(st.held.size()));
+    st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
+  }
+  return absl::OkStatus();
+}
 
-  std::map<int, Held> held;
-  int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
-  double busy = 0, loss_sum = 0;
-  int64_t correct = 0;
+void Stage::Impl::Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it) {
+  st.held_bytes -= it->second.bytes;
+  st.held.erase(it);
+}
+
+Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_only) {
+  Chunk& c = job_->chunks[local];
+  const bool first = job_->IsFirst(c), last = job_->IsLast(c);
+  auto it = st.held.find({local, mb});
+  if (it == st.held.end())
+    return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
+  Held& h = it->second;
+  at::Tensor grad;
+  if (!last) {
+    CONVEYOR_ASSIGN_OR_RETURN(grad, Receive(st, v1::FRAME_GRADIENT, local, mb));
+  }
+  if (!h.output.defined()) {  // recompute the forward, this time with autograd
+    Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
+    at::Tensor out = c.layers->forward(h.input);
+    h.output = last ? ComputeLoss(job_->spec(), out, h.labels, h.scale) : out;
+  }
+  at::Tensor input_grad;
+  {
+    Span span(st, v1::TraceEvent::BACKWARD, local, mb);
+    if (h.output.requires_grad()) {
+      std::vector<at::Tensor> grads;
+      if (grad.defined()) grads.push_back(grad);
+      if (input_grad_only) {
+        // Zero-bubble: the input gradient now, the weights' in WeightPass.
+        h.grad = grad;
+        if (!first) input_grad = torch::autograd::grad({h.output}, {h.input}, grads, /*retain_graph=*/true)[0];
+      } else {
+        torch::autograd::backward({h.output}, grads);
+        if (!first) input_grad = h.input.grad();
+      }
+    }
+  }
+  if (!first) {
+    if (!input_grad.defined()) input_grad = at::zeros_like(h.input);
+    CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grad));
+  }
+  if (input_grad_only) {
+    st.held_bytes += Bytes(h.grad);
+    h.bytes += Bytes(h.grad);
+    st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
+  } else {
+    Release(st, it);
+  }
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
+  auto it = st.held.find({local, mb});
+  if (it == st.held.end())
+    return absl::InternalError(Who() + ": weight pass without backward of micro-batch " + std::to_string(mb));
+  Held& h = it->second;
+  {
+    Span span(st, v1::TraceEvent::WEIGHT, local, mb);
+    std::vector<at::Tensor> params;
+    for (const auto& p : job_->chunks[local].params)
+      if (p.requires_grad()) params.push_back(p);
+    if (h.output.requires_grad() && !params.empty()) {
+      std::vector<at::Tensor> grads;
+      if (h.grad.defined()) grads.push_back(h.grad);
+      torch::autograd::backward({h.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+    }
+  }
+  Release(st, it);
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::RunActions(StepState& st) {
+  const v1::JobSpec& spec = job_->spec();
+  const v1::StageAssignment& a = job_->assignment;
+  const int m = static_cast<int>(st.sizes.size());
+  const int local_chunks = static_cast<int>(job_->chunks.size());
+  std::vector<Action> actions;
+  if (st.train) {
+    CONVEYOR_ASSIGN_OR_RETURN(actions, BuildSchedule(spec.schedule(), a.stage_index(), a.num_stages(), m, local_chunks));
+  } else {
+    actions = ForwardOnly(m, local_chunks);
+  }
+  const bool zero_bubble = st.train && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE;
   std::string doing;
   try {
     for (const Action& act : actions) {
-      const int mb = act.micro_batch;
-      const int64_t rows = sizes[mb];
-      doing = std::string(act.type == ActionType::kForward ? "forward" : "backward") + " of micro-batch " +
-              std::to_string(mb);
-      if (act.type == ActionType::kForward) {
-        at::Tensor x;
-        if (job_->first) {
-          x = inputs.narrow(0, offsets[mb], rows);
-        } else {
-          CONVEYOR_ASSIGN_OR_RETURN(x, Receive(v1::FRAME_ACTIVATION, mb, rows, Clock::now() + timeout));
-          if (train) x.requires_grad_(true);
-        }
-        auto t0 = Clock::now();
-        at::Tensor out = job_->layers->forward(x);
-        Held h{x, out, 0};
-        if (job_->last) {
-          at::Tensor y = labels.narrow(0, offsets[mb], rows);
-          h.output = ComputeLoss(spec, out, y, static_cast<double>(rows) / static_cast<double>(batch));
-          loss_sum += h.output.item<double>();
-          if (!train) correct += CountCorrect(out, y);
-        }
-        busy += std::chrono::duration<double>(Clock::now() - t0).count();
-        if (!job_->last) CONVEYOR_RETURN_IF_ERROR(Send(Peer::kDownstream, v1::FRAME_ACTIVATION, req, mb, out));
-        if (train) {
-          h.bytes = x.numel() * x.element_size() + out.numel() * out.element_size();
-          held_bytes += h.bytes;
-          held.emplace(mb, std::move(h));
-          peak_count = std::max<int64_t>(peak_count, static_cast<int64_t>(held.size()));
-          peak_bytes = std::max(peak_bytes, held_bytes);
-        }
-      } else {
-        auto it = held.find(mb);
-        if (it == held.end()) return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
-        Held& h = it->second;
-        at::Tensor grad;
-        if (!job_->last) {
-          CONVEYOR_ASSIGN_OR_RETURN(grad, Receive(v1::FRAME_GRADIENT, mb, rows, Clock::now() + timeout));
-        }
-        auto t0 = Clock::now();
-        if (h.output.requires_grad()) {
-          if (grad.defined()) {
-            h.output.backward(grad);
-          } else {
-            h.output.backward();
-          }
-        }
-        busy += std::chrono::duration<double>(Clock::now() - t0).count();
-        if (!job_->first) {
-          at::Tensor gx = h.input.grad();
-          if (!gx.defined()) gx = at::zeros_like(h.input);
-          CONVEYOR_RETURN_IF_ERROR(Send(Peer::kUpstream, v1::FRAME_GRADIENT, req, mb, gx));
-        }
-        held_bytes -= h.bytes;
-        held.erase(it);
+      doing = std::string(act.type == ActionType::kForward ? "forward" : act.type == ActionType::kBackward ? "backward" : "weight pass") +
+              " of micro-batch " + std::to_string(act.micro_batch);
+      switch (act.type) {
+        case ActionType::kForward: CONVEYOR_RETURN_IF_ERROR(Forward(st, act.chunk, act.micro_batch)); break;
+        case ActionType::kBackward: CONVEYOR_RETURN_IF_ERROR(Backward(st, act.chunk, act.micro_batch, zero_bubble)); break;
+        case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
       }
     }
-    if (train && job_->optimizer) {
+    if (st.train && job_->optimizer) {
       doing = "optimizer step";
-      auto t0 = Clock::now();
+      Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
       job_->optimizer->step();
-      busy += std::chrono::duration<double>(Clock::now() - t0).count();
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(Who() + " step " + std::to_string(req.step()) + ", " + doing + ": " +
+    return absl::InternalError(Who() + " step " + std::to_string(st.req->step()) + ", " + doing + ": " +
                                e.what_without_backtrace());
   }
-  reply->set_loss_sum(loss_sum);
-  reply->set_correct(correct);
-  reply->set_samples(batch);
-  reply->set_peak_activations(peak_count);
-  reply->set_peak_activation_bytes(peak_bytes);
-  reply->set_busy_seconds(busy);
   return absl::OkStatus();
 }
 
 StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  const v1::JobSpec& spec = job_->spec();
   if (req.phase() != v1::PHASE_TRAIN && req.phase() != v1::PHASE_EVAL)
     return absl::InvalidArgumentError(Who() + ": step without a phase");
-  if (req.phase() == v1::PHASE_EVAL && !job_->spec().eval())
+  if (req.phase() == v1::PHASE_EVAL && !spec.eval())
     return absl::InvalidArgumentError(Who() + ": this job does not evaluate");
-  const int64_t max_batch = req.phase() == v1::PHASE_TRAIN ? job_->spec().batch_size() : job_->spec().eval_batch_size();
+  const int64_t max_batch = req.phase() == v1::PHASE_TRAIN ? spec.batch_size() : spec.eval_batch_size();
   if (req.batch_size() < 1 || req.batch_size() > max_batch)
     return absl::InvalidArgumentError(Who() + ": batch_size " + std::to_string(req.batch_size()) +
                                       " is out of range [1, " + std::to_string(max_batch) + "]");
@@ -340,14 +500,55 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     return absl::InvalidArgumentError(Who() + ": eval batch " + std::to_string(req.step()) + " is past the test split");
   if (!job_->transport && job_->assignment.num_stages() > 1)
     return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
+
   inbox_.BeginStep(req.phase(), req.step());
   auto start = Clock::now();
   v1::RunStepReply reply;
-  Status st = RunActions(req, &reply);
-  if (!st.ok()) {
-    LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", st.message());
-    return st;
+  StepState st;
+  st.req = &req;
+  st.reply = &reply;
+  st.train = req.phase() == v1::PHASE_TRAIN;
+  st.sizes = MicroBatchSizes(spec, req.batch_size());
+  st.offsets = {0};
+  for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
+  st.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
+  Status status;
+  try {
+    if (job_->data && job_->data->train_size() > 0) {
+      bool inputs = false, labels = false;
+      for (const Chunk& c : job_->chunks) {
+        inputs |= job_->IsFirst(c);
+        labels |= job_->IsLast(c);
+      }
+      if (inputs) st.inputs = job_->data->Inputs(req.phase(), req.step()).to(device_);
+      if (labels) st.labels = job_->data->Labels(req.phase(), req.step()).to(device_);
+    }
+    if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
+        (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
+      return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
+                                           std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
+    }
+    std::optional<at::NoGradGuard> no_grad;
+    for (Chunk& c : job_->chunks) st.train ? c.layers->train() : c.layers->eval();
+    if (st.train) {
+      if (job_->optimizer) job_->optimizer->zero_grad();
+    } else {
+      no_grad.emplace();
+    }
+    status = RunActions(st);
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
   }
+  if (!status.ok()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
+    return status;
+  }
+  reply.set_loss_sum(st.loss_sum);
+  reply.set_correct(st.correct);
+  reply.set_samples(req.batch_size());
+  reply.set_peak_activations(st.peak_count);
+  reply.set_peak_activation_bytes(st.peak_bytes);
+  reply.set_busy_seconds(st.busy);
   reply.set_step_seconds(std::chrono::duration<double>(Clock::now() - start).count());
   return reply;
 }
@@ -355,17 +556,24 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
 StatusOr<v1::DigestReply> Stage::Impl::GetDigest(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::DigestReply reply;
-  for (const auto& child : job_->layers->children()) reply.add_layer_digests(LayerDigest(*child));
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& child : c.layers->named_children()) {
+      reply.add_layer_digests(LayerDigest(*child.value()));
+      reply.add_layers(std::stoi(child.key()));  // children are named by model layer index
+    }
+  }
   return reply;
 }
 
 StatusOr<v1::ParametersReply> Stage::Impl::GetParameters(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ParametersReply reply;
-  for (const auto& [name, t] : NamedParameters(job_->layers)) {
-    v1::NamedTensor* nt = reply.add_parameters();
-    nt->set_name(name);
-    CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& [name, t] : NamedParameters(c.layers)) {
+      v1::NamedTensor* nt = reply.add_parameters();
+      nt->set_name(name);
+      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    }
   }
   return reply;
 }
@@ -406,8 +614,7 @@ StatusOr<std::unique_ptr<Stage>> Stage::Create(const StageOptions& options) {
   }
   if (device->is_cuda()) {
     if (!at::hasCUDA()) {
-      return absl::FailedPreconditionError("device " + options.device +
-                                           ": this build or machine has no CUDA");
+      return absl::FailedPreconditionError("device " + options.device + ": this build or machine has no CUDA");
     }
   } else if (!device->is_cpu()) {
     return absl::InvalidArgumentError("device " + options.device + " is not supported (cpu, cuda or cuda:N)");
@@ -423,25 +630,31 @@ namespace {
 Status Stopped() { return absl::UnavailableError("the stage is shutting down"); }
 }  // namespace
 
+// Every call but Abort and Info runs on the executor, which owns the model.
+#define CONVEYOR_ON_EXECUTOR(Reply, call) \
+  impl_->executor().Run([&] { return impl_->call; }, Reply(Stopped()))
+
+StatusOr<v1::ProbeReply> Stage::Probe(const v1::ProbeRequest& req) {
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ProbeReply>, Probe(req));
+}
 StatusOr<v1::ConfigureReply> Stage::Configure(const v1::StageAssignment& a) {
-  return impl_->executor().Run([&] { return impl_->Configure(a); }, StatusOr<v1::ConfigureReply>(Stopped()));
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ConfigureReply>, Configure(a));
 }
 StatusOr<v1::ConnectReply> Stage::Connect(const v1::JobRef& ref) {
-  return impl_->executor().Run([&] { return impl_->Connect(ref); }, StatusOr<v1::ConnectReply>(Stopped()));
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ConnectReply>, Connect(ref));
 }
 StatusOr<v1::RunStepReply> Stage::RunStep(const v1::RunStepRequest& req) {
-  return impl_->executor().Run([&] { return impl_->RunStep(req); }, StatusOr<v1::RunStepReply>(Stopped()));
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::RunStepReply>, RunStep(req));
 }
 StatusOr<v1::DigestReply> Stage::GetDigest(const v1::JobRef& ref) {
-  return impl_->executor().Run([&] { return impl_->GetDigest(ref); }, StatusOr<v1::DigestReply>(Stopped()));
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::DigestReply>, GetDigest(ref));
 }
 StatusOr<v1::ParametersReply> Stage::GetParameters(const v1::JobRef& ref) {
-  return impl_->executor().Run([&] { return impl_->GetParameters(ref); },
-                               StatusOr<v1::ParametersReply>(Stopped()));
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ParametersReply>, GetParameters(ref));
 }
-Status Stage::Release(const v1::JobRef& ref) {
-  return impl_->executor().Run([&] { return impl_->Release(ref); }, Stopped());
-}
+Status Stage::Release(const v1::JobRef& ref) { return CONVEYOR_ON_EXECUTOR(Status, Release(ref)); }
+#undef CONVEYOR_ON_EXECUTOR
+
 Status Stage::Abort(const v1::AbortRequest& req) { return impl_->Abort(req); }
 v1::StageInfo Stage::Info() const { return impl_->Info(); }
 Inbox& Stage::inbox() { return impl_->inbox(); }

@@ -34,8 +34,11 @@ class Stage {
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
 
-  // Builds this stage's layers for a job (replacing any earlier job) and says
-  // what per-sample shape it sends downstream.
+  // Builds layers alone and says what per-sample shape they output; keeps
+  // nothing (the coordinator chains these to learn every chunk's shapes).
+  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& request);
+  // Builds this stage's chunks for a job (replacing any earlier job), checks
+  // their shapes, loads the data it reads, makes its optimizer.
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);
   // Opens the long-lived links to both neighbours.
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& job);

@@ -45,6 +45,9 @@ class PushReader final : public grpc::ServerReadReactor<v1::TensorFrame> {
 
 }  // namespace
 
+grpc::Status StageControlService::Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeReply* reply) {
+  return Reply(stage_->Probe(*req), reply);
+}
 grpc::Status StageControlService::Configure(grpc::ServerContext*, const v1::StageAssignment* req,
                                             v1::ConfigureReply* reply) {
   return Reply(stage_->Configure(*req), reply);

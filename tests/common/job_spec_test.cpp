@@ -89,8 +89,16 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nmicro_batches: 2\nsplit_size: 2\n", "not both"},
       {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
       {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
-      {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "boundaries give 2 stages"},
-      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b)"},
+      {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "3 chunks need 2 boundaries"},
+      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b, interleaved, zero-bubble)"},
+      {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nmicro_batches: 4\n", "needs 2 or more"},
+      {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 3\n",
+       "multiple of the stages (2), got 3"},
+      {"model: convnet\nvirtual_stages: 2\n", "only the interleaved schedule"},
+      {"model: toy\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 2\n",
+       "2 stages of 2 chunks but the model has only 3 layers"},
+      {"model: toy\nrecompute: [3]\n", "recompute: stage 3 is not one of the job's stages"},
+      {"model: toy\nrecompute: sometimes\n", "recompute: expected true, false or a list"},
       {"model: resnet9\n", "model.name: unknown value 'resnet9'"},
       {"batch_size: 3\n", "model: missing"},
       {"model: toy\nepochs: 1\nsteps: 3\n", "epochs and steps"},
@@ -106,6 +114,23 @@ TEST(JobSpec, BadValuesAreNamed) {
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.yaml << " -> " << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.message)) << c.yaml;
   }
+}
+
+TEST(JobSpec, SchedulesAndRecompute) {
+  auto spec = ParseJobYaml(
+      "model: convnet\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 3\nmicro_batches: 4\n"
+      "recompute: [1]\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->schedule(), v1::SCHEDULE_INTERLEAVED);
+  EXPECT_EQ(spec->virtual_stages(), 3);
+  EXPECT_FALSE(RecomputeOn(*spec, 0));
+  EXPECT_TRUE(RecomputeOn(*spec, 1));
+  auto ranges = PartitionLayers(*spec);
+  ASSERT_TRUE(ranges.ok());
+  EXPECT_EQ(ranges->size(), 6u);  // chunks: 2 stages x 3
+  spec = ParseJobYaml("model: toy\nschedule: zero-bubble\nrecompute: true\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(RecomputeOn(*spec, 0));
 }
 
 TEST(JobSpec, MicroBatchSizes) {

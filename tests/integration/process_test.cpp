@@ -15,6 +15,7 @@
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"
 #include "coordinator/coordinator.h"
+#include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {
@@ -68,6 +69,7 @@ std::vector<std::pair<std::string, at::Tensor>> Parameters(const cli::LocalClust
     EXPECT_TRUE(st.ok()) << st.error_message();
     for (auto& p : *reply.mutable_parameters()) out.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
   }
+  testing::SortByLayer(&out);
   return out;
 }
 
@@ -122,9 +124,12 @@ class BadInput : public ::testing::Test {
     *a.mutable_spec() = spec;
     a.set_stage_index(1);
     a.set_num_stages(2);
-    a.set_layer_begin(1);
-    a.set_layer_end(3);
-    a.add_input_sample_shape(10);
+    a.set_num_chunks(2);
+    v1::ChunkAssignment* c = a.add_chunks();
+    c->set_index(1);
+    c->set_layer_begin(1);
+    c->set_layer_end(3);
+    c->add_input_sample_shape(10);
     v1::ConfigureReply reply;
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineAfter(30));
@@ -171,6 +176,7 @@ v1::TensorFrame Activation(const std::string& job, std::vector<int64_t> shape, v
   f.set_step(0);
   f.set_micro_batch(0);
   f.set_kind(v1::FRAME_ACTIVATION);
+  f.set_chunk(1);  // stage 1 holds model chunk 1
   f.mutable_tensor()->set_dtype(dtype);
   int64_t bytes = DTypeSize(dtype);
   for (int64_t d : shape) {

@@ -15,8 +15,9 @@ InboxExpectations Expect() {
   InboxExpectations e;
   e.job_id = "job-1";
   e.stage_index = 2;
-  e.activation_sample_shape = {3};
-  e.gradient_sample_shape = {5};
+  e.num_stages = 4;
+  e.activation_shapes[2] = {3};
+  e.gradient_shapes[2] = {5};
   e.max_micro_batches = 4;
   e.max_micro_batch_size = 2;
   return e;
@@ -30,6 +31,7 @@ v1::TensorFrame Frame(v1::FrameKind kind, int64_t step, int mb, std::vector<int6
   f.set_step(step);
   f.set_micro_batch(mb);
   f.set_kind(kind);
+  f.set_chunk(2);
   f.mutable_tensor()->set_dtype(dtype);
   int64_t n = 4;
   for (int64_t d : shape) {
@@ -45,7 +47,7 @@ TEST(Inbox, DeliversWhatTheStageWaitsFor) {
   inbox.Open(Expect());
   inbox.BeginStep(v1::PHASE_TRAIN, 0);
   auto taker = std::async(std::launch::async, [&] {
-    return inbox.Take(v1::FRAME_ACTIVATION, 1, Clock::now() + std::chrono::seconds(30));
+    return inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(30));
   });
   ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
   auto frame = taker.get();
@@ -73,7 +75,10 @@ TEST(Inbox, RefusesBadFramesWithTheReason) {
   other_job.set_job_id("job-9");
   v1::TensorFrame short_data = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
   short_data.mutable_tensor()->mutable_data()->resize(3);
+  v1::TensorFrame wrong_chunk = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  wrong_chunk.set_chunk(6);
   Case cases[] = {
+      {wrong_chunk, absl::StatusCode::kInvalidArgument, "no activation tensors for chunk 6"},
       {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4}), absl::StatusCode::kInvalidArgument, "has shape [2, 4], expected [2, 3]"},
       {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}, v1::DTYPE_BFLOAT16), absl::StatusCode::kInvalidArgument,
        "dtype bfloat16, expected float32"},
@@ -98,7 +103,7 @@ TEST(Inbox, ABadTensorFailsTheWaitingStep) {
   inbox.Open(Expect());
   inbox.BeginStep(v1::PHASE_TRAIN, 0);
   auto taker = std::async(std::launch::async, [&] {
-    return inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now() + std::chrono::seconds(60));
+    return inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now() + std::chrono::seconds(60));
   });
   EXPECT_FALSE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4})).ok());
   auto result = taker.get();
@@ -116,7 +121,7 @@ TEST(Inbox, TimeoutNamesTheActionAndThePeer) {
   Inbox inbox;
   inbox.Open(Expect());
   inbox.BeginStep(v1::PHASE_TRAIN, 3);
-  auto r = inbox.Take(v1::FRAME_GRADIENT, 1, Clock::now());
+  auto r = inbox.Take(v1::FRAME_GRADIENT, 2, 1, Clock::now());
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status()));
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("stage 2 waited too long for the gradient of step 3 micro-batch 1 from stage 3 (downstream)"));
@@ -127,13 +132,13 @@ TEST(Inbox, FailWakesAWaitingTake) {
   inbox.Open(Expect());
   inbox.BeginStep(v1::PHASE_TRAIN, 0);
   auto taker = std::async(std::launch::async, [&] {
-    return inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now() + std::chrono::seconds(60));
+    return inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now() + std::chrono::seconds(60));
   });
   inbox.Fail(absl::AbortedError("stop"));
   EXPECT_TRUE(absl::IsAborted(taker.get().status()));
   inbox.BeginStep(v1::PHASE_TRAIN, 1);  // a new step clears the failure
   ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3})).ok());
-  EXPECT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 0, Clock::now()).ok());
+  EXPECT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now()).ok());
 }
 
 }  // namespace

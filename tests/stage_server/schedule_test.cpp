@@ -10,10 +10,15 @@
 namespace conveyor {
 namespace {
 
+std::string List(v1::ScheduleKind kind, int s, int p, int m, int v = 1) {
+  auto list = BuildSchedule(kind, s, p, m, v);
+  EXPECT_TRUE(list.ok()) << list.status();
+  return list.ok() ? ToString(*list) : "";
+}
+
 TEST(Schedule, GpipeTableForFourStagesEightMicroBatches) {
   for (int s = 0; s < 4; ++s) {
-    EXPECT_EQ(ToString(BuildSchedule(v1::SCHEDULE_GPIPE, s, 4, 8)),
-              "F0 F1 F2 F3 F4 F5 F6 F7 B7 B6 B5 B4 B3 B2 B1 B0");
+    EXPECT_EQ(List(v1::SCHEDULE_GPIPE, s, 4, 8), "F0 F1 F2 F3 F4 F5 F6 F7 B7 B6 B5 B4 B3 B2 B1 B0");
   }
 }
 
@@ -25,58 +30,121 @@ TEST(Schedule, OneFOneBTableForFourStagesEightMicroBatches) {
       "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
       "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7",
   };
-  for (int s = 0; s < 4; ++s) EXPECT_EQ(ToString(BuildSchedule(v1::SCHEDULE_1F1B, s, 4, 8)), expected[s]) << s;
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(List(v1::SCHEDULE_1F1B, s, 4, 8), expected[s]) << s;
+}
+
+TEST(Schedule, InterleavedTableForFourStagesEightMicroBatchesTwoChunks) {
+  // Megatron-LM's order: micro-batches in groups of P, chunk 0 then chunk 1;
+  // stage s warms up with 2(P - s - 1) + (v - 1)P forwards. "F1.4" is the
+  // forward of local chunk 1 (model chunk 4 + s) for micro-batch 4.
+  const char* expected[] = {
+      "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 F1.3 F0.4 F0.5 F0.6 B1.0 F0.7 B1.1 F1.4 B1.2 F1.5 B1.3 "
+      "F1.6 B0.0 F1.7 B0.1 B0.2 B0.3 B1.4 B1.5 B1.6 B1.7 B0.4 B0.5 B0.6 B0.7",
+      "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 F1.3 F0.4 B1.0 F0.5 B1.1 F0.6 B1.2 F0.7 B1.3 F1.4 B0.0 "
+      "F1.5 B0.1 F1.6 B0.2 F1.7 B0.3 B1.4 B1.5 B1.6 B1.7 B0.4 B0.5 B0.6 B0.7",
+      "F0.0 F0.1 F0.2 F0.3 F1.0 F1.1 F1.2 B1.0 F1.3 B1.1 F0.4 B1.2 F0.5 B1.3 F0.6 B0.0 F0.7 B0.1 "
+      "F1.4 B0.2 F1.5 B0.3 F1.6 B1.4 F1.7 B1.5 B1.6 B1.7 B0.4 B0.5 B0.6 B0.7",
+      "F0.0 F0.1 F0.2 F0.3 F1.0 B1.0 F1.1 B1.1 F1.2 B1.2 F1.3 B1.3 F0.4 B0.0 F0.5 B0.1 F0.6 B0.2 "
+      "F0.7 B0.3 F1.4 B1.4 F1.5 B1.5 F1.6 B1.6 F1.7 B1.7 B0.4 B0.5 B0.6 B0.7",
+  };
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(List(v1::SCHEDULE_INTERLEAVED, s, 4, 8, 2), expected[s]) << s;
+}
+
+TEST(Schedule, ZeroBubbleTableForFourStagesEightMicroBatches) {
+  // ZB-H1: B is the input gradient only; W, the weight gradient, trails by
+  // P - s - 1 micro-batches and fills the cool-down.
+  const char* expected[] = {
+      "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 W0 F7 B4 W1 B5 W2 B6 W3 B7 W4 W5 W6 W7",
+      "F0 F1 F2 B0 F3 B1 F4 B2 W0 F5 B3 W1 F6 B4 W2 F7 B5 W3 B6 W4 B7 W5 W6 W7",
+      "F0 F1 B0 F2 B1 W0 F3 B2 W1 F4 B3 W2 F5 B4 W3 F6 B5 W4 F7 B6 W5 B7 W6 W7",
+      "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3 F4 B4 W4 F5 B5 W5 F6 B6 W6 F7 B7 W7",
+  };
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(List(v1::SCHEDULE_ZERO_BUBBLE, s, 4, 8), expected[s]) << s;
 }
 
 TEST(Schedule, FewerMicroBatchesThanStages) {
-  EXPECT_EQ(ToString(BuildSchedule(v1::SCHEDULE_1F1B, 0, 4, 2)), "F0 F1 B0 B1");
+  EXPECT_EQ(List(v1::SCHEDULE_1F1B, 0, 4, 2), "F0 F1 B0 B1");
   EXPECT_EQ(ToString(ForwardOnly(3)), "F0 F1 F2");
+  EXPECT_EQ(ToString(ForwardOnly(2, 2)), "F0.0 F0.1 F1.0 F1.1");
+}
+
+TEST(Schedule, BadArgumentsAreRefused) {
+  EXPECT_TRUE(absl::IsInvalidArgument(BuildSchedule(v1::SCHEDULE_INTERLEAVED, 0, 4, 6, 2).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(BuildSchedule(v1::SCHEDULE_INTERLEAVED, 0, 4, 8, 1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(BuildSchedule(v1::SCHEDULE_1F1B, 0, 4, 8, 2).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(BuildSchedule(v1::SCHEDULE_GPIPE, 4, 4, 8).status()));
 }
 
 // Runs every stage's list against the others: an action may run once what it
 // receives was sent. Returns false on a deadlock; records the most
-// micro-batches each stage held at once.
-bool Simulate(v1::ScheduleKind kind, int p, int m, std::vector<int>* peak) {
+// micro-batch chunks each stage held at once (from forward to the end of its
+// backward, or of its weight pass with zero-bubble).
+bool Simulate(v1::ScheduleKind kind, int p, int m, int v, std::vector<int>* peak) {
   std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < p; ++s) lists.push_back(BuildSchedule(kind, s, p, m));
+  for (int s = 0; s < p; ++s) {
+    auto list = BuildSchedule(kind, s, p, m, v);
+    if (!list.ok()) return false;
+    lists.push_back(*list);
+  }
+  const int chunks = p * v;
   std::vector<std::size_t> pc(p, 0);
-  std::vector<std::set<int>> forwarded(p), backwarded(p), held(p);
+  // Per model chunk: micro-batches whose forward / backward is done.
+  std::vector<std::set<int>> forwarded(chunks), backwarded(chunks);
+  std::vector<std::set<std::pair<int, int>>> held(p);
   peak->assign(p, 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < p; ++s) {
       if (pc[s] == lists[s].size()) continue;
       const Action& a = lists[s][pc[s]];
+      const int c = a.chunk * p + s;
+      const auto key = std::make_pair(a.chunk, a.micro_batch);
       if (a.type == ActionType::kForward) {
-        if (s > 0 && !forwarded[s - 1].count(a.micro_batch)) continue;
-        forwarded[s].insert(a.micro_batch);
-        held[s].insert(a.micro_batch);
+        if (c > 0 && !forwarded[c - 1].count(a.micro_batch)) continue;
+        forwarded[c].insert(a.micro_batch);
+        held[s].insert(key);
         (*peak)[s] = std::max((*peak)[s], static_cast<int>(held[s].size()));
+      } else if (a.type == ActionType::kBackward) {
+        if (c + 1 < chunks && !backwarded[c + 1].count(a.micro_batch)) continue;
+        if (!held[s].count(key)) return false;  // backward before forward
+        backwarded[c].insert(a.micro_batch);
+        if (kind != v1::SCHEDULE_ZERO_BUBBLE) held[s].erase(key);
       } else {
-        if (s + 1 < p && !backwarded[s + 1].count(a.micro_batch)) continue;
-        if (!held[s].count(a.micro_batch)) return false;  // backward before forward
-        backwarded[s].insert(a.micro_batch);
-        held[s].erase(a.micro_batch);
+        if (!backwarded[c].count(a.micro_batch)) return false;  // weight pass before backward
+        held[s].erase(key);
       }
       ++pc[s];
       progress = true;
     }
   }
   for (int s = 0; s < p; ++s)
-    if (pc[s] != lists[s].size()) return false;
+    if (pc[s] != lists[s].size() || !held[s].empty()) return false;
   return true;
 }
 
 TEST(Schedule, EveryScheduleIsDeadlockFreeAndBoundsMemory) {
-  for (auto kind : {v1::SCHEDULE_GPIPE, v1::SCHEDULE_1F1B}) {
+  for (auto kind : {v1::SCHEDULE_GPIPE, v1::SCHEDULE_1F1B, v1::SCHEDULE_ZERO_BUBBLE}) {
     for (int p = 1; p <= 8; ++p) {
       for (int m = 1; m <= 16; ++m) {
         std::vector<int> peak;
-        ASSERT_TRUE(Simulate(kind, p, m, &peak)) << ScheduleName(kind) << " P=" << p << " M=" << m;
+        ASSERT_TRUE(Simulate(kind, p, m, 1, &peak)) << ScheduleName(kind) << " P=" << p << " M=" << m;
         for (int s = 0; s < p; ++s) {
-          int bound = kind == v1::SCHEDULE_1F1B ? std::min(m, p - s) : m;
-          EXPECT_EQ(peak[s], bound) << "P=" << p << " M=" << m << " stage " << s;
+          int bound = kind == v1::SCHEDULE_GPIPE ? m : std::min(m, p - s);
+          // ZB-H1 keeps a micro-batch until its deferred weight pass.
+          if (kind == v1::SCHEDULE_ZERO_BUBBLE) bound = std::min(m, 2 * (p - s) - 1);
+          EXPECT_EQ(peak[s], bound) << ScheduleName(kind) << " P=" << p << " M=" << m << " stage " << s;
         }
+      }
+    }
+  }
+}
+
+TEST(Schedule, InterleavedIsDeadlockFree) {
+  for (int p = 1; p <= 6; ++p) {
+    for (int v = 2; v <= 4; ++v) {
+      for (int m = p; m <= 4 * p; m += p) {
+        std::vector<int> peak;
+        EXPECT_TRUE(Simulate(v1::SCHEDULE_INTERLEAVED, p, m, v, &peak)) << "P=" << p << " M=" << m << " v=" << v;
       }
     }
   }

@@ -32,9 +32,12 @@ class StageTest : public ::testing::Test {
     *a.mutable_spec() = *spec;
     a.set_stage_index(index);
     a.set_num_stages(stages);
-    a.set_layer_begin(begin);
-    a.set_layer_end(end);
-    for (int64_t d : input) a.add_input_sample_shape(d);
+    a.set_num_chunks(stages);
+    v1::ChunkAssignment* c = a.add_chunks();
+    c->set_index(index);
+    c->set_layer_begin(begin);
+    c->set_layer_end(end);
+    for (int64_t d : input) c->add_input_sample_shape(d);
     return a;
   }
 
@@ -49,6 +52,34 @@ TEST_F(StageTest, ConfigureReportsTheOutputShape) {
             std::vector<int64_t>{10});
   EXPECT_EQ(reply->num_parameters(), 256 * 120 + 120 + 120 * 84 + 84 + 84 * 10 + 10);
   EXPECT_EQ(stage_->Info().job_id(), "job-1");
+}
+
+TEST_F(StageTest, ConfigureRefusesChunksOfOtherStagesAndBrokenPromises) {
+  auto a = Assignment("model: convnet\npartition: {stages: 2}", 1, 2, 6, 12, {16, 4, 4});
+  a.mutable_chunks(0)->set_index(0);  // chunk 0 belongs to stage 0
+  EXPECT_TRUE(absl::IsInvalidArgument(stage_->Configure(a).status()));
+  a = Assignment("model: convnet\npartition: {stages: 2}", 1, 2, 6, 12, {16, 4, 4});
+  a.mutable_chunks(0)->add_output_sample_shape(11);
+  auto reply = stage_->Configure(a);
+  EXPECT_TRUE(absl::IsInvalidArgument(reply.status()));
+  EXPECT_THAT(std::string(reply.status().message()), HasSubstr("outputs samples of shape [10], the assignment says [11]"));
+}
+
+TEST_F(StageTest, ProbeReportsShapesAndKeepsNothing) {
+  v1::ProbeRequest req;
+  auto spec = ParseJobYaml("model: convnet");
+  ASSERT_TRUE(spec.ok());
+  *req.mutable_spec() = *spec;
+  req.set_layer_begin(0);
+  req.set_layer_end(6);
+  for (int64_t d : {1, 28, 28}) req.add_input_sample_shape(d);
+  auto reply = stage_->Probe(req);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(std::vector<int64_t>(reply->output_sample_shape().begin(), reply->output_sample_shape().end()),
+            (std::vector<int64_t>{16, 4, 4}));
+  EXPECT_EQ(stage_->Info().job_id(), "");
+  req.set_input_sample_shape(0, 3);
+  EXPECT_TRUE(absl::IsInvalidArgument(stage_->Probe(req).status()));
 }
 
 TEST_F(StageTest, ConfigureRefusesAShapeTheLayersCannotTake) {

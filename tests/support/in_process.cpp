@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "common/tensor_codec.h"
@@ -14,6 +15,7 @@ class InProcessStageClient : public StageClient {
   InProcessStageClient(Stage* stage, std::string address) : stage_(stage), address_(std::move(address)) {}
   const std::string& address() const override { return address_; }
   StatusOr<v1::StageInfo> GetInfo(double) override { return stage_->Info(); }
+  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double) override { return stage_->Probe(req); }
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
     return stage_->Configure(req);
   }
@@ -34,10 +36,11 @@ bool Terminal(v1::JobState s) {
 
 }  // namespace
 
-InProcessCluster::InProcessCluster(int stages) {
+InProcessCluster::InProcessCluster(int stages, DelayedTransportFactory::Delay delay) {
+  if (delay) delayed_ = std::make_unique<DelayedTransportFactory>(&fabric_, std::move(delay));
   for (int i = 0; i < stages; ++i) {
     StageOptions options;
-    options.transports = &fabric_;
+    options.transports = delayed_ ? delayed_.get() : &fabric_;
     auto stage = Stage::Create(options);
     EXPECT_TRUE(stage.ok()) << stage.status();
     addresses_.push_back("inproc://" + std::to_string(i));
@@ -73,7 +76,16 @@ std::vector<std::pair<std::string, at::Tensor>> InProcessCluster::Parameters(con
     if (!reply.ok()) continue;
     for (auto& p : *reply->mutable_parameters()) out.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
   }
+  SortByLayer(&out);
   return out;
+}
+
+void SortByLayer(std::vector<std::pair<std::string, at::Tensor>>* params) {
+  // Names are "<model layer index>.<parameter>"; stages hold chunks out of
+  // model order with the interleaved schedule.
+  std::stable_sort(params->begin(), params->end(), [](const auto& a, const auto& b) {
+    return std::stoi(a.first) < std::stoi(b.first);
+  });
 }
 
 v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double timeout_s) {

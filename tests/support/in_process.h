@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
+#include "stage_server/delayed_transport.h"
 #include "stage_server/inproc_transport.h"
 #include "stage_server/stage.h"
 
@@ -18,12 +19,14 @@ namespace conveyor::testing {
 
 class InProcessCluster {
  public:
-  explicit InProcessCluster(int stages);
+  // With `delay`, every tensor is handed on after a delay drawn per frame.
+  explicit InProcessCluster(int stages, DelayedTransportFactory::Delay delay = nullptr);
   ~InProcessCluster();
 
   int size() const { return static_cast<int>(stages_.size()); }
   Stage& stage(int i) { return *stages_[i]; }
   const std::vector<std::string>& addresses() const { return addresses_; }
+  InProcFabric& fabric() { return fabric_; }
 
   // A coordinator over these stages, jobs kept in memory.
   std::unique_ptr<Coordinator> StartCoordinator();
@@ -33,9 +36,13 @@ class InProcessCluster {
 
  private:
   InProcFabric fabric_;
+  std::unique_ptr<TransportFactory> delayed_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<Stage>> stages_;
 };
+
+// Puts parameters named "<layer>.<name>" into model order.
+void SortByLayer(std::vector<std::pair<std::string, at::Tensor>>* params);
 
 // Submits `yaml` and waits, on the coordinator's change notifications, until
 // the job ends (or `timeout_s` passes: the status then is still RUNNING).

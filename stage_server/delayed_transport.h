@@ -1,0 +1,28 @@
+// A transport seam for timing noise: wraps another transport and hands each
+// frame on after a delay drawn per frame, so frames arrive late and out of
+// order. Tests use it to show that no schedule hangs or changes its result
+// under timing noise.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "stage_server/transport.h"
+
+namespace conveyor {
+
+class DelayedTransportFactory : public TransportFactory {
+ public:
+  using Delay = std::function<std::chrono::microseconds()>;  // called from any thread
+  // `inner` is not owned and must outlive every transport made here.
+  DelayedTransportFactory(TransportFactory* inner, Delay delay) : inner_(inner), delay_(std::move(delay)) {}
+
+  StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment,
+                                               std::chrono::steady_clock::time_point deadline) override;
+
+ private:
+  TransportFactory* inner_;
+  Delay delay_;
+};
+
+}  // namespace conveyor
