@@ -11,6 +11,16 @@
 
 namespace conveyor::cli {
 
+std::string FormatBytes(int64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1);
+  if (bytes >= (int64_t{1} << 30)) out << bytes / double(1 << 30) << " GiB";
+  else if (bytes >= (1 << 20)) out << bytes / double(1 << 20) << " MiB";
+  else if (bytes >= (1 << 10)) out << bytes / double(1 << 10) << " KiB";
+  else out << bytes << " B";
+  return out.str();
+}
+
 std::string FormatDuration(double seconds) {
   if (!(seconds >= 0) || std::isinf(seconds)) return "?";
   long s = std::lround(seconds);
@@ -108,7 +118,7 @@ std::string Summary(const v1::JobStatus& s) {
         << st.layer_end() << ") " << st.device() << ", " << st.num_parameters() << " params, busy "
         << std::setprecision(0) << 100 * st.busy_fraction() << "%, idle " << 100 * st.idle_fraction()
         << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak " << st.peak_activations()
-        << " micro-batches held (" << std::setprecision(1) << st.peak_activation_bytes() / 1e6 << " MB)";
+        << " micro-batches held (" << FormatBytes(st.peak_activation_bytes()) << ")";
     if (!st.transport().empty()) out << ", " << st.transport() << " to next";
     out << "\n";
   }

@@ -38,5 +38,6 @@ std::string Summary(const v1::JobStatus& status);
 std::string ListLine(const v1::JobStatus& status);
 
 std::string FormatDuration(double seconds);
+std::string FormatBytes(int64_t bytes);
 
 }  // namespace conveyor::cli

@@ -303,6 +303,8 @@ v1::JobStatus JobRunner::Run() {
   status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
   Publish();
   LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages");
+  if (spec_.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
+    LOG_WARN("job ", status_.job_id(), ": the zero-bubble schedule is experimental (see docs/schedules.md)");
 
   Status st = Setup();
   if (st.ok()) {

@@ -84,17 +84,24 @@ TEST(Processes, ToyOverThreeStageServersEqualsReference) {
   testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 3), testing::Reference(yaml));
 }
 
-TEST(Processes, ConvNetOverFourStageServersEqualsReference) {
+class ProcessSchedules : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ProcessSchedules, ConvNetOverFourStageServersEqualsReference) {
   auto cluster = StartCluster(4);
   ASSERT_TRUE(cluster);
-  const std::string yaml =
+  std::string yaml =
       "model: convnet\npartition: {stages: 4}\ndata: {name: synthetic, train_samples: 256}\nbatch_size: 16\n"
-      "micro_batches: 8\nsteps: 20\noptimizer: {name: adam, lr: 0.001}\neval: true\n";
+      "micro_batches: 8\nsteps: 20\noptimizer: {name: adam, lr: 0.001}\neval: true\nschedule: " + GetParam() + "\n";
+  if (GetParam() == "interleaved") yaml += "virtual_stages: 2\n";
   v1::JobStatus run = SubmitAndWait(cluster->coordinator_address(), yaml);
   cli::ReferenceResult ref = testing::Reference(yaml);
   testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 4), ref);
   EXPECT_NEAR(run.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
 }
+
+INSTANTIATE_TEST_SUITE_P(Schedules, ProcessSchedules,
+                         ::testing::Values("gpipe", "1f1b", "interleaved", "zero-bubble"),
+                         [](const auto& info) { return info.param == "zero-bubble" ? std::string("zero_bubble") : info.param; });
 
 class BadInput : public ::testing::Test {
  protected:
