@@ -48,7 +48,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
     model->train();
     auto start = Clock::now();
     for (int64_t step = 0; step < total; ++step) {
-      at::Tensor x = data->Inputs(v1::PHASE_TRAIN, step).to(*device);
+      at::Tensor x = ToModel(spec, data->Inputs(v1::PHASE_TRAIN, step), *device);
       at::Tensor y = data->Labels(v1::PHASE_TRAIN, step).to(*device);
       optimizer->zero_grad();
       at::Tensor loss = ComputeLoss(spec, model->forward(x), y, 1.0);
@@ -67,14 +67,15 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
     if (spec.eval()) {
       at::NoGradGuard no_grad;
       model->eval();
-      int64_t correct = 0;
+      int64_t correct = 0, predictions = 0;
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
-        at::Tensor x = data->Inputs(v1::PHASE_EVAL, b).to(*device);
+        at::Tensor x = ToModel(spec, data->Inputs(v1::PHASE_EVAL, b), *device);
         at::Tensor y = data->Labels(v1::PHASE_EVAL, b).to(*device);
         correct += CountCorrect(model->forward(x), y);
+        predictions += y.numel();
       }
       s.set_has_eval(true);
-      s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(data->test_size()));
+      s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());

@@ -23,7 +23,7 @@ find_package(Torch REQUIRED)
 # Debian's CPU-only LibTorch still ships ATen/cuda headers, so only the package
 # itself can say whether it was built with CUDA.
 set(CONVEYOR_HAS_CUDA OFF)
-if(TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
   set(CONVEYOR_HAS_CUDA ON)
 endif()
 message(STATUS "Conveyor: LibTorch ${Torch_VERSION}, CUDA ${CONVEYOR_HAS_CUDA}")

@@ -125,18 +125,18 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
     d->train_size_ = data.train_samples();
     d->test_size_ = data.test_samples();
     std::vector<int64_t> shape = InputSampleShape(spec);
-    int64_t classes = spec.model().num_classes() > 0 ? spec.model().num_classes()
-                      : spec.model().kind() == v1::MODEL_TOY ? 5 : 10;
+    std::vector<int64_t> label_shape = LabelSampleShape(spec);
+    const int64_t classes = NumClasses(spec.model());
+    const bool tokens = InputDType(spec) == v1::DTYPE_INT64;
     auto make = [&](int64_t n, uint64_t salt, at::Tensor* x, at::Tensor* y) {
       at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt));
       at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt + 1));
-      std::vector<int64_t> full{n};
+      std::vector<int64_t> full{n}, full_labels{n};
       full.insert(full.end(), shape.begin(), shape.end());
-      // Both are drawn whatever is asked for, so the streams never shift.
-      at::Tensor xs = at::randn(full, gx, at::kFloat);
-      at::Tensor ys = at::randint(classes, {n}, gy, at::kLong);
-      if (inputs) *x = xs;
-      if (labels) *y = ys;
+      full_labels.insert(full_labels.end(), label_shape.begin(), label_shape.end());
+      // Each is drawn only when asked for, from its own generator.
+      if (inputs) *x = tokens ? at::randint(classes, full, gx, at::kLong) : at::randn(full, gx, at::kFloat);
+      if (labels) *y = at::randint(classes, full_labels, gy, at::kLong);
     };
     make(d->train_size_, 100, &d->train_x_, &d->train_y_);
     make(d->test_size_, 200, &d->test_x_, &d->test_y_);

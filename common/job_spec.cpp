@@ -104,7 +104,10 @@ Status ParseName(const Fields& f, const char* key, const std::string& name,
 }
 
 const std::vector<std::pair<std::string, v1::ModelKind>> kModels = {
-    {"toy", v1::MODEL_TOY}, {"mlp", v1::MODEL_MLP}, {"convnet", v1::MODEL_CONVNET}};
+    {"toy", v1::MODEL_TOY},           {"mlp", v1::MODEL_MLP}, {"convnet", v1::MODEL_CONVNET},
+    {"resnet50", v1::MODEL_RESNET50}, {"gpt", v1::MODEL_GPT}};
+const std::vector<std::pair<std::string, v1::Precision>> kPrecisions = {
+    {"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}};
 const std::vector<std::pair<std::string, v1::DataKind>> kData = {
     {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}};
 const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
@@ -153,7 +156,32 @@ Status ReadModel(Fields& root, v1::ModelSpec* model) {
   std::vector<int64_t> hidden;
   CONVEYOR_RETURN_IF_ERROR(f->GetIntList("hidden", &hidden, &present));
   for (int64_t h : hidden) model->add_hidden(static_cast<int32_t>(h));
+  const std::pair<const char*, void (v1::ModelSpec::*)(int32_t)> sizes[] = {
+      {"image_size", &v1::ModelSpec::set_image_size}, {"vocab", &v1::ModelSpec::set_vocab},
+      {"width", &v1::ModelSpec::set_width},           {"blocks", &v1::ModelSpec::set_blocks},
+      {"heads", &v1::ModelSpec::set_heads},           {"mlp_width", &v1::ModelSpec::set_mlp_width},
+      {"seq_len", &v1::ModelSpec::set_seq_len}};
+  for (const auto& [key, setter] : sizes) {
+    CONVEYOR_RETURN_IF_ERROR(f->Get(key, &v, "an integer", &present));
+    if (present) (model->*setter)(v);
+  }
   return f->Finish();
+}
+
+// The zoo's default sizes: W1's ResNet50 images, W2's GPT (1.34 B parameters).
+void FillModelDefaults(v1::ModelSpec* m) {
+  if (m->kind() == v1::MODEL_RESNET50) {
+    if (m->image_size() == 0) m->set_image_size(128);
+    if (m->num_classes() == 0) m->set_num_classes(1000);
+  }
+  if (m->kind() == v1::MODEL_GPT) {
+    if (m->vocab() == 0) m->set_vocab(32000);
+    if (m->width() == 0) m->set_width(2048);
+    if (m->blocks() == 0) m->set_blocks(24);
+    if (m->heads() == 0) m->set_heads(16);
+    if (m->mlp_width() == 0) m->set_mlp_width(4 * m->width());
+    if (m->seq_len() == 0) m->set_seq_len(1024);
+  }
 }
 
 Status ReadData(Fields& root, v1::DataSpec* data) {
@@ -252,6 +280,7 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   CONVEYOR_RETURN_IF_ERROR(f.Get("name", &name, "a name"));
   spec->set_name(name);
   CONVEYOR_RETURN_IF_ERROR(ReadModel(f, spec->mutable_model()));
+  FillModelDefaults(spec->mutable_model());
   CONVEYOR_RETURN_IF_ERROR(ReadPartition(f, spec->mutable_partition()));
   CONVEYOR_RETURN_IF_ERROR(ReadData(f, spec->mutable_data()));
 
@@ -303,6 +332,11 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_eval_batch_size(1000);
   CONVEYOR_RETURN_IF_ERROR(f.Get("eval_batch_size", &i32, "an integer", &present));
   if (present) spec->set_eval_batch_size(i32);
+  word = "fp32";
+  CONVEYOR_RETURN_IF_ERROR(f.Get("precision", &word, "fp32 or bf16"));
+  v1::Precision precision;
+  CONVEYOR_RETURN_IF_ERROR(ParseName(f, "precision", word, kPrecisions, &precision));
+  spec->set_precision(precision);
   spec->set_virtual_stages(1);
   CONVEYOR_RETURN_IF_ERROR(f.Get("virtual_stages", &i32, "an integer", &present));
   if (present) spec->set_virtual_stages(i32);
@@ -366,6 +400,21 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
                    std::to_string(m.num_classes()));
   if (m.kind() == v1::MODEL_TOY && m.num_classes() != 0 && m.num_classes() != 5)
     return Invalid("model.num_classes: the toy model has 5 outputs");
+  const bool gpt = m.kind() == v1::MODEL_GPT;
+  if (!gpt && (m.vocab() || m.width() || m.blocks() || m.heads() || m.mlp_width() || m.seq_len()))
+    return Invalid("model: vocab, width, blocks, heads, mlp_width and seq_len are for the gpt model only");
+  if (m.kind() != v1::MODEL_RESNET50 && m.image_size() != 0)
+    return Invalid("model.image_size: for the resnet50 model only");
+  if (gpt) {
+    const int64_t caps[][2] = {{m.vocab(), 10000000}, {m.width(), 65536}, {m.blocks(), 4096},
+                               {m.heads(), 1024},     {m.mlp_width(), 1 << 20}, {m.seq_len(), 1 << 20}};
+    for (const auto& c : caps)
+      if (c[0] <= 0 || c[0] > c[1]) return Invalid("model: gpt sizes must be positive (and sane)");
+    if (m.width() % m.heads() != 0)
+      return Invalid("model.heads: " + std::to_string(m.heads()) + " does not divide width " + std::to_string(m.width()));
+  }
+  if (m.kind() == v1::MODEL_RESNET50 && (m.image_size() < 32 || m.image_size() > 4096))
+    return Invalid("model.image_size: must be between 32 and 4096");
   if (m.kind() == v1::MODEL_MLP) {
     if (m.input_dim() < 0 || m.input_dim() > 100000000)
       return Invalid("model.input_dim: must be positive");
@@ -374,10 +423,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   } else if (m.input_dim() != 0 || m.hidden_size() != 0) {
     return Invalid("model: input_dim and hidden are for the mlp model only");
   }
+  if (spec.loss() == v1::LOSS_MSE && gpt) return Invalid("loss: mse is not for the gpt model (its targets are tokens)");
   const auto& d = spec.data();
   if (d.kind() == v1::DATA_UNSPECIFIED) return Invalid("data.name: missing");
   if (d.kind() == v1::DATA_SYNTHETIC && (d.train_samples() <= 0 || d.test_samples() < 0))
     return Invalid("data.train_samples: must be positive");
+  if (spec.precision() == v1::PRECISION_UNSPECIFIED) return Invalid("precision: missing");
   if (d.kind() == v1::DATA_FASHION_MNIST) {
     if (d.path().empty()) return Invalid("data.path: missing");
     bool image_model = m.kind() == v1::MODEL_CONVNET ||

@@ -10,8 +10,34 @@ int NumLayers(const v1::ModelSpec& model) {
     case v1::MODEL_TOY: return 3;
     case v1::MODEL_CONVNET: return 12;
     case v1::MODEL_MLP: return 2 + 2 * model.hidden_size();  // Flatten, (Linear, ReLU)*, Linear
+    // conv1, bn1, relu, maxpool, 3 + 4 + 6 + 3 bottlenecks, avgpool, flatten, fc
+    case v1::MODEL_RESNET50: return 23;
+    case v1::MODEL_GPT: return model.blocks() + 3;  // embedding, blocks, final norm, output layer
     default: return 0;
   }
+}
+
+int NumClasses(const v1::ModelSpec& model) {
+  if (model.num_classes() > 0) return model.num_classes();
+  switch (model.kind()) {
+    case v1::MODEL_TOY: return 5;
+    case v1::MODEL_RESNET50: return 1000;
+    case v1::MODEL_GPT: return model.vocab();
+    default: return 10;
+  }
+}
+
+v1::DType InputDType(const v1::JobSpec& spec) {
+  return spec.model().kind() == v1::MODEL_GPT ? v1::DTYPE_INT64 : ActivationDType(spec);
+}
+
+v1::DType ActivationDType(const v1::JobSpec& spec) {
+  return spec.precision() == v1::PRECISION_BF16 ? v1::DTYPE_BFLOAT16 : v1::DTYPE_FLOAT32;
+}
+
+std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec) {
+  if (spec.model().kind() == v1::MODEL_GPT) return {spec.model().seq_len()};
+  return {};
 }
 
 std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
@@ -20,6 +46,8 @@ std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
     case v1::MODEL_TOY: return {10};
     case v1::MODEL_CONVNET: return {1, 28, 28};
     case v1::MODEL_MLP: return {spec.model().input_dim() > 0 ? spec.model().input_dim() : 784};
+    case v1::MODEL_RESNET50: return {3, spec.model().image_size(), spec.model().image_size()};
+    case v1::MODEL_GPT: return {spec.model().seq_len()};
     default: return {};
   }
 }
@@ -52,6 +80,8 @@ StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec) {
       starts.push_back(b);
       prev = b;
     }
+  } else if (spec.model().kind() == v1::MODEL_RESNET50 && stages == 2) {
+    starts.push_back(11);  // the seed's cut: conv1 .. layer2 | layer3 .. fc
   } else {
     for (int s = 1; s < stages; ++s) starts.push_back(s * layers / stages);
   }

@@ -13,8 +13,19 @@ namespace conveyor {
 
 int NumLayers(const v1::ModelSpec& model);
 
+// dtype of the model's input (int64 tokens for gpt, else float32), and of the
+// activations and parameters (the job's precision).
+v1::DType InputDType(const v1::JobSpec& spec);
+v1::DType ActivationDType(const v1::JobSpec& spec);
+
+// Per-sample shape of the labels: {} for a class, {seq_len} for gpt's tokens.
+std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec);
+
+int NumClasses(const v1::ModelSpec& model);
+
 // Per-sample input shape: toy {10}, convnet {1, 28, 28}, mlp {input_dim}
-// (Fashion-MNIST's {1, 28, 28} for mlp too: its first layer flattens).
+// (Fashion-MNIST's {1, 28, 28} for mlp too: its first layer flattens),
+// resnet50 {3, size, size}, gpt {seq_len}.
 std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec);
 
 // Contiguous layer ranges, one per model chunk: stages x virtual_stages of
@@ -24,7 +35,8 @@ struct LayerRange {
   int end = 0;  // exclusive
 };
 
-// From `partition`: explicit boundaries, or near-equal layer counts.
+// From `partition`: explicit boundaries, or near-equal layer counts (resnet50
+// on 2 stages: the seed's cut between layer2 and layer3).
 // INVALID_ARGUMENT when a chunk would be empty.
 StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 

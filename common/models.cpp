@@ -6,10 +6,13 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
-#include <torch/nn/modules/container/functional.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
 
 #include <cmath>
 
+#include "common/blocks.h"
 #include "common/model_catalog.h"
 
 namespace conveyor {
@@ -44,6 +47,32 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
         default: return nn::AnyModule(nn::Linear(84, Classes(m, 10)));
       }
     }
+    case v1::MODEL_RESNET50: {
+      // conv1, bn1, relu, maxpool, layer1..layer4 as 3, 4, 6, 3 bottlenecks, avgpool, flatten, fc
+      static const int kBlocks[] = {3, 4, 6, 3};
+      if (index == 0) return nn::AnyModule(nn::Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+      if (index == 1) return nn::AnyModule(nn::BatchNorm2d(64));
+      if (index == 2) return nn::AnyModule(nn::ReLU());
+      if (index == 3) return nn::AnyModule(nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+      int k = index - 4;
+      for (int stage = 0; stage < 4; ++stage) {
+        if (k < kBlocks[stage]) {
+          const int64_t planes = 64 << stage;
+          const int64_t in = k == 0 ? (stage == 0 ? 64 : planes * 2) : planes * 4;
+          return nn::AnyModule(Bottleneck(in, planes, k == 0 && stage > 0 ? 2 : 1));
+        }
+        k -= kBlocks[stage];
+      }
+      if (k == 0) return nn::AnyModule(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
+      if (k == 1) return nn::AnyModule(nn::Flatten());
+      return nn::AnyModule(nn::Linear(2048, Classes(m, 1000)));
+    }
+    case v1::MODEL_GPT: {
+      if (index == 0) return nn::AnyModule(TokenEmbedding(m.vocab(), m.width(), m.seq_len()));
+      if (index <= m.blocks()) return nn::AnyModule(DecoderBlock(m.width(), m.heads(), m.mlp_width()));
+      if (index == m.blocks() + 1) return nn::AnyModule(nn::LayerNorm(nn::LayerNormOptions({m.width()})));
+      return nn::AnyModule(nn::Linear(m.width(), m.vocab()));
+    }
     case v1::MODEL_MLP: {
       if (index == 0) return nn::AnyModule(nn::Flatten());
       int k = index - 1;  // position after the Flatten
@@ -57,21 +86,22 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
   }
 }
 
-// U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, PyTorch's default
-// for Linear and Conv, drawn from the layer's own generator.
+// Linear and convolution weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+// PyTorch's default; embeddings N(0, 1); norms keep their ones and zeros. All
+// drawn from the layer's own generator, in registration order.
 void InitLayer(nn::Module& layer, uint64_t seed, int index) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
       seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) + 1);
   at::NoGradGuard no_grad;
-  double bound = 0;
-  for (auto& p : layer.named_parameters(/*recurse=*/true)) {
-    at::Tensor t = p.value();
-    if (p.key() == "weight" && t.dim() >= 2) {
-      bound = 1.0 / std::sqrt(static_cast<double>(t.numel() / t.size(0)));
-    } else if (bound == 0) {
-      bound = 1.0 / std::sqrt(static_cast<double>(t.numel()));
+  for (const auto& module : layer.modules(/*include_self=*/true)) {
+    const bool dense = module->as<nn::Linear>() || module->as<nn::Conv2d>();
+    if (dense) {
+      at::Tensor w = module->named_parameters(false)["weight"];
+      const double bound = 1.0 / std::sqrt(static_cast<double>(w.numel() / w.size(0)));
+      for (auto& p : module->named_parameters(/*recurse=*/false)) p.value().uniform_(-bound, bound, gen);
+    } else if (module->as<nn::Embedding>()) {
+      module->named_parameters(false)["weight"].normal_(0.0, 1.0, gen);
     }
-    t.uniform_(-bound, bound, gen);
   }
 }
 
@@ -92,6 +122,7 @@ StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, 
       InitLayer(*layer.ptr(), spec.seed(), i);
       seq->push_back(std::to_string(i), std::move(layer));
     }
+    if (spec.precision() == v1::PRECISION_BF16) seq->to(at::kBFloat16);
     return seq;
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(std::string("building the model: ") + e.what_without_backtrace());

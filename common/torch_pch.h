@@ -5,6 +5,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>

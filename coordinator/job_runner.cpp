@@ -268,7 +268,7 @@ Status JobRunner::Evaluate() {
     req.set_batch_size(std::min(eb, test_samples_ - b * eb));
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     correct += replies.back().correct();
-    seen += req.batch_size();
+    seen += replies.back().samples();
   }
   status_.set_has_eval(true);
   status_.set_eval_accuracy(seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0);

@@ -17,6 +17,7 @@
 #include "common/executor.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/model_catalog.h"
 #include "common/models.h"
 #include "common/tensor_codec.h"
 #include "common/training.h"
@@ -40,12 +41,23 @@ int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_
 
 // Output shape of `layers` for one sample of `input`; c10::Error if they
 // cannot take it.
-std::vector<int64_t> ProbeShape(torch::nn::Sequential& layers, const std::vector<int64_t>& input, at::Device device) {
+std::vector<int64_t> ProbeShape(torch::nn::Sequential& layers, const std::vector<int64_t>& input,
+                                at::ScalarType dtype, at::Device device) {
   at::NoGradGuard no_grad;
   std::vector<int64_t> probe{1};
   probe.insert(probe.end(), input.begin(), input.end());
-  at::Tensor out = layers->forward(at::zeros(probe, at::TensorOptions().device(device)));
+  // Eval mode: BatchNorm cannot train on one sample, and the probe must not
+  // move its running statistics.
+  const bool training = layers->is_training();
+  layers->eval();
+  at::Tensor out = layers->forward(at::zeros(probe, at::TensorOptions().device(device).dtype(dtype)));
+  layers->train(training);
   return ToVector(out.sizes().slice(1));
+}
+
+// What a chunk takes in: the model's input (tokens for gpt) or activations.
+at::ScalarType ChunkInputType(const v1::JobSpec& spec, int chunk) {
+  return FromWireDType(chunk == 0 ? InputDType(spec) : ActivationDType(spec));
 }
 
 Status CheckSampleShape(const google::protobuf::RepeatedField<int64_t>& shape, const std::string& who) {
@@ -115,7 +127,7 @@ class Stage::Impl {
     std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
     int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
     double busy = 0, loss_sum = 0;
-    int64_t correct = 0;
+    int64_t correct = 0, predictions = 0;
     v1::RunStepReply* reply = nullptr;
   };
 
@@ -189,7 +201,9 @@ StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
   std::vector<int64_t> input(req.input_sample_shape().begin(), req.input_sample_shape().end());
   v1::ProbeReply reply;
   try {
-    for (int64_t d : ProbeShape(layers, input, at::kCPU)) reply.add_output_sample_shape(d);
+    // The chain's first layer is layer 0; any later one takes activations.
+    at::ScalarType dtype = ChunkInputType(req.spec(), req.layer_begin() == 0 ? 0 : 1);
+    for (int64_t d : ProbeShape(layers, input, dtype, at::kCPU)) reply.add_output_sample_shape(d);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError("layers [" + std::to_string(req.layer_begin()) + ", " +
                                       std::to_string(req.layer_end()) + ") cannot take samples of shape " +
@@ -227,7 +241,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildLayers(a.spec(), ca.layer_begin(), ca.layer_end()));
     try {
       c.layers->to(device_);
-      c.output_shape = ProbeShape(c.layers, c.input_shape, device_);
+      c.output_shape = ProbeShape(c.layers, c.input_shape, ChunkInputType(a.spec(), c.index), device_);
     } catch (const c10::Error& e) {
       return absl::InvalidArgumentError(what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
                                         std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
@@ -259,7 +273,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.job_id = a.job_id();
   expect.stage_index = a.stage_index();
   expect.num_stages = a.num_stages();
-  expect.dtype = v1::DTYPE_FLOAT32;
+  expect.dtype = ActivationDType(spec);
   for (const Chunk& c : job->chunks) {
     if (!job->IsFirst(c)) expect.activation_shapes[c.index] = c.input_shape;
     if (!job->IsLast(c)) expect.gradient_shapes[c.index] = c.output_shape;
@@ -361,7 +375,10 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
       at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
       st.loss_sum += loss.item<double>();
-      if (!st.train) st.correct += CountCorrect(out, h.labels);
+      if (!st.train) {
+        st.correct += CountCorrect(out, h.labels);
+        st.predictions += h.labels.numel();
+      }
       if (!job_->recompute) h.output = loss;
     } else if (!job_->recompute) {
       h.output = out;
@@ -520,7 +537,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
         inputs |= job_->IsFirst(c);
         labels |= job_->IsLast(c);
       }
-      if (inputs) st.inputs = job_->data->Inputs(req.phase(), req.step()).to(device_);
+      if (inputs) st.inputs = ToModel(spec, job_->data->Inputs(req.phase(), req.step()), device_);
       if (labels) st.labels = job_->data->Labels(req.phase(), req.step()).to(device_);
     }
     if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
@@ -545,7 +562,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   }
   reply.set_loss_sum(st.loss_sum);
   reply.set_correct(st.correct);
-  reply.set_samples(req.batch_size());
+  reply.set_samples(st.train || st.predictions == 0 ? req.batch_size() : st.predictions);
   reply.set_peak_activations(st.peak_count);
   reply.set_peak_activation_bytes(st.peak_bytes);
   reply.set_busy_seconds(st.busy);

@@ -61,8 +61,10 @@ TEST(JobSpec, UnknownKeysAreNamed) {
   Status st = ParseError("model: toy\nbatchsize: 3\n");
   EXPECT_TRUE(absl::IsInvalidArgument(st));
   EXPECT_THAT(std::string(st.message()), HasSubstr("batchsize: unknown key"));
+  st = ParseError("model: {name: toy, depth: 3}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("model.depth: unknown key"));
   st = ParseError("model: {name: toy, width: 3}\n");
-  EXPECT_THAT(std::string(st.message()), HasSubstr("model.width: unknown key"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("for the gpt model only"));
   st = ParseError("model: toy\noptimizer: {name: sgd, momentun: 0.9}\n");
   EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.momentun: unknown key"));
 }

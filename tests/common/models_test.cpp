@@ -25,9 +25,12 @@ TEST_P(ModelsTest, CatalogAgreesWithTheBuiltModel) {
   EXPECT_EQ(static_cast<int>((*model)->size()), NumLayers(spec.model()));
   std::vector<int64_t> shape{2};
   for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
-  at::Tensor out = (*model)->forward(at::zeros(shape));
-  EXPECT_EQ(out.dim(), 2);
+  const bool tokens = InputDType(spec) == v1::DTYPE_INT64;
+  (*model)->eval();
+  at::Tensor out = (*model)->forward(at::zeros(shape, tokens ? at::kLong : at::kFloat));
   EXPECT_EQ(out.size(0), 2);
+  EXPECT_EQ(out.size(-1), NumClasses(spec.model()));
+  EXPECT_EQ(out.dim(), tokens ? 3 : 2);
 }
 
 TEST_P(ModelsTest, InitialWeightsDoNotDependOnThePartition) {
@@ -51,7 +54,43 @@ TEST_P(ModelsTest, InitialWeightsDoNotDependOnThePartition) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, ModelsTest,
                          ::testing::Values("model: toy", "model: convnet",
-                                           "model: {name: mlp, input_dim: 12, hidden: [7, 5], num_classes: 3}"));
+                                           "model: {name: mlp, input_dim: 12, hidden: [7, 5], num_classes: 3}",
+                                           "model: {name: resnet50, image_size: 32, num_classes: 7}",
+                                           "model: {name: gpt, vocab: 50, width: 16, blocks: 2, heads: 4, seq_len: 8}"));
+
+TEST(Models, ResNet50HasTorchvisionsLayoutAndTheSeedsCut) {
+  v1::JobSpec spec = Spec("model: resnet50\npartition: {stages: 2}");
+  EXPECT_EQ(spec.model().image_size(), 128);
+  auto model = BuildLayers(spec, 0, NumLayers(spec.model()));
+  ASSERT_TRUE(model.ok());
+  int64_t params = 0;
+  for (const auto& p : (*model)->parameters()) params += p.numel();
+  EXPECT_EQ(params, 25557032);  // torchvision's resnet50
+  auto ranges = PartitionLayers(spec);
+  ASSERT_TRUE(ranges.ok());
+  EXPECT_EQ((*ranges)[1].begin, 11);  // layer3 starts stage 2
+}
+
+TEST(Models, GptDefaultsAreTheW2Decoder) {
+  v1::JobSpec spec = Spec("model: gpt");
+  EXPECT_EQ(NumLayers(spec.model()), 27);
+  // Count without building 1.34 B parameters: one block and the ends.
+  spec.mutable_model()->set_blocks(1);
+  auto model = BuildLayers(spec, 0, 4);
+  ASSERT_TRUE(model.ok());
+  int64_t params = 0;
+  for (const auto& p : (*model)->parameters()) params += p.numel();
+  const int64_t block = 12LL * 2048 * 2048 + 13 * 2048;  // attention, MLP, norms, biases
+  const int64_t ends = 32000LL * 2048 + 1024 * 2048 + 2 * 2048 + 2048LL * 32000 + 32000;
+  EXPECT_EQ(params, block + ends);
+  EXPECT_NEAR(static_cast<double>(24 * block + ends), 1.34e9, 0.01e9);
+}
+
+TEST(Models, Bf16PrecisionBuildsBf16Parameters) {
+  auto model = BuildLayers(Spec("model: toy\nprecision: bf16"), 0, 3);
+  ASSERT_TRUE(model.ok());
+  for (const auto& p : (*model)->parameters()) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+}
 
 TEST(Models, SeedChangesWeights) {
   auto a = BuildLayers(Spec("model: toy\nseed: 1"), 0, 3);

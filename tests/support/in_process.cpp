@@ -36,10 +36,12 @@ bool Terminal(v1::JobState s) {
 
 }  // namespace
 
-InProcessCluster::InProcessCluster(int stages, DelayedTransportFactory::Delay delay) {
+InProcessCluster::InProcessCluster(int stages, DelayedTransportFactory::Delay delay,
+                                   std::vector<std::string> devices) {
   if (delay) delayed_ = std::make_unique<DelayedTransportFactory>(&fabric_, std::move(delay));
   for (int i = 0; i < stages; ++i) {
     StageOptions options;
+    if (i < static_cast<int>(devices.size())) options.device = devices[i];
     options.transports = delayed_ ? delayed_.get() : &fabric_;
     auto stage = Stage::Create(options);
     EXPECT_TRUE(stage.ok()) << stage.status();

@@ -20,7 +20,9 @@ namespace conveyor::testing {
 class InProcessCluster {
  public:
   // With `delay`, every tensor is handed on after a delay drawn per frame.
-  explicit InProcessCluster(int stages, DelayedTransportFactory::Delay delay = nullptr);
+  // `devices`: one per stage (default: all on the CPU).
+  explicit InProcessCluster(int stages, DelayedTransportFactory::Delay delay = nullptr,
+                            std::vector<std::string> devices = {});
   ~InProcessCluster();
 
   int size() const { return static_cast<int>(stages_.size()); }

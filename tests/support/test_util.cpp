@@ -13,10 +13,12 @@
 
 namespace conveyor::testing {
 
-cli::ReferenceResult Reference(const std::string& yaml) {
+cli::ReferenceResult Reference(const std::string& yaml, const std::string& device) {
   auto spec = ParseJobYaml(yaml);
   EXPECT_TRUE(spec.ok()) << spec.status();
-  auto ref = cli::TrainReference(*spec, cli::ReferenceOptions());
+  cli::ReferenceOptions options;
+  options.device = device;
+  auto ref = cli::TrainReference(*spec, options);
   EXPECT_TRUE(ref.ok()) << ref.status();
   return ref.ok() ? std::move(*ref) : cli::ReferenceResult();
 }

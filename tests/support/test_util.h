@@ -17,8 +17,8 @@ namespace conveyor::testing {
 constexpr double kRtol = 1e-5;
 constexpr double kAtol = 1e-6;
 
-// Trains the reference for `yaml` (which must parse).
-cli::ReferenceResult Reference(const std::string& yaml);
+// Trains the reference for `yaml` (which must parse) on `device`.
+cli::ReferenceResult Reference(const std::string& yaml, const std::string& device = "cpu");
 
 // EXPECTs per-step losses and every parameter of a pipelined run to equal the
 // reference's within kRtol/kAtol.

@@ -1,0 +1,53 @@
+// Layers of the zoo that are more than one LibTorch module: torchvision's
+// ResNet bottleneck, and a GPT decoder's embedding and pre-norm block.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+namespace conveyor {
+
+// torchvision's Bottleneck: 1x1, 3x3 (stride), 1x1 (4x planes) convolutions
+// with BatchNorm, and a projected shortcut where the shape changes.
+class BottleneckImpl : public torch::nn::Module {
+ public:
+  BottleneckImpl(int64_t in_planes, int64_t planes, int64_t stride);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
+  torch::nn::Sequential downsample_{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+// Token plus learned position embeddings: int64 [B, T] -> [B, T, width].
+class TokenEmbeddingImpl : public torch::nn::Module {
+ public:
+  TokenEmbeddingImpl(int64_t vocab, int64_t width, int64_t max_tokens);
+  at::Tensor forward(const at::Tensor& tokens);
+
+ private:
+  torch::nn::Embedding tokens_{nullptr}, positions_{nullptr};
+};
+TORCH_MODULE(TokenEmbedding);
+
+// x + attention(norm(x)), then x + mlp(norm(x)): causal, GELU, no dropout.
+class DecoderBlockImpl : public torch::nn::Module {
+ public:
+  DecoderBlockImpl(int64_t width, int64_t heads, int64_t mlp_width);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm norm1_{nullptr}, norm2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
+};
+TORCH_MODULE(DecoderBlock);
+
+}  // namespace conveyor

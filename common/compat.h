@@ -1,0 +1,16 @@
+// The differences between the LibTorch versions Conveyor builds against
+// (Debian's 1.13 and the 2.x inside PyTorch wheels), in one place.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace conveyor {
+
+// Causal self-attention over [batch, heads, tokens, head_dim]: the fused
+// scaled_dot_product_attention on LibTorch 2.x, a plain one on 1.13.
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// "1.13.1", "2.11.0", ...
+const char* TorchVersion();
+
+}  // namespace conveyor
