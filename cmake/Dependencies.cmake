@@ -35,6 +35,20 @@ else()
   set(CONVEYOR_YAML yaml-cpp)
 endif()
 
+# A PyTorch wheel ships fmt headers (newer than Debian's, which spdlog needs)
+# and an old protobuf in the same include folder. LibTorch's headers need the
+# wheel's fmt, the generated gRPC code needs Debian's protobuf: a folder with
+# just the wheel's fmt goes first on the include path, LibTorch's own last.
+set(CONVEYOR_TORCH_FMT_DIR "")
+foreach(dir ${TORCH_INCLUDE_DIRS})
+  if(EXISTS "${dir}/fmt/format.h" AND NOT CONVEYOR_TORCH_FMT_DIR)
+    set(CONVEYOR_TORCH_FMT_DIR ${CMAKE_BINARY_DIR}/torch-fmt)
+    file(MAKE_DIRECTORY ${CONVEYOR_TORCH_FMT_DIR})
+    file(CREATE_LINK "${dir}/fmt" "${CONVEYOR_TORCH_FMT_DIR}/fmt" SYMBOLIC)
+    message(STATUS "Conveyor: LibTorch's fmt from ${dir}")
+  endif()
+endforeach()
+
 # LibTorch's imported flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) reach every target
 # that links it through TORCH_LIBRARIES; TORCH_CXX_FLAGS carries the rest.
 set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")
