@@ -292,7 +292,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   options.stages = stages > 0 ? stages : spec->partition().stages();
   options.bin_dir = ExecutableDir();
   options.log_level = c.log_level == "warn" ? "info" : c.log_level;
-  const int gpus = device == "cpu" ? 0 : CudaDeviceCount();
+  const int gpus = device == "cpu" ? 0 : CountGpus(options.bin_dir);
   if (device == "cuda" && gpus == 0) return Fail(absl::FailedPreconditionError("--device cuda: no CUDA device here"));
   for (int i = 0; i < options.stages; ++i)
     options.devices.push_back(gpus > 0 ? "cuda:" + std::to_string(i % gpus) : "cpu");

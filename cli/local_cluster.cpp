@@ -90,6 +90,28 @@ std::string ExecutableDir() {
   return ec ? "." : exe.parent_path().string();
 }
 
+int CountGpus(const std::string& bin_dir) {
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return 0;
+  const std::string bin = bin_dir + "/stage_server";
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, STDERR_FILENO);
+    execl(bin.c_str(), bin.c_str(), "--count-gpus", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[64];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  close(out[0]);
+  int status = 0;
+  if (pid > 0) waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? std::atoi(text.c_str()) : 0;
+}
+
 StatusOr<std::string> LocalCluster::Spawn(const std::string& name, const std::vector<std::string>& args) {
   const std::string log = run_dir_ + "/" + name + ".log";
   const std::string port_file = run_dir_ + "/" + name + ".port";

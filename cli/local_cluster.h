@@ -56,4 +56,9 @@ class LocalCluster {
 // The folder of the running executable (to find stage_server and coordinator).
 std::string ExecutableDir();
 
+// CUDA devices a stage server would see, asked of `bin_dir`/stage_server in a
+// child process: the CLI itself never initialises CUDA (a CUDA context in a
+// process that forks and runs gRPC is trouble). 0 when it cannot tell.
+int CountGpus(const std::string& bin_dir);
+
 }  // namespace conveyor::cli

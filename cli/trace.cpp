@@ -1,5 +1,6 @@
 #include "cli/trace.h"
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,9 +48,29 @@ std::string PlotScript() {
   return std::string(CONVEYOR_SOURCE_DIR) + "/cli/plot_timeline.py";
 }
 
-// Debian's python3 has python3-matplotlib; a pyenv or venv python3 earlier on
-// PATH may not.
-std::string Python() { return access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3"; }
+// The first of $CONVEYOR_PYTHON, python3 on the PATH and /usr/bin/python3
+// (Debian's, with python3-matplotlib) that can import matplotlib.
+std::string Python() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("CONVEYOR_PYTHON"); env && *env) candidates.push_back(env);
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  for (const auto& py : candidates) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int null = open("/dev/null", O_WRONLY);
+      if (null >= 0) {
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+      }
+      execlp(py.c_str(), py.c_str(), "-c", "import matplotlib", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return py;
+  }
+  return "python3";
+}
 
 }  // namespace
 

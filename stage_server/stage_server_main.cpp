@@ -1,6 +1,7 @@
 // stage_server: one pipeline stage on one device, driven by a coordinator.
 #include <CLI/CLI.hpp>
 
+#include "common/device.h"
 #include "common/logging.h"
 #include "stage_server/stage_server.h"
 
@@ -16,7 +17,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "LibTorch intra-op threads (0: LibTorch's default)")
       ->capture_default_str();
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  bool count_gpus = false;
+  app.add_flag("--count-gpus", count_gpus, "print how many CUDA devices this process can use, and exit");
   CLI11_PARSE(app, argc, argv);
+  if (count_gpus) {
+    std::cout << conveyor::CudaDeviceCount() << std::endl;
+    return 0;
+  }
 
   conveyor::LogLevel level;
   if (!conveyor::ParseLogLevel(log_level, &level)) {

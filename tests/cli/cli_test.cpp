@@ -31,7 +31,7 @@ TEST(Cli, EveryProgramHasHelp) {
 TEST(Cli, LocalRunMatchesTheReference) {
   auto ref = RunCommand({Binary("conveyor"), "train", Example("toy.yaml"), "--reference", "--json"});
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
-  auto local = RunCommand({Binary("conveyor"), "local", Example("toy.yaml"), "--json"});
+  auto local = RunCommand({Binary("conveyor"), "local", Example("toy.yaml"), "--json", "--device", "cpu"});
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto a = nlohmann::json::parse(local.out);
   auto b = nlohmann::json::parse(ref.out);

@@ -32,7 +32,7 @@ class GpuTest : public ::testing::Test {
 
 const char* kConvNet =
     "model: convnet\ndata: {name: synthetic, train_samples: 256}\nbatch_size: 32\nsteps: 20\n"
-    "optimizer: {name: adam, lr: 0.001}\nseed: 4\neval: true\n";
+    "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 4\neval: true\n";
 const char* kGpt =
     "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"
     "data: {name: synthetic, train_samples: 128}\nbatch_size: 16\nsteps: 20\n"

@@ -30,9 +30,13 @@ const std::map<std::string, std::string> kModels = {
      // SGD: Adam turns the zero gradient of the key biases (softmax ignores
      // them) into full-size steps driven by rounding noise.
      "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nsteps: 20\nseed: 7\n"},
+    // SGD for the matrix: Adam divides each gradient by its own running size,
+    // so elements whose gradient is rounding noise (as some are, with
+    // LibTorch 2.x's convolutions) take full-size steps that differ between any
+    // two summation orders. Adam is covered on Fashion-MNIST below.
     {"convnet",
      "model: convnet\ndata: {name: synthetic, train_samples: 320}\nbatch_size: 16\n"
-     "optimizer: {name: adam, lr: 0.001}\nsteps: 20\nseed: 5\n"},
+     "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nsteps: 20\nseed: 5\n"},
 };
 
 const cli::ReferenceResult& CachedReference(const std::string& model) {

@@ -91,7 +91,8 @@ TEST_P(ProcessSchedules, ConvNetOverFourStageServersEqualsReference) {
   ASSERT_TRUE(cluster);
   std::string yaml =
       "model: convnet\npartition: {stages: 4}\ndata: {name: synthetic, train_samples: 256}\nbatch_size: 16\n"
-      "micro_batches: 8\nsteps: 20\noptimizer: {name: adam, lr: 0.001}\neval: true\nschedule: " + GetParam() + "\n";
+      "micro_batches: 8\nsteps: 20\noptimizer: {name: sgd, lr: 0.05, momentum: 0.9}\neval: true\nschedule: " +
+      GetParam() + "\n";
   if (GetParam() == "interleaved") yaml += "virtual_stages: 2\n";
   v1::JobStatus run = SubmitAndWait(cluster->coordinator_address(), yaml);
   cli::ReferenceResult ref = testing::Reference(yaml);
