@@ -70,6 +70,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   if (s.losses_size() > 0) j["final_loss"] = s.losses(s.losses_size() - 1);
   else j["final_loss"] = nullptr;
   j["samples_per_second"] = s.samples_per_second();
+  j["steady_samples_per_second"] = s.steady_samples_per_second();
   j["elapsed_seconds"] = s.elapsed_seconds();
   if (s.has_eval()) j["eval_accuracy"] = s.eval_accuracy();
   j["param_digest"] = s.param_digest();
@@ -110,7 +111,11 @@ std::string Summary(const v1::JobStatus& s) {
   }
   if (s.losses_size() > 0) {
     out << "  final loss " << std::fixed << std::setprecision(4) << s.losses(s.losses_size() - 1) << ", "
-        << std::setprecision(0) << s.samples_per_second() << " samples/s\n";
+        << std::setprecision(0) << s.samples_per_second() << " samples/s";
+    if (s.steady_samples_per_second() > 0)
+      out << " (" << std::setprecision(1) << s.steady_samples_per_second() << " after the first " << kWarmupSteps
+          << " steps)";
+    out << "\n";
   }
   if (s.has_eval()) out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%\n";
   for (const auto& st : s.stages()) {

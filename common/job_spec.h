@@ -24,6 +24,9 @@ namespace conveyor {
 //   recompute: false.
 constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mnist";
 
+// Steps left out of steady_samples_per_second (CUDA and allocator start-up).
+constexpr int64_t kWarmupSteps = 2;
+
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text);
 StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
 

@@ -211,6 +211,8 @@ Status JobRunner::Train() {
   const int64_t total = status_.total_steps();
   const int64_t batch = spec_.batch_size();
   auto start = Clock::now();
+  auto steady_start = start;
+  const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
   auto last_publish = Clock::time_point();
   std::vector<v1::RunStepReply> replies;
   for (int64_t step = 0; step < total; ++step) {
@@ -241,6 +243,11 @@ Status JobRunner::Train() {
     status_.set_elapsed_seconds(elapsed);
     status_.set_samples_per_second(elapsed > 0 ? static_cast<double>(done * batch) / elapsed : 0);
     status_.set_eta_seconds(elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+    if (done == warmup) steady_start = Clock::now();
+    if (done > warmup) {
+      const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
+      status_.set_steady_samples_per_second(static_cast<double>((done - warmup) * batch) / steady);
+    }
     // Publish at most ten times a second, and the last step.
     if (done == total || Clock::now() - last_publish > std::chrono::milliseconds(100)) {
       last_publish = Clock::now();
