@@ -1,4 +1,14 @@
 // conveyor: the command-line client.
 #include "cli/commands.h"
 
-int main(int argc, char** argv) { return conveyor::cli::Main(argc, argv); }
+#include <cstdio>
+#include <cstdlib>
+
+int main(int argc, char** argv) {
+  const int rc = conveyor::cli::Main(argc, argv);
+  // Everything is done and written: leave without running static destructors.
+  // With a PyTorch wheel's LibTorch beside Debian's gRPC and protobuf, those
+  // crashed the process after its work (exit 139 on the GPU machine).
+  std::fflush(nullptr);
+  std::_Exit(rc);
+}

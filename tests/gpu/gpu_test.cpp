@@ -5,12 +5,18 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "common/device.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
+
+// TF32 off in every NVIDIA library (cuBLAS and cuDNN) before any handle
+// exists; LibTorch 2.x's own switches differ from version to version.
+const bool kNoTf32 = [] { return setenv("NVIDIA_TF32_OVERRIDE", "0", 1) == 0; }();
 
 class GpuTest : public ::testing::Test {
  protected:
