@@ -62,6 +62,16 @@ std::unique_ptr<v1::Coordinator::Stub> Connect(const std::string& address) {
   return v1::Coordinator::NewStub(MakeChannel(address));
 }
 
+// One unary call to the coordinator, bounded by the CLI's deadline.
+template <typename Req, typename Reply>
+Status Call(v1::Coordinator::Stub& stub,
+            grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Req&, Reply*),
+            const Req& req, Reply* reply) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  return FromGrpc((stub.*method)(&ctx, req, reply));
+}
+
 // Prints the end of a job: the summary on stderr, and the JSON object on
 // stdout with --json (the summary on stdout otherwise).
 int Report(const v1::JobStatus& status, bool json) {
@@ -91,11 +101,9 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   progress.Finish();
   grpc::Status st = reader->Finish();
   if (!st.ok() && !ended) return Fail(Annotate(FromGrpc(st), "lost the coordinator while watching " + job_id));
-  grpc::ClientContext get_ctx;
-  get_ctx.set_deadline(DeadlineAfter(30));
   req.set_omit_losses(false);
-  st = stub.GetJob(&get_ctx, req, &status);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  Status got = Call(stub, &v1::Coordinator::Stub::GetJob, req, &status);
+  if (!got.ok()) return Fail(got);
   return Report(status, json);
 }
 
@@ -103,10 +111,7 @@ StatusOr<std::string> SubmitText(v1::Coordinator::Stub& stub, const std::string&
   v1::SubmitJobRequest req;
   req.set_job_yaml(yaml);
   v1::SubmitJobReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub.SubmitJob(&ctx, req, &reply);
-  if (!st.ok()) return FromGrpc(st);
+  CONVEYOR_RETURN_IF_ERROR(Call(stub, &v1::Coordinator::Stub::SubmitJob, req, &reply));
   return reply.job_id();
 }
 
@@ -132,10 +137,8 @@ int CmdStatus(const Common& c, const std::string& job_id) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::JobStatus status;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub->GetJob(&ctx, req, &status);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  Status st = Call(*stub, &v1::Coordinator::Stub::GetJob, req, &status);
+  if (!st.ok()) return Fail(st);
   if (c.json) std::cout << ToJson(status).dump() << std::endl;
   else std::cout << Summary(status);
   return 0;
@@ -144,10 +147,8 @@ int CmdStatus(const Common& c, const std::string& job_id) {
 int CmdList(const Common& c) {
   auto stub = Connect(CoordinatorAddress(c));
   v1::ListJobsReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub->ListJobs(&ctx, v1::ListJobsRequest(), &reply);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  Status st = Call(*stub, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &reply);
+  if (!st.ok()) return Fail(st);
   if (c.json) {
     nlohmann::json all = nlohmann::json::array();
     for (const auto& j : reply.jobs()) all.push_back(ToJson(j));
@@ -164,10 +165,8 @@ int CmdCancel(const Common& c, const std::string& job_id) {
   v1::JobRef req;
   req.set_job_id(job_id);
   v1::JobStatus status;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub->CancelJob(&ctx, req, &status);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  Status st = Call(*stub, &v1::Coordinator::Stub::CancelJob, req, &status);
+  if (!st.ok()) return Fail(st);
   std::cout << "cancelling " << job_id << " (" << JobStateName(status.state()) << ")\n";
   return 0;
 }
@@ -196,18 +195,14 @@ int WriteStepTrace(v1::Coordinator::Stub& stub, const std::string& job_id, int64
   get.set_job_id(job_id);
   get.set_omit_losses(true);
   v1::JobStatus status;
-  grpc::ClientContext get_ctx;
-  get_ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub.GetJob(&get_ctx, get, &status);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  Status st = Call(stub, &v1::Coordinator::Stub::GetJob, get, &status);
+  if (!st.ok()) return Fail(st);
   v1::GetTraceRequest req;
   req.set_job_id(job_id);
   req.set_step(step);
   v1::StepTrace trace;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  st = stub.GetTrace(&ctx, req, &trace);
-  if (!st.ok()) return Fail(FromGrpc(st));
+  st = Call(stub, &v1::Coordinator::Stub::GetTrace, req, &trace);
+  if (!st.ok()) return Fail(st);
   if (prefix.empty()) prefix = job_id + "-step" + std::to_string(trace.step());
   auto said = WriteTrace(trace, status.theoretical_idle_fraction(), prefix);
   if (!said.ok()) return Fail(said.status());
@@ -381,13 +376,7 @@ int Main(int argc, char** argv) {
   health->add_option("address", address, "HOST:PORT")->required();
 
   CLI11_PARSE(app, argc, argv);
-  LogLevel level;
-  if (!ParseLogLevel(common.log_level, &level)) {
-    std::cerr << "conveyor: unknown log level '" << common.log_level << "'\n";
-    return 2;
-  }
-  SetLogLevel(level);
-  SetLogName("conveyor");
+  if (!ConfigureLogging(common.log_level, "conveyor")) return 2;
 
   if (*submit) return CmdSubmit(common, file, wait);
   if (*status) return CmdStatus(common, job_id);

@@ -3,6 +3,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
+
 namespace conveyor {
 namespace {
 
@@ -49,6 +51,18 @@ void SetLogLevel(LogLevel level) { Logger()->set_level(ToSpd(level)); }
 
 void SetLogName(const std::string& name) {
   Logger()->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ [" + name + "] %v");
+}
+
+bool ConfigureLogging(const std::string& level_name, const std::string& name) {
+  LogLevel level;
+  if (!ParseLogLevel(level_name, &level)) {
+    std::fprintf(stderr, "%s: unknown log level '%s' (trace, debug, info, warn, error, off)\n", name.c_str(),
+                 level_name.c_str());
+    return false;
+  }
+  SetLogLevel(level);
+  SetLogName(name);
+  return true;
 }
 
 bool LogEnabled(LogLevel level) { return Logger()->should_log(ToSpd(level)); }

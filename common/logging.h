@@ -22,6 +22,9 @@ void SetLogLevel(LogLevel level);
 // Names the process in every line (e.g. "stage-2", "coordinator").
 void SetLogName(const std::string& name);
 bool LogEnabled(LogLevel level);
+// ParseLogLevel + SetLogLevel + SetLogName; on an unknown level prints the
+// problem to stderr and returns false (a program then exits with 2).
+bool ConfigureLogging(const std::string& level, const std::string& name);
 void LogWrite(LogLevel level, std::string_view message);
 
 template <typename... Args>

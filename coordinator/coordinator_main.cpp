@@ -22,13 +22,7 @@ int main(int argc, char** argv) {
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  conveyor::LogLevel level;
-  if (!conveyor::ParseLogLevel(log_level, &level)) {
-    std::cerr << "unknown log level '" << log_level << "'\n";
-    return 2;
-  }
-  conveyor::SetLogLevel(level);
-  conveyor::SetLogName("coordinator");
+  if (!conveyor::ConfigureLogging(log_level, "coordinator")) return 2;
   auto coordinator = conveyor::Coordinator::Start(options);
   if (!coordinator.ok()) {
     LOG_ERROR("cannot start: ", coordinator.status().message());

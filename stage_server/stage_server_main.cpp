@@ -27,13 +27,7 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  conveyor::LogLevel level;
-  if (!conveyor::ParseLogLevel(log_level, &level)) {
-    std::cerr << "unknown log level '" << log_level << "'\n";
-    return 2;
-  }
-  conveyor::SetLogLevel(level);
-  conveyor::SetLogName("stage");
+  if (!conveyor::ConfigureLogging(log_level, "stage")) return 2;
   auto server = conveyor::StageServer::Start(options);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());
