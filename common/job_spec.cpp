@@ -212,6 +212,7 @@ Status ReadData(Fields& root, v1::DataSpec* data) {
 Status ReadPartition(Fields& root, v1::PartitionSpec* part) {
   YAML::Node node = root.Child("partition");
   part->set_stages(1);
+  part->set_balance(v1::BALANCE_LAYERS);
   if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
   Fields f(node, "partition");
   CONVEYOR_RETURN_IF_ERROR(f.CheckIsMap());
@@ -220,6 +221,15 @@ Status ReadPartition(Fields& root, v1::PartitionSpec* part) {
   CONVEYOR_RETURN_IF_ERROR(f.Get("stages", &stages, "an integer", &has_stages));
   std::vector<int64_t> bounds;
   CONVEYOR_RETURN_IF_ERROR(f.GetIntList("boundaries", &bounds, &has_bounds));
+  std::string balance = "layers";
+  bool has_balance = false;
+  CONVEYOR_RETURN_IF_ERROR(f.Get("balance", &balance, "layers, params or time", &has_balance));
+  static const std::vector<std::pair<std::string, v1::Balance>> kBalances = {
+      {"layers", v1::BALANCE_LAYERS}, {"params", v1::BALANCE_PARAMS}, {"time", v1::BALANCE_TIME}};
+  v1::Balance b;
+  CONVEYOR_RETURN_IF_ERROR(ParseName(f, "balance", balance, kBalances, &b));
+  part->set_balance(b);
+  if (has_balance && has_bounds) return Invalid("partition: give boundaries or balance, not both");
   CONVEYOR_RETURN_IF_ERROR(f.Finish());
   for (int64_t b : bounds) part->add_boundaries(static_cast<int32_t>(b));
   // With boundaries alone, one chunk per stage; with virtual_stages the

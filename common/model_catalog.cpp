@@ -1,6 +1,7 @@
 #include "common/model_catalog.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 namespace conveyor {
@@ -93,6 +94,35 @@ StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec) {
   }
   ranges.push_back({begin, layers});
   return ranges;
+}
+
+std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts) {
+  // best[k][i]: the least largest range cost of cutting layers [0, i) into k
+  // ranges; from[k][i] the start of the last of them. O(parts * n^2), n small.
+  const int n = static_cast<int>(costs.size());
+  std::vector<double> prefix(n + 1, 0);
+  for (int i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(parts + 1, std::vector<double>(n + 1, inf));
+  std::vector<std::vector<int>> from(parts + 1, std::vector<int>(n + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= parts; ++k) {
+    for (int i = k; i <= n; ++i) {
+      for (int j = k - 1; j < i; ++j) {
+        const double cost = std::max(best[k - 1][j], prefix[i] - prefix[j]);
+        if (cost < best[k][i]) {
+          best[k][i] = cost;
+          from[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> starts;
+  for (int k = parts, i = n; k > 1; --k) {
+    i = from[k][i];
+    starts.insert(starts.begin(), i);
+  }
+  return starts;
 }
 
 }  // namespace conveyor

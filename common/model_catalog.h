@@ -40,4 +40,9 @@ struct LayerRange {
 // INVALID_ARGUMENT when a chunk would be empty.
 StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 
+// Cuts `costs` (one per layer, in order) into `parts` contiguous non-empty
+// ranges so that the costliest range costs as little as possible; returns the
+// first layer of ranges 2..parts. REQUIRES: 1 <= parts <= costs.size().
+std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts);
+
 }  // namespace conveyor

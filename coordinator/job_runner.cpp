@@ -53,10 +53,33 @@ void JobRunner::Publish() {
   if (sink_) sink_(status_);
 }
 
+Status JobRunner::BalancePartition() {
+  v1::PartitionSpec* part = spec_.mutable_partition();
+  const int chunks = part->stages() * std::max(1, spec_.virtual_stages());
+  if (part->boundaries_size() > 0 || chunks == 1 ||
+      (part->balance() != v1::BALANCE_PARAMS && part->balance() != v1::BALANCE_TIME)) {
+    return absl::OkStatus();
+  }
+  v1::ProfileRequest req;
+  *req.mutable_spec() = spec_;
+  req.set_time(part->balance() == v1::BALANCE_TIME);
+  auto reply = stages_[0]->Profile(req, kControlDeadlineS);
+  if (!reply.ok()) return Annotate(reply.status(), "stage 0 profiling the model");
+  std::vector<double> costs;
+  for (const auto& layer : reply->layers())
+    costs.push_back(req.time() ? layer.seconds() : static_cast<double>(layer.parameters()));
+  if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
+  std::string cut;
+  for (int b : BalancedBoundaries(costs, chunks)) {
+    part->add_boundaries(b);
+    cut += (cut.empty() ? "" : ", ") + std::to_string(b);
+  }
+  LOG_INFO("job ", status_.job_id(), ": balanced by ", req.time() ? "time" : "parameters", ", boundaries [", cut, "]");
+  return absl::OkStatus();
+}
+
 Status JobRunner::Setup() {
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
   const int p = spec_.partition().stages();
-  const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
   if (p > static_cast<int>(stages_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(p) + " stages, the coordinator has " +
                                          std::to_string(stages_.size()));
@@ -68,6 +91,9 @@ Status JobRunner::Setup() {
     auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
     if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
   }
+  CONVEYOR_RETURN_IF_ERROR(BalancePartition());
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
+  const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
   // Each chunk's shapes, probed along the chain on the stage that will hold it.
   std::vector<std::vector<int64_t>> shapes{InputSampleShape(spec_)};
   for (int c = 0; c < chunks; ++c) {

@@ -49,6 +49,9 @@ class JobRunner {
 
  private:
   Status Setup();
+  // partition.balance params or time: profiles the model on stage 0 and sets
+  // the boundaries that make the costliest chunk as cheap as possible.
+  Status BalancePartition();
   Status Train();
   Status Evaluate();
   Status CollectDigest();
@@ -59,7 +62,7 @@ class JobRunner {
   void KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies);
 
   v1::JobStatus status_;
-  const v1::JobSpec spec_;
+  v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()
   std::vector<StageClient*> stages_;
   StatusSink sink_;
   WorkerPool pool_;

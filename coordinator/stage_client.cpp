@@ -18,6 +18,9 @@ class GrpcStageClient : public StageClient {
   StatusOr<v1::StageInfo> GetInfo(double t) override {
     return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t);
   }
+  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double t) override {
+    return Call(&v1::StageControl::Stub::Profile, req, t);
+  }
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double t) override {
     return Call(&v1::StageControl::Stub::Probe, req, t);
   }

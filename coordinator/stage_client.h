@@ -16,6 +16,7 @@ class StageClient {
   virtual ~StageClient() = default;
   virtual const std::string& address() const = 0;
   virtual StatusOr<v1::StageInfo> GetInfo(double timeout_s) = 0;
+  virtual StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double timeout_s) = 0;

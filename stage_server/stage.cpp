@@ -85,6 +85,7 @@ class Stage::Impl {
   Impl(const StageOptions& options, at::Device device) : options_(options), device_(device) {}
 
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
+  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req);
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& a);
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& ref);
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req);
@@ -208,6 +209,45 @@ StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
     return absl::InvalidArgumentError("layers [" + std::to_string(req.layer_begin()) + ", " +
                                       std::to_string(req.layer_end()) + ") cannot take samples of shape " +
                                       ShapeString(input) + ": " + e.what_without_backtrace());
+  }
+  return reply;
+}
+
+StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
+  const v1::JobSpec& spec = req.spec();
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  const int64_t rows = MicroBatchSizes(spec, spec.batch_size()).front();
+  std::vector<int64_t> shape{rows};
+  for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
+  v1::ProfileReply reply;
+  try {
+    at::Tensor x = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
+    for (int i = 0; i < NumLayers(spec.model()); ++i) {
+      CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layer, BuildLayers(spec, i, i + 1));
+      layer->to(device_);
+      v1::LayerCost* cost = reply.add_layers();
+      for (const auto& p : layer->parameters()) cost->set_parameters(cost->parameters() + p.numel());
+      at::Tensor out;
+      auto run = [&] {  // forward and backward, waiting for the device at the end
+        at::Tensor input = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
+        out = layer->forward(input);
+        if (out.requires_grad()) out.backward(at::ones_like(out));
+        return out.sum().item<double>();
+      };
+      if (req.time()) {
+        run();  // warm-up: allocations, kernel selection
+        const int repeats = 3;
+        auto start = Clock::now();
+        for (int r = 0; r < repeats; ++r) run();
+        cost->set_seconds(std::chrono::duration<double>(Clock::now() - start).count() / repeats);
+      } else {
+        at::NoGradGuard no_grad;
+        out = layer->forward(x);
+      }
+      x = out.detach();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(std::string("profiling the model: ") + e.what_without_backtrace());
   }
   return reply;
 }
@@ -653,6 +693,9 @@ Status Stopped() { return absl::UnavailableError("the stage is shutting down"); 
 
 StatusOr<v1::ProbeReply> Stage::Probe(const v1::ProbeRequest& req) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ProbeReply>, Probe(req));
+}
+StatusOr<v1::ProfileReply> Stage::Profile(const v1::ProfileRequest& req) {
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ProfileReply>, Profile(req));
 }
 StatusOr<v1::ConfigureReply> Stage::Configure(const v1::StageAssignment& a) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ConfigureReply>, Configure(a));

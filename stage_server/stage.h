@@ -37,6 +37,9 @@ class Stage {
   // Builds layers alone and says what per-sample shape they output; keeps
   // nothing (the coordinator chains these to learn every chunk's shapes).
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& request);
+  // Measures every layer of the model on this stage's device: parameters,
+  // and with `time` the forward + backward seconds of one micro-batch.
+  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& request);
   // Builds this stage's chunks for a job (replacing any earlier job), checks
   // their shapes, loads the data it reads, makes its optimizer.
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);

@@ -45,6 +45,10 @@ class PushReader final : public grpc::ServerReadReactor<v1::TensorFrame> {
 
 }  // namespace
 
+grpc::Status StageControlService::Profile(grpc::ServerContext*, const v1::ProfileRequest* req,
+                                          v1::ProfileReply* reply) {
+  return Reply(stage_->Profile(*req), reply);
+}
 grpc::Status StageControlService::Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeReply* reply) {
   return Reply(stage_->Probe(*req), reply);
 }

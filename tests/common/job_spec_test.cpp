@@ -3,6 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <random>
+
 #include "common/model_catalog.h"
 
 namespace conveyor {
@@ -144,6 +147,51 @@ TEST(JobSpec, MicroBatchSizes) {
   spec.set_split_size(8);  // the seed's knob: samples per micro-batch
   EXPECT_EQ(MicroBatchSizes(spec, 20), (std::vector<int64_t>{8, 8, 4}));
   EXPECT_EQ(MicroBatchSizes(spec, 16), (std::vector<int64_t>{8, 8}));
+}
+
+TEST(ModelCatalog, BalancedBoundariesMinimiseTheCostliestRange) {
+  EXPECT_EQ(BalancedBoundaries({1, 1, 1, 1}, 2), (std::vector<int>{2}));
+  EXPECT_EQ(BalancedBoundaries({5, 1, 1, 1, 1, 1}, 2), (std::vector<int>{1}));
+  EXPECT_EQ(BalancedBoundaries({1, 2, 3, 4, 5}, 3), (std::vector<int>{3, 4}));
+  EXPECT_EQ(BalancedBoundaries({7, 7, 7}, 3), (std::vector<int>{1, 2}));
+  // Against every cut of random costs into 3 ranges.
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<double> costs(2 + rng() % 9);
+    for (double& c : costs) c = static_cast<double>(rng() % 100);
+    const int n = static_cast<int>(costs.size()), parts = std::min(3, n);
+    auto cost_of = [&](const std::vector<int>& cuts) {
+      std::vector<int> edges{0};
+      edges.insert(edges.end(), cuts.begin(), cuts.end());
+      edges.push_back(n);
+      double worst = 0;
+      for (std::size_t r = 0; r + 1 < edges.size(); ++r) {
+        double sum = 0;
+        for (int i = edges[r]; i < edges[r + 1]; ++i) sum += costs[i];
+        worst = std::max(worst, sum);
+      }
+      return worst;
+    };
+    double best = std::numeric_limits<double>::infinity();
+    for (int a = 1; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) best = std::min(best, cost_of(parts == 3 ? std::vector<int>{a, b} : std::vector<int>{a}));
+    if (parts == 2)
+      for (int a = 1; a < n; ++a) best = std::min(best, cost_of({a}));
+    std::vector<int> cuts = BalancedBoundaries(costs, parts);
+    ASSERT_EQ(static_cast<int>(cuts.size()), parts - 1);
+    for (std::size_t i = 0; i < cuts.size(); ++i) EXPECT_GT(cuts[i], i == 0 ? 0 : cuts[i - 1]);
+    EXPECT_EQ(cost_of(cuts), best) << "trial " << trial;
+  }
+}
+
+TEST(JobSpec, PartitionBalance) {
+  auto spec = ParseJobYaml("model: convnet\npartition: {stages: 2, balance: params}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->partition().balance(), v1::BALANCE_PARAMS);
+  Status st = ParseError("model: convnet\npartition: {stages: 2, balance: params, boundaries: [3]}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("boundaries or balance, not both"));
+  st = ParseError("model: convnet\npartition: {stages: 2, balance: flops}\n");
+  EXPECT_THAT(std::string(st.message()), HasSubstr("partition.balance: unknown value 'flops'"));
 }
 
 TEST(ModelCatalog, EvenPartitionsAndBoundaries) {

@@ -134,6 +134,22 @@ TEST(Equality, Bf16TrainsCloseToTheBf16Reference) {
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
 }
 
+TEST(Equality, BalancedPartitions) {
+  at::set_num_threads(1);
+  // By parameters: fc1 (16x4x4 -> 120) holds 69% of the ConvNet's 44,426, so
+  // the best two-way cut puts it last on stage 0: layers [0, 8) | [8, 12).
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  const std::string base = kModels.at("convnet") + "micro_batches: 4\n";
+  v1::JobStatus run = RunToEnd(*coordinator, base + "partition: {stages: 2, balance: params}\n");
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), CachedReference("convnet"));
+  EXPECT_EQ(run.stages(1).layer_begin(), 8);
+  // By measured time: a valid cut, whatever the clock said, and the same result.
+  run = RunToEnd(*coordinator, base + "partition: {stages: 2, balance: time}\n");
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), CachedReference("convnet"));
+  EXPECT_GT(run.stages(1).layer_begin(), 0);
+}
+
 TEST(Equality, RecomputationGivesTheSameResultWithLessMemory) {
   at::set_num_threads(1);
   const std::string base = kModels.at("convnet") + "partition: {stages: 4}\nmicro_batches: 8\nschedule: gpipe\n";

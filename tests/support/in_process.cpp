@@ -16,6 +16,7 @@ class InProcessStageClient : public StageClient {
   const std::string& address() const override { return address_; }
   StatusOr<v1::StageInfo> GetInfo(double) override { return stage_->Info(); }
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double) override { return stage_->Probe(req); }
+  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double) override { return stage_->Profile(req); }
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
     return stage_->Configure(req);
   }
