@@ -107,7 +107,7 @@ void InitLayer(nn::Module& layer, uint64_t seed, int index) {
 
 }  // namespace
 
-StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, int end) {
+StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, int end, bool init) {
   const int layers = NumLayers(spec.model());
   if (layers == 0) return absl::InvalidArgumentError("unknown model");
   if (begin < 0 || end > layers || begin >= end) {
@@ -119,7 +119,7 @@ StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, 
     nn::Sequential seq;
     for (int i = begin; i < end; ++i) {
       nn::AnyModule layer = MakeLayer(spec, i);
-      InitLayer(*layer.ptr(), spec.seed(), i);
+      if (init) InitLayer(*layer.ptr(), spec.seed(), i);
       seq->push_back(std::to_string(i), std::move(layer));
     }
     if (spec.precision() == v1::PRECISION_BF16) seq->to(at::kBFloat16);

@@ -13,9 +13,11 @@
 
 namespace conveyor {
 
-// Builds layers [begin, end) on the CPU, in fp32. INVALID_ARGUMENT for a bad
-// range or an unknown model.
-StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, int end);
+// Builds layers [begin, end) on the CPU, in the job's precision.
+// INVALID_ARGUMENT for a bad range or an unknown model. `init` false skips the
+// seeded initialisation (for probing shapes and timing, where values do not
+// matter and initialising a large model costs seconds).
+StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, int end, bool init = true);
 
 // Parameters of `layers` in model order, named "<model layer index>.<name>".
 std::vector<std::pair<std::string, at::Tensor>> NamedParameters(const torch::nn::Sequential& layers);

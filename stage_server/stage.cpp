@@ -198,7 +198,8 @@ void Stage::Impl::DropJob() {
 StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(req.spec()));
   CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(req.input_sample_shape(), "probe"));
-  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layers, BuildLayers(req.spec(), req.layer_begin(), req.layer_end()));
+  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layers,
+                            BuildLayers(req.spec(), req.layer_begin(), req.layer_end(), /*init=*/false));
   std::vector<int64_t> input(req.input_sample_shape().begin(), req.input_sample_shape().end());
   v1::ProbeReply reply;
   try {
@@ -223,7 +224,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   try {
     at::Tensor x = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
     for (int i = 0; i < NumLayers(spec.model()); ++i) {
-      CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layer, BuildLayers(spec, i, i + 1));
+      CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layer, BuildLayers(spec, i, i + 1, /*init=*/false));
       layer->to(device_);
       v1::LayerCost* cost = reply.add_layers();
       for (const auto& p : layer->parameters()) cost->set_parameters(cost->parameters() + p.numel());
