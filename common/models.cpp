@@ -20,10 +20,6 @@ namespace {
 
 namespace nn = torch::nn;
 
-int Classes(const v1::ModelSpec& m, int fallback) {
-  return m.num_classes() > 0 ? m.num_classes() : fallback;
-}
-
 // Layer `index` of the model, default-initialised.
 nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
   const v1::ModelSpec& m = spec.model();
@@ -44,7 +40,7 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
         case 6: return nn::AnyModule(nn::Flatten());
         case 7: return nn::AnyModule(nn::Linear(16 * 4 * 4, 120));
         case 9: return nn::AnyModule(nn::Linear(120, 84));
-        default: return nn::AnyModule(nn::Linear(84, Classes(m, 10)));
+        default: return nn::AnyModule(nn::Linear(84, NumClasses(m)));
       }
     }
     case v1::MODEL_RESNET50: {
@@ -65,7 +61,7 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
       }
       if (k == 0) return nn::AnyModule(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
       if (k == 1) return nn::AnyModule(nn::Flatten());
-      return nn::AnyModule(nn::Linear(2048, Classes(m, 1000)));
+      return nn::AnyModule(nn::Linear(2048, NumClasses(m)));
     }
     case v1::MODEL_GPT: {
       if (index == 0) return nn::AnyModule(TokenEmbedding(m.vocab(), m.width(), m.seq_len()));
@@ -78,7 +74,7 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
       int k = index - 1;  // position after the Flatten
       if (k % 2 == 1) return nn::AnyModule(nn::ReLU());
       int in = k == 0 ? (m.input_dim() > 0 ? m.input_dim() : 784) : m.hidden(k / 2 - 1);
-      int out = k / 2 < m.hidden_size() ? m.hidden(k / 2) : Classes(m, 10);
+      int out = k / 2 < m.hidden_size() ? m.hidden(k / 2) : NumClasses(m);
       return nn::AnyModule(nn::Linear(in, out));
     }
     default:
