@@ -312,8 +312,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   interrupts.SetJob(nullptr, "");
   if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix);
   // Close our channel before the coordinator goes away under it. (On the GPU
-  // machine this process crashed with SIGSEGV during the teardown below,
-  // after the job had succeeded; not yet understood.)
+  // machine this process still crashes with SIGSEGV during the teardown below,
+  // after the job has succeeded and its result is printed; not yet understood.)
   stub.reset();
   (*cluster)->Stop();
   if (rc == 0) {
