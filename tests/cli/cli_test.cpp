@@ -3,7 +3,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "cli/local_cluster.h"
 #include "tests/support/test_util.h"
@@ -92,6 +101,66 @@ TEST(Cli, JobCommandsAgainstARunningCoordinator) {
   r = RunCommand({Binary("conveyor"), "health", (*cluster)->stage_addresses()[0]});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("SERVING"));
+}
+
+// Reads `fd` until `marker` has been seen (or EOF, or 120 s without output).
+std::string ReadUntil(int fd, const std::string& marker, std::string* all) {
+  char buf[4096];
+  while (all->find(marker) == std::string::npos) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 120000) <= 0) break;
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    all->append(buf, static_cast<std::size_t>(n));
+  }
+  return *all;
+}
+
+// Processes whose command line mentions `needle`.
+int ProcessesMentioning(const std::string& needle) {
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos) ++found;
+  }
+  return found;
+}
+
+TEST(Cli, CtrlCCancelsTheJobAndStopsTheCluster) {
+  const std::string job = ::testing::TempDir() + "/endless.yaml";
+  std::ofstream(job) << "name: endless\nmodel: toy\npartition: {stages: 2}\nsteps: 100000000\n";
+  int err[2];
+  ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err[1], STDERR_FILENO);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, STDOUT_FILENO);
+    const std::string bin = Binary("conveyor");
+    // --json: the summary goes to stderr, which the test reads.
+    execl(bin.c_str(), bin.c_str(), "local", job.c_str(), "--device", "cpu", "--json", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err[1]);
+  std::string output;
+  ReadUntil(err[0], "submitted job-", &output);
+  ASSERT_NE(output.find("submitted job-"), std::string::npos) << output;
+  const auto logs = output.find("logs in ");
+  ASSERT_NE(logs, std::string::npos) << output;
+  const std::string run_dir = output.substr(logs + 8, output.find('\n', logs) - logs - 8);
+  EXPECT_EQ(ProcessesMentioning(run_dir), 3);  // two stage servers and the coordinator
+  kill(pid, SIGINT);
+  ReadUntil(err[0], "\x04", &output);  // everything, until the CLI closes stderr
+  close(err[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << output;
+  EXPECT_NE(output.find("interrupted: cancelling the job"), std::string::npos) << output;
+  EXPECT_NE(output.find("cancelled"), std::string::npos) << output;
+  EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
 }
 
 TEST(Cli, ReferenceNamesABadJobFile) {
