@@ -163,6 +163,20 @@ TEST(Cli, CtrlCCancelsTheJobAndStopsTheCluster) {
   EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
 }
 
+TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
+  const std::string job = ::testing::TempDir() + "/no-data.yaml";
+  std::ofstream(job) << "model: convnet\npartition: {stages: 2}\ndata: {name: fashion-mnist, path: /missing/fmnist}\n";
+  auto r = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("failed"));
+  EXPECT_THAT(r.out, HasSubstr("/missing/fmnist"));
+  const auto logs = r.err.find("logs kept in ");
+  ASSERT_NE(logs, std::string::npos) << r.err;
+  const std::string run_dir = r.err.substr(logs + 13, r.err.find('\n', logs) - logs - 13);
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/coordinator.log"));
+  EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
+}
+
 TEST(Cli, ReferenceNamesABadJobFile) {
   const std::string bad = ::testing::TempDir() + "/typo.yaml";
   std::ofstream(bad) << "model: toy\nepoch: 3\n";
