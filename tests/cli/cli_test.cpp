@@ -119,8 +119,10 @@ std::string ReadUntil(int fd, const std::string& marker, std::string* all) {
 // Processes whose command line mentions `needle`.
 int ProcessesMentioning(const std::string& needle) {
   int found = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    std::ifstream in(entry.path() / "cmdline");
+  std::error_code ec;  // processes come and go while /proc is read
+  for (auto it = std::filesystem::directory_iterator("/proc", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    std::ifstream in(it->path() / "cmdline");
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     if (cmdline.find(needle) != std::string::npos) ++found;
