@@ -18,6 +18,15 @@ if(NOT CLI11_FOUND)
   target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
 endif()
 find_package(SQLite3 REQUIRED)
+if(CONVEYOR_FUZZ)
+  # The fuzz targets are torch-free.
+  if(TARGET yaml-cpp::yaml-cpp)
+    set(CONVEYOR_YAML yaml-cpp::yaml-cpp)
+  else()
+    set(CONVEYOR_YAML yaml-cpp)
+  endif()
+  return()
+endif()
 find_package(Torch REQUIRED)
 
 # Debian's CPU-only LibTorch still ships ATen/cuda headers, so only the package

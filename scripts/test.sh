@@ -5,5 +5,8 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/setup.sh
 scripts/build.sh
+# A short fuzz smoke of the decoders the servers run on untrusted input
+# (bench/fuzz/run.sh without an argument runs 1,000,000 executions each).
+bench/fuzz/run.sh "${FUZZ_RUNS:-20000}"
 ctest --test-dir "${BUILD_DIR:-build}" -j"$(nproc)" --output-on-failure --timeout 900 "$@"
 echo "test.sh: $(( $(date +%s) - start )) s in all"
