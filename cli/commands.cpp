@@ -34,10 +34,6 @@ int Fail(const Status& st) {
   return kExitFailure;
 }
 
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
 StatusOr<std::string> ReadText(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError("cannot read " + path);
@@ -96,7 +92,7 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   bool ended = false;
   while (reader->Read(&status)) {
     progress.Update(status);
-    if (Terminal(status.state())) ended = true;
+    if (IsTerminal(status.state())) ended = true;
   }
   progress.Finish();
   grpc::Status st = reader->Finish();

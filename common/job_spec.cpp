@@ -538,6 +538,10 @@ bool RecomputeOn(const v1::JobSpec& spec, int stage) {
   return false;
 }
 
+bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {
   std::vector<int64_t> sizes;
   if (batch <= 0) return sizes;

@@ -37,6 +37,8 @@ Status ValidateJobSpec(const v1::JobSpec& spec);
 std::string ScheduleName(v1::ScheduleKind kind);
 std::string ModelName(v1::ModelKind kind);
 std::string JobStateName(v1::JobState state);
+// Succeeded, failed or cancelled: the job will not change again.
+bool IsTerminal(v1::JobState state);
 
 // Sizes of the micro-batches of one mini-batch of `batch` samples:
 // micro_batches: M -> M near-equal parts (as torch.tensor_split; fewer when

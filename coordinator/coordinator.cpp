@@ -6,13 +6,6 @@
 #include "common/logging.h"
 
 namespace conveyor {
-namespace {
-
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
-}  // namespace
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
   if (options.stages.empty()) return absl::InvalidArgumentError("the coordinator needs at least one stage address");
@@ -101,7 +94,7 @@ StatusOr<std::vector<v1::JobStatus>> Coordinator::List() {
 
 StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobStatus status, Get(job_id, true));
-  if (Terminal(status.state()))
+  if (IsTerminal(status.state()))
     return absl::FailedPreconditionError("job " + job_id + " already " + JobStateName(status.state()));
   std::unique_lock<std::mutex> lock(mu_);
   if (job_id == running_id_) {

@@ -1,13 +1,8 @@
 #include "coordinator/coordinator_service.h"
 
+#include "common/job_spec.h"
+
 namespace conveyor {
-namespace {
-
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
-
-}  // namespace
 
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
                                            v1::SubmitJobReply* reply) {
@@ -53,7 +48,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::Ge
   auto status = coordinator_->Get(req->job_id(), req->omit_losses());
   while (status.ok()) {
     if (!writer->Write(*status)) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
-    if (Terminal(status->state())) return grpc::Status::OK;
+    if (IsTerminal(status->state())) return grpc::Status::OK;
     // Wake at least once a second to notice a cancelled call.
     do {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");

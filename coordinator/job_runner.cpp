@@ -7,16 +7,12 @@
 #include "common/logging.h"
 #include "common/model_catalog.h"
 #include "common/wire.h"
+#include "coordinator/job_store.h"
 
 namespace conveyor {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Generous: a step's own waits are bounded by stage_timeout on the stages,
 // and a vanished stage breaks the call through keepalive long before this.
@@ -328,7 +324,7 @@ Status JobRunner::CollectDigest() {
 
 v1::JobStatus JobRunner::Run() {
   status_.set_state(v1::JOB_STATE_RUNNING);
-  status_.set_started_unix_ms(NowMs());
+  status_.set_started_unix_ms(NowUnixMs());
   status_.set_schedule(ScheduleName(spec_.schedule()));
   status_.set_batch_size(spec_.batch_size());
   status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
@@ -365,7 +361,7 @@ v1::JobStatus JobRunner::Run() {
     for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
   }
   status_.set_eta_seconds(0);
-  status_.set_finished_unix_ms(NowMs());
+  status_.set_finished_unix_ms(NowUnixMs());
   LOG_INFO("job ", status_.job_id(), " ", JobStateName(status_.state()),
            status_.error().empty() ? "" : ": " + status_.error());
   Publish();

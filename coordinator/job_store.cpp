@@ -3,12 +3,12 @@
 #include <chrono>
 
 namespace conveyor {
-namespace {
-
-int64_t NowMs() {
+int64_t NowUnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
+
+namespace {
 
 // A prepared statement, finalised on scope exit.
 class Stmt {
@@ -96,7 +96,7 @@ Status JobStore::Exec(const std::string& sql) {
 
 StatusOr<std::string> JobStore::Insert(const v1::JobSpec& spec, const std::string& yaml, v1::JobStatus status) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = NowMs();
+  const int64_t now = NowUnixMs();
   CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   Stmt ins(db_,
            "INSERT INTO jobs (name, spec_yaml, spec, state, status, submitted_ms, updated_ms) "
@@ -136,7 +136,7 @@ Status JobStore::Update(const v1::JobStatus& status) {
   Stmt upd(db_, "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
   upd.Bind(1, static_cast<int64_t>(status.state()));
   upd.Bind(2, status.SerializeAsString());
-  upd.Bind(3, NowMs());
+  upd.Bind(3, NowUnixMs());
   upd.BindText(4, status.job_id());
   upd.Step();
   return upd.status();
@@ -146,7 +146,7 @@ Status JobStore::AddEvent(const std::string& job_id, const std::string& event) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt ins(db_, "INSERT INTO job_events (job_id, at_ms, event) VALUES (?, ?, ?);");
   ins.BindText(1, job_id);
-  ins.Bind(2, NowMs());
+  ins.Bind(2, NowUnixMs());
   ins.BindText(3, event);
   ins.Step();
   return ins.status();

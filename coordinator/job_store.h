@@ -17,6 +17,9 @@
 
 namespace conveyor {
 
+// Wall-clock milliseconds since the Unix epoch, as jobs are stamped.
+int64_t NowUnixMs();
+
 struct StoredJob {
   v1::JobSpec spec;
   v1::JobStatus status;

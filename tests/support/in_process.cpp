@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 
+#include "common/job_spec.h"
 #include "common/tensor_codec.h"
 
 namespace conveyor::testing {
@@ -30,10 +31,6 @@ class InProcessStageClient : public StageClient {
   Stage* stage_;
   std::string address_;
 };
-
-bool Terminal(v1::JobState s) {
-  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-}
 
 }  // namespace
 
@@ -101,7 +98,7 @@ v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double
   for (;;) {
     auto status = coordinator.Watch(*id, &version, deadline, false);
     EXPECT_TRUE(status.ok()) << status.status();
-    if (!status.ok() || Terminal(status->state()) || std::chrono::steady_clock::now() >= deadline)
+    if (!status.ok() || IsTerminal(status->state()) || std::chrono::steady_clock::now() >= deadline)
       return status.ok() ? *status : v1::JobStatus();
   }
 }
