@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -112,10 +114,11 @@ int CountGpus(const std::string& bin_dir) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? std::atoi(text.c_str()) : 0;
 }
 
-StatusOr<std::string> LocalCluster::Spawn(const std::string& name, const std::vector<std::string>& args) {
-  const std::string log = run_dir_ + "/" + name + ".log";
-  const std::string port_file = run_dir_ + "/" + name + ".port";
-  std::vector<std::string> argv = args;
+StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::string>& env) {
+  const std::string log = run_dir_ + "/" + child->name + ".log";
+  const std::string port_file = run_dir_ + "/" + child->name + ".port";
+  std::remove(port_file.c_str());
+  std::vector<std::string> argv = child->args;
   argv.push_back("--port-file");
   argv.push_back(port_file);
   pid_t pid = fork();
@@ -126,11 +129,12 @@ StatusOr<std::string> LocalCluster::Spawn(const std::string& name, const std::ve
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     setpgid(0, 0);  // Ctrl-C at the terminal reaches the CLI alone, which stops us in order
-    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (out >= 0) {
       dup2(out, STDOUT_FILENO);
       dup2(out, STDERR_FILENO);
     }
+    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
@@ -138,9 +142,11 @@ StatusOr<std::string> LocalCluster::Spawn(const std::string& name, const std::ve
     std::perror(("cannot run " + argv[0]).c_str());
     _exit(127);
   }
-  pids_.push_back(pid);
-  names_.push_back(name);
-  return WaitForPortFile(port_file, pid, name, log, start_timeout_s_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    child->pid = pid;
+  }
+  return WaitForPortFile(port_file, pid, child->name, log, start_timeout_s_);
 }
 
 StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
@@ -154,50 +160,138 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   for (const auto& bin : {stage_bin, coord_bin}) {
     if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
   }
+  c->children_.resize(options.stages + 1);  // no reallocation: Spawn holds pointers
   for (int i = 0; i < options.stages; ++i) {
+    Child& child = c->children_[i];
+    child.name = "stage-" + std::to_string(i);
     std::string device = i < static_cast<int>(options.devices.size()) ? options.devices[i] : "cpu";
-    auto address = c->Spawn("stage-" + std::to_string(i),
-                            {stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
-                             std::to_string(options.threads_per_stage), "--log-level", options.log_level});
+    child.args = {stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
+                  std::to_string(options.threads_per_stage), "--checkpoint-dir",
+                  c->run_dir_ + "/" + child.name + "/checkpoints", "--log-level", options.log_level};
+    std::vector<std::string> env;
+    for (const auto& [stage, e] : options.first_start_env)
+      if (stage == i) env.push_back(e);
+    auto address = c->Spawn(&child, env);
     if (!address.ok()) return address.status();
+    child.args[2] = *address;  // a restart comes back at the same address
     c->stage_addresses_.push_back(*address);
   }
   std::string stages;
   for (const auto& a : c->stage_addresses_) stages += (stages.empty() ? "" : ",") + a;
-  auto address = c->Spawn("coordinator", {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
-                                          c->run_dir_ + "/state", "--log-level", options.log_level});
+  Child& coordinator = c->children_.back();
+  coordinator.name = "coordinator";
+  coordinator.args = {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
+                      c->run_dir_ + "/state", "--log-level", options.log_level};
+  auto address = c->Spawn(&coordinator, {});
   if (!address.ok()) return address.status();
+  coordinator.args[2] = *address;
   c->coordinator_address_ = *address;
+  if (options.restart_stages) {
+    c->wake_fd_ = eventfd(0, EFD_CLOEXEC);
+    if (c->wake_fd_ < 0) return absl::InternalError("eventfd failed");
+    c->supervisor_ = std::thread([p = c.get()] { p->Supervise(); });
+  }
   return c;
+}
+
+void LocalCluster::Supervise() {
+  const std::size_t stages = children_.size() - 1;
+  for (;;) {
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+    std::vector<std::size_t> which;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      for (std::size_t i = 0; i < stages; ++i) {
+        int fd = PidFd(children_[i].pid);
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
+        which.push_back(i);
+      }
+    }
+    poll(fds.data(), fds.size(), -1);
+    for (std::size_t k = 1; k < fds.size(); ++k) {
+      const bool exited = fds[k].revents & POLLIN;
+      close(fds[k].fd);
+      if (!exited) continue;
+      Child& child = children_[which[k - 1]];
+      int wstatus = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+        waitpid(child.pid, &wstatus, 0);
+        ++restarts_;
+      }
+      LOG_WARN(child.name, " exited (", WIFSIGNALED(wstatus) ? "signal " + std::to_string(WTERMSIG(wstatus))
+                                                              : "code " + std::to_string(WEXITSTATUS(wstatus)),
+               "): starting it again at ", child.args[2]);
+      auto address = Spawn(&child, {});
+      if (!address.ok()) LOG_ERROR("cannot restart ", child.name, ": ", address.status().message());
+    }
+  }
+}
+
+void LocalCluster::Signal(int index, int signal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::size_t i = index < 0 ? children_.size() - 1 : static_cast<std::size_t>(index);
+  if (i < children_.size() && children_[i].pid > 0) kill(children_[i].pid, signal);
+}
+
+int LocalCluster::stage_restarts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restarts_;
+}
+
+Status LocalCluster::RestartCoordinator() {
+  Child& coordinator = children_.back();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    int wstatus = 0;
+    if (coordinator.pid > 0) waitpid(coordinator.pid, &wstatus, 0);
+    coordinator.pid = -1;
+  }
+  return Spawn(&coordinator, {}).status();
 }
 
 LocalCluster::~LocalCluster() { Stop(); }
 
 void LocalCluster::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (supervisor_.joinable()) {
+    uint64_t one = 1;
+    if (write(wake_fd_, &one, sizeof one) < 0) LOG_WARN("cannot wake the stage supervisor");
+    supervisor_.join();
+    close(wake_fd_);
+  }
   // The coordinator first, so it does not see its stages vanish mid-job.
-  for (std::size_t i = pids_.size(); i-- > 0;) {
-    if (pids_[i] > 0) kill(pids_[i], SIGTERM);
+  for (std::size_t i = children_.size(); i-- > 0;) {
+    if (children_[i].pid > 0) kill(children_[i].pid, SIGTERM);
   }
   auto deadline = Clock::now() + std::chrono::seconds(10);
-  for (std::size_t i = pids_.size(); i-- > 0;) {
-    if (pids_[i] <= 0) continue;
-    int child = PidFd(pids_[i]);
+  for (std::size_t i = children_.size(); i-- > 0;) {
+    const pid_t pid = children_[i].pid;
+    if (pid <= 0) continue;
+    int child = PidFd(pid);
     for (;;) {
       int wstatus = 0;
-      pid_t r = waitpid(pids_[i], &wstatus, WNOHANG);
-      if (r == pids_[i] || r < 0) break;
+      pid_t r = waitpid(pid, &wstatus, WNOHANG);
+      if (r == pid || r < 0) break;
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       if (left <= 0) {
-        LOG_WARN(names_[i], " did not stop within 10 s: killing it");
-        kill(pids_[i], SIGKILL);
-        waitpid(pids_[i], &wstatus, 0);
+        LOG_WARN(children_[i].name, " did not stop within 10 s: killing it");
+        kill(pid, SIGKILL);
+        waitpid(pid, &wstatus, 0);
         break;
       }
       pollfd p{child, POLLIN, 0};
       poll(&p, child >= 0 ? 1 : 0, child >= 0 ? static_cast<int>(left) : 20);
     }
     if (child >= 0) close(child);
-    pids_[i] = -1;
+    children_[i].pid = -1;
   }
 }
 

@@ -3,12 +3,17 @@
 // from its port file. The machine's cores are divided among the stages.
 //
 // Children get SIGTERM when the cluster is stopped or destroyed, and when this
-// process dies (PR_SET_PDEATHSIG).
+// process dies (PR_SET_PDEATHSIG). Each stage keeps its checkpoints in its own
+// folder under run_dir(). With `restart_stages` a supervisor thread starts a
+// stage that died again at the same address, as Docker's restart policy would.
 #pragma once
 
 #include <sys/types.h>
 
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -23,6 +28,10 @@ struct LocalClusterOptions {
   int threads_per_stage = 1;
   std::string log_level = "info";
   double start_timeout_s = 60;
+  bool restart_stages = false;
+  // Extra environment ("NAME=value") for the first start of one stage, e.g. a
+  // chaos hook; a restarted stage runs without it.
+  std::vector<std::pair<int, std::string>> first_start_env;
 };
 
 class LocalCluster {
@@ -41,16 +50,35 @@ class LocalCluster {
   // grace period).
   void Stop();
 
+  // Sends `signal` to stage `index` (-1: the coordinator). Thread-safe.
+  void Signal(int index, int signal);
+  // Starts the coordinator again at its address with its state (after it was
+  // killed); waits until it serves.
+  Status RestartCoordinator();
+  // Times the supervisor started a stage again.
+  int stage_restarts() const;
+
  private:
+  struct Child {
+    std::string name;
+    std::vector<std::string> args;  // without --port-file
+    pid_t pid = -1;
+  };
   LocalCluster() = default;
-  StatusOr<std::string> Spawn(const std::string& name, const std::vector<std::string>& args);
+  // Starts `child` (appending --port-file) and waits until it serves.
+  StatusOr<std::string> Spawn(Child* child, const std::vector<std::string>& env);
+  void Supervise();
 
   double start_timeout_s_ = 60;
   std::string run_dir_;
-  std::vector<pid_t> pids_;
-  std::vector<std::string> names_;
+  mutable std::mutex mu_;  // guards children_ pids, restarts_, stopping_
+  std::vector<Child> children_;  // stages in order, then the coordinator
   std::vector<std::string> stage_addresses_;
   std::string coordinator_address_;
+  int restarts_ = 0;
+  bool stopping_ = false;
+  int wake_fd_ = -1;  // eventfd: wakes the supervisor to stop
+  std::thread supervisor_;
 };
 
 // The folder of the running executable (to find stage_server and coordinator).

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -34,6 +35,12 @@ std::string FormatDuration(double seconds) {
 ProgressPrinter::ProgressPrinter(bool enabled) : enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1) {}
 
 void ProgressPrinter::Update(const v1::JobStatus& s) {
+  if (enabled_ && s.state() == v1::JOB_STATE_RECOVERING && !recovering_) {
+    Finish();
+    std::fprintf(stderr, "recovering: %s\n", s.error().c_str());
+    std::fflush(stderr);
+  }
+  recovering_ = s.state() == v1::JOB_STATE_RECOVERING;
   if (!enabled_ || s.state() != v1::JOB_STATE_RUNNING || s.step() == 0) return;
   auto now = std::chrono::steady_clock::now();
   auto every = tty_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000);
@@ -94,6 +101,11 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["stages"] = stages;
   j["theoretical_idle_fraction"] = s.theoretical_idle_fraction();
   j["virtual_stages"] = s.virtual_stages();
+  j["checkpoint_step"] = s.checkpoint_step();
+  j["recoveries"] = s.recoveries();
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& e : s.events()) events.push_back({{"unix_ms", e.unix_ms()}, {"event", e.text()}});
+  j["events"] = events;
   return j;
 }
 
@@ -128,6 +140,18 @@ std::string Summary(const v1::JobStatus& s) {
     out << "\n";
   }
   if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
+  if (s.checkpoint_step() > 0 || s.recoveries() > 0)
+    out << "  last complete checkpoint: step " << s.checkpoint_step() << ", recoveries " << s.recoveries() << "\n";
+  // What happened beyond the plain start and end: failures, recoveries, resumes.
+  bool heading = false;
+  for (const auto& e : s.events()) {
+    if (!heading) out << "  events:\n";
+    heading = true;
+    std::time_t t = static_cast<std::time_t>(e.unix_ms() / 1000);
+    char when[32];
+    std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&t));
+    out << "    " << when << "  " << e.text() << "\n";
+  }
   return out.str();
 }
 

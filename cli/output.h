@@ -24,6 +24,7 @@ class ProgressPrinter {
   bool enabled_;
   bool tty_;
   bool line_open_ = false;
+  bool recovering_ = false;
   std::chrono::steady_clock::time_point last_;
 };
 

@@ -339,6 +339,15 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   double timeout = 10.0;
   CONVEYOR_RETURN_IF_ERROR(f.Get("stage_timeout", &timeout, "a number of seconds"));
   spec->set_stage_timeout_s(timeout);
+  int64_t every = 0;
+  CONVEYOR_RETURN_IF_ERROR(f.Get("checkpoint_every", &every, "a number of steps"));
+  spec->set_checkpoint_every(every);
+  double recovery = 120.0;
+  CONVEYOR_RETURN_IF_ERROR(f.Get("recovery_timeout", &recovery, "a number of seconds"));
+  spec->set_recovery_timeout_s(recovery);
+  spec->set_keep_checkpoints(3);
+  CONVEYOR_RETURN_IF_ERROR(f.Get("keep_checkpoints", &i32, "an integer", &present));
+  if (present) spec->set_keep_checkpoints(i32);
   spec->set_eval_batch_size(1000);
   CONVEYOR_RETURN_IF_ERROR(f.Get("eval_batch_size", &i32, "an integer", &present));
   if (present) spec->set_eval_batch_size(i32);
@@ -477,6 +486,10 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.epochs() > 100000 || spec.steps() > 1000000000) return Invalid("epochs/steps: too large");
   if (!(spec.stage_timeout_s() > 0)) return Invalid("stage_timeout: must be a positive number of seconds");
   if (spec.eval_batch_size() <= 0) return Invalid("eval_batch_size: must be positive");
+  if (spec.checkpoint_every() < 0) return Invalid("checkpoint_every: must be 0 (never) or a positive number of steps");
+  if (!(spec.recovery_timeout_s() >= 0)) return Invalid("recovery_timeout: must be 0 or a positive number of seconds");
+  if (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > 1000)
+    return Invalid("keep_checkpoints: must be between 2 and 1000, got " + std::to_string(spec.keep_checkpoints()));
   if (spec.virtual_stages() < 1 || spec.virtual_stages() > 64)
     return Invalid("virtual_stages: must be between 1 and 64, got " + std::to_string(spec.virtual_stages()));
   if (spec.schedule() == v1::SCHEDULE_INTERLEAVED) {
@@ -516,6 +529,7 @@ std::string JobStateName(v1::JobState state) {
     case v1::JOB_STATE_SUCCEEDED: return "succeeded";
     case v1::JOB_STATE_FAILED: return "failed";
     case v1::JOB_STATE_CANCELLED: return "cancelled";
+    case v1::JOB_STATE_RECOVERING: return "recovering";
     default: return "unknown";
   }
 }

@@ -21,7 +21,8 @@ namespace conveyor {
 //   schedule: gpipe, optimizer: {name: sgd, lr: 0.01}, adam betas [0.9, 0.999],
 //   eps 1e-8, loss: cross_entropy, epochs: 1, eval: false, seed: 0,
 //   stage_timeout: 10 (seconds), eval_batch_size: 1000, virtual_stages: 1,
-//   recompute: false.
+//   recompute: false, checkpoint_every: 0 (never), keep_checkpoints: 3,
+//   recovery_timeout: 120 (seconds; 0: fail at the first stage failure).
 constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mnist";
 
 // Steps left out of steady_samples_per_second (CUDA and allocator start-up).

@@ -21,14 +21,20 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
   if (!options.client_factory) options.client_factory = MakeGrpcStageClient;
   for (const auto& address : options.stages) c->clients_.push_back(options.client_factory(address));
 
-  // Jobs that were running when an earlier coordinator stopped.
-  CONVEYOR_ASSIGN_OR_RETURN(auto orphans, c->store_->InState(v1::JOB_STATE_RUNNING));
-  for (const auto& id : orphans) {
-    CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, c->store_->Get(id));
-    job.status.set_state(v1::JOB_STATE_FAILED);
-    job.status.set_error("the coordinator stopped while the job ran");
-    CONVEYOR_RETURN_IF_ERROR(c->store_->Update(job.status));
-    LOG_WARN("job ", id, " was running when the coordinator stopped: marked failed");
+  // Jobs that were running when an earlier coordinator stopped go first in
+  // the queue again and resume from their last complete checkpoint.
+  for (v1::JobState state : {v1::JOB_STATE_RUNNING, v1::JOB_STATE_RECOVERING}) {
+    CONVEYOR_ASSIGN_OR_RETURN(auto orphans, c->store_->InState(state));
+    for (const auto& id : orphans) {
+      CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, c->store_->Get(id));
+      const std::string what = "the coordinator restarted while the job ran: it resumes from the checkpoint of step " +
+                               std::to_string(job.status.checkpoint_step());
+      job.status.set_state(v1::JOB_STATE_QUEUED);
+      AddStatusEvent(&job.status, what);
+      CONVEYOR_RETURN_IF_ERROR(c->store_->Update(job.status));
+      c->store_->AddEvent(id, what).IgnoreError();
+      LOG_WARN("job ", id, ": ", what);
+    }
   }
   c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
   return c;
@@ -165,7 +171,7 @@ void Coordinator::RunJob(const std::string& job_id) {
   }
   std::vector<StageClient*> stages;
   for (auto& c : clients_) stages.push_back(c.get());
-  JobRunner runner(job->status, job->spec, stages, [this](const v1::JobStatus& s) { OnStatus(s); });
+  JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); });
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_id_ = job_id;

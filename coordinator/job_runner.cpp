@@ -22,10 +22,12 @@ constexpr double kAbortDeadlineS = 5;
 
 }  // namespace
 
-JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, StatusSink sink)
+JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, JobStore* store,
+                     StatusSink sink)
     : status_(std::move(status)),
       spec_(std::move(spec)),
       stages_(std::move(stages)),
+      store_(store),
       sink_(std::move(sink)),
       pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))) {}
 
@@ -33,9 +35,15 @@ void JobRunner::Cancel(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(reason_mu_);
     if (cancel_reason_.empty()) cancel_reason_ = reason;
+    cancelled_ = true;
   }
-  cancelled_ = true;
+  cancel_cv_.notify_all();
   AbortAll(reason);
+}
+
+void JobRunner::Event(const std::string& text) {
+  AddStatusEvent(&status_, text);
+  if (store_) store_->AddEvent(status_.job_id(), text).IgnoreError();
 }
 
 void JobRunner::AbortAll(const std::string& reason) {
@@ -103,6 +111,7 @@ Status JobRunner::Setup() {
     shapes.emplace_back(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
   }
   const bool ring = chunks > p;  // interleaved: the last stage feeds the first
+  assignments_.clear();
   for (int s = 0; s < p; ++s) {
     v1::StageAssignment a;
     a.set_job_id(status_.job_id());
@@ -112,7 +121,6 @@ Status JobRunner::Setup() {
     a.set_num_chunks(chunks);
     if (s > 0 || ring) a.set_upstream(stages_[(s + p - 1) % p]->address());
     if (s + 1 < p || ring) a.set_downstream(stages_[(s + 1) % p]->address());
-    v1::StageReport* r = status_.add_stages();
     for (int c = s; c < chunks; c += p) {
       v1::ChunkAssignment* ca = a.add_chunks();
       ca->set_index(c);
@@ -120,18 +128,48 @@ Status JobRunner::Setup() {
       ca->set_layer_end(ranges[c].end);
       for (int64_t d : shapes[c]) ca->add_input_sample_shape(d);
       for (int64_t d : shapes[c + 1]) ca->add_output_sample_shape(d);
-      r->add_chunks(c);
     }
+    assignments_.push_back(std::move(a));
+  }
+  return absl::OkStatus();
+}
+
+Status JobRunner::Deploy() {
+  CONVEYOR_RETURN_IF_ERROR(ConfigureAll());
+  if (steps_per_epoch_ <= 0) return absl::InvalidArgumentError("batch_size is larger than the training split");
+  status_.set_total_epochs(spec_.epochs());
+  status_.set_total_steps(spec_.steps() > 0 ? spec_.steps() : spec_.epochs() * steps_per_epoch_);
+  if (spec_.steps() > 0)
+    status_.set_total_epochs(static_cast<int>((spec_.steps() + steps_per_epoch_ - 1) / steps_per_epoch_));
+  if (busy_.empty()) {
+    busy_.assign(stages_.size(), 0);
+    wall_.assign(stages_.size(), 0);
+  }
+  return Restore();
+}
+
+Status JobRunner::ConfigureAll() {
+  const int p = static_cast<int>(assignments_.size());
+  const bool ring = assignments_.front().num_chunks() > p;
+  // Keep what the stages measured so far; the rest is filled in anew.
+  std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
+  status_.clear_stages();
+  for (int s = 0; s < p; ++s) {
+    const v1::StageAssignment& a = assignments_[s];
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
-    if (!reply.ok()) return reply.status();
+    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
     if (s == 0) {
       steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
       test_samples_ = reply->test_samples();
     }
+    v1::StageReport* r = status_.add_stages();
+    if (s < static_cast<int>(before.size())) *r = before[s];
+    r->clear_chunks();
+    for (const auto& ca : a.chunks()) r->add_chunks(ca.index());
     r->set_index(s);
     r->set_address(stages_[s]->address());
-    r->set_layer_begin(ranges[s].begin);
-    r->set_layer_end(ranges[s].end);
+    r->set_layer_begin(a.chunks(0).layer_begin());
+    r->set_layer_end(a.chunks(0).layer_end());
     r->set_device(reply->device());
     r->set_num_parameters(reply->num_parameters());
   }
@@ -139,16 +177,63 @@ Status JobRunner::Setup() {
     v1::JobRef ref;
     ref.set_job_id(status_.job_id());
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
-    if (!reply.ok()) return reply.status();
+    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
     status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : "");
   }
-  if (steps_per_epoch_ <= 0) return absl::InvalidArgumentError("batch_size is larger than the training split");
-  status_.set_total_epochs(spec_.epochs());
-  status_.set_total_steps(spec_.steps() > 0 ? spec_.steps() : spec_.epochs() * steps_per_epoch_);
-  if (spec_.steps() > 0)
-    status_.set_total_epochs(static_cast<int>((spec_.steps() + steps_per_epoch_ - 1) / steps_per_epoch_));
-  busy_.assign(p, 0);
-  wall_.assign(p, 0);
+  return absl::OkStatus();
+}
+
+Status JobRunner::LoadAll(int64_t step) {
+  v1::LoadCheckpointRequest req;
+  req.set_job_id(status_.job_id());
+  req.set_step(step);
+  std::vector<Status> results(stages_.size());
+  std::vector<std::function<void()>> calls;
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    calls.push_back([&, s] { results[s] = stages_[s]->LoadCheckpoint(req, kControlDeadlineS).status(); });
+  }
+  pool_.RunAll(calls);
+  for (std::size_t s = 0; s < stages_.size(); ++s)
+    if (!results[s].ok()) return Annotate(results[s], "stage " + std::to_string(s));
+  return absl::OkStatus();
+}
+
+Status JobRunner::Restore() {
+  if (!store_ || spec_.checkpoint_every() == 0) {
+    if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
+    status_.set_step(0);
+    status_.clear_losses();
+    return absl::OkStatus();
+  }
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,
+                            store_->CompleteCheckpoints(status_.job_id(), static_cast<int>(stages_.size())));
+  int64_t restored = 0;
+  for (int64_t step : complete) {
+    Status st = LoadAll(step);
+    if (st.ok()) {
+      restored = step;
+      break;
+    }
+    if (!absl::IsDataLoss(st) && !absl::IsNotFound(st) && !absl::IsFailedPrecondition(st)) return st;
+    // That checkpoint is damaged or gone on some stage: the previous one.
+    LOG_WARN("job ", status_.job_id(), ": the checkpoint of step ", step, " cannot be used (", st.message(),
+             "); trying the previous one");
+    Event("the checkpoint of step " + std::to_string(step) + " cannot be used (" + std::string(st.message()) +
+          "): using an older one");
+    store_->DropCheckpoints(status_.job_id(), step).IgnoreError();
+  }
+  if (restored == 0 && !complete.empty()) {
+    // Failed loads may have changed some stages: back to the initial parameters.
+    CONVEYOR_RETURN_IF_ERROR(ConfigureAll());
+  }
+  if (restored == 0 && status_.step() > 0) {
+    Event("no usable checkpoint: the job starts again from step 0");
+  } else if (restored > 0) {
+    Event("restored every stage from the checkpoint of step " + std::to_string(restored));
+  }
+  status_.set_step(restored);
+  status_.set_checkpoint_step(restored);
+  if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
 
@@ -202,9 +287,14 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
   std::vector<Status> results(p);
   std::mutex first_mu;  // guards first_failure
   int first_failure = -1;
+  std::atomic<bool> failed{false};
   std::vector<std::function<void()>> calls;
   for (std::size_t s = 0; s < p; ++s) {
     calls.push_back([&, s] {
+      if (failed) {  // another stage failed before this call began
+        results[s] = absl::AbortedError("step aborted");
+        return;
+      }
       auto reply = stages_[s]->RunStep(req, kStepDeadlineS);
       if (reply.ok()) {
         (*replies)[s] = std::move(*reply);
@@ -214,12 +304,17 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
       bool first = false;
       {
         std::lock_guard<std::mutex> lock(first_mu);
-        if (first_failure < 0 && !absl::IsAborted(reply.status())) {
+        if (first_failure < 0 && !absl::IsAborted(reply.status()) && !absl::IsCancelled(reply.status())) {
           first_failure = static_cast<int>(s);
           first = true;
         }
       }
-      if (first) AbortAll("stage " + std::to_string(s) + " failed");
+      if (first) {
+        failed = true;
+        AbortAll("stage " + std::to_string(s) + " failed");
+        // A step call to a stage that is gone would otherwise wait for it.
+        for (StageClient* c : stages_) c->CancelSteps();
+      }
     });
   }
   pool_.RunAll(calls);
@@ -232,18 +327,22 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
 Status JobRunner::Train() {
   const int64_t total = status_.total_steps();
   const int64_t batch = spec_.batch_size();
+  const int64_t every = spec_.checkpoint_every();
+  const int64_t first = status_.step();  // > 0 when resumed from a checkpoint
   auto start = Clock::now();
   auto steady_start = start;
-  const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
+  const int64_t warmup = first + std::min<int64_t>(kWarmupSteps, total - first - 1);
   auto last_publish = Clock::time_point();
   std::vector<v1::RunStepReply> replies;
-  for (int64_t step = 0; step < total; ++step) {
+  started_ = true;
+  for (int64_t step = first; step < total; ++step) {
     if (cancelled_) return absl::CancelledError("cancelled");
     v1::RunStepRequest req;
     req.set_job_id(status_.job_id());
     req.set_phase(v1::PHASE_TRAIN);
     req.set_step(step);
     req.set_batch_size(batch);
+    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total));
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     const v1::RunStepReply& last = replies.back();
     status_.add_losses(static_cast<float>(last.loss_sum()));
@@ -263,12 +362,23 @@ Status JobRunner::Train() {
     status_.set_step(done);
     status_.set_epoch(static_cast<int>(step / steps_per_epoch_) + 1);
     status_.set_elapsed_seconds(elapsed);
-    status_.set_samples_per_second(elapsed > 0 ? static_cast<double>(done * batch) / elapsed : 0);
-    status_.set_eta_seconds(elapsed / static_cast<double>(done) * static_cast<double>(total - done));
+    status_.set_samples_per_second(elapsed > 0 ? static_cast<double>((done - first) * batch) / elapsed : 0);
+    status_.set_eta_seconds(elapsed / static_cast<double>(done - first) * static_cast<double>(total - done));
     if (done == warmup) steady_start = Clock::now();
     if (done > warmup) {
       const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
       status_.set_steady_samples_per_second(static_cast<double>((done - warmup) * batch) / steady);
+    }
+    if (req.checkpoint()) {
+      // Complete on every stage: from now on a recovery resumes here.
+      std::vector<std::pair<int, v1::CheckpointRecord>> records;
+      for (std::size_t s = 0; s < replies.size(); ++s) records.emplace_back(static_cast<int>(s), replies[s].checkpoint());
+      status_.set_checkpoint_step(done);
+      if (store_) {
+        Status st = store_->RecordCheckpoints(status_, records);
+        if (!st.ok()) LOG_ERROR("job ", status_.job_id(), ": recording the checkpoint of step ", done, ": ", st.message());
+      }
+      LOG_DEBUG("job ", status_.job_id(), ": checkpoint of step ", done, " complete on every stage");
     }
     // Publish at most ten times a second, and the last step.
     if (done == total || Clock::now() - last_publish > std::chrono::milliseconds(100)) {
@@ -322,6 +432,73 @@ Status JobRunner::CollectDigest() {
   return absl::OkStatus();
 }
 
+bool JobRunner::Recoverable(const Status& failure) {
+  if (spec_.recovery_timeout_s() <= 0) return false;
+  // A stage or link that broke, or a wait that timed out (a cut cable, a
+  // stalled peer).
+  switch (failure.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kCancelled:
+      return true;
+    default:
+      break;
+  }
+  // Any other error is the job's own and would happen again, unless a stage
+  // is gone or came back without the job (then its error says little).
+  for (StageClient* s : stages_) {
+    auto info = s->GetInfo(std::min(5.0, spec_.stage_timeout_s()));
+    if (!info.ok() || info->job_id() != status_.job_id()) return true;
+  }
+  return false;
+}
+
+Status JobRunner::AwaitStages(const Status& failure) {
+  // A failure that comes back at the same step each time is no stage dying.
+  const int64_t at = status_.step();
+  same_step_recoveries_ = at == failed_at_ ? same_step_recoveries_ + 1 : 1;
+  failed_at_ = at;
+  if (same_step_recoveries_ > kMaxRecoveriesWithoutProgress) {
+    return absl::AbortedError("gave up after " + std::to_string(kMaxRecoveriesWithoutProgress) +
+                              " recoveries that failed again at step " + std::to_string(at) +
+                              "; last failure: " + std::string(failure.message()));
+  }
+  status_.set_state(v1::JOB_STATE_RECOVERING);
+  status_.set_recoveries(status_.recoveries() + 1);
+  status_.set_error(std::string(failure.message()));
+  LOG_WARN("job ", status_.job_id(), " recovering after step ", status_.step(), ": ", failure.message());
+  Event("step " + std::to_string(status_.step()) + " failed (" + std::string(failure.message()) + "): recovering");
+  Publish();
+  AbortAll("the job is recovering");
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(spec_.recovery_timeout_s()));
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    for (;;) {
+      if (cancelled_) return absl::CancelledError("cancelled");
+      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        return absl::UnavailableError("stage " + std::to_string(s) + " at " + stages_[s]->address() +
+                                      " did not come back within recovery_timeout (" +
+                                      std::to_string(static_cast<int>(spec_.recovery_timeout_s())) +
+                                      " s); it failed with: " + std::string(failure.message()));
+      }
+      // Waits for the stage's connection up to a second at a time, so that a
+      // cancel is seen.
+      auto info = stages_[s]->GetInfo(std::min(1.0, left));
+      if (info.ok()) break;
+      std::unique_lock<std::mutex> lock(reason_mu_);
+      cancel_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return cancelled_.load(); });
+    }
+  }
+  Event("every stage answers again");
+  // Drop what the survivors hold of the job; Deploy configures it anew.
+  v1::JobRef ref;
+  ref.set_job_id(status_.job_id());
+  for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
+  return absl::OkStatus();
+}
+
 v1::JobStatus JobRunner::Run() {
   status_.set_state(v1::JOB_STATE_RUNNING);
   status_.set_started_unix_ms(NowUnixMs());
@@ -335,13 +512,31 @@ v1::JobStatus JobRunner::Run() {
   if (spec_.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
     LOG_WARN("job ", status_.job_id(), ": the zero-bubble schedule is experimental (see docs/schedules.md)");
 
-  Status st = Setup();
-  if (st.ok()) {
-    Publish();
-    st = Train();
+  // A job that resumes after a coordinator restart recovers from the start.
+  started_ = status_.step() > 0 || status_.checkpoint_step() > 0;
+  bool assigned = false;
+  Status st;
+  for (;;) {
+    if (!assigned) {
+      st = Setup();
+      assigned = st.ok();
+    }
+    if (st.ok()) st = Deploy();
+    if (st.ok()) {
+      if (status_.state() == v1::JOB_STATE_RECOVERING) {
+        Event("recovered: training goes on from step " + std::to_string(status_.step()));
+        status_.clear_error();
+      }
+      status_.set_state(v1::JOB_STATE_RUNNING);
+      Publish();
+      st = Train();
+    }
+    if (st.ok() && spec_.eval()) st = Evaluate();
+    if (st.ok()) st = CollectDigest();
+    if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
+    st = AwaitStages(st);
+    if (!st.ok()) break;
   }
-  if (st.ok() && spec_.eval()) st = Evaluate();
-  if (st.ok()) st = CollectDigest();
 
   v1::JobRef ref;
   ref.set_job_id(status_.job_id());

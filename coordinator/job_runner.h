@@ -3,11 +3,15 @@
 //
 // The coordinator starts steps; it never drives micro-batches nor relays
 // tensors. Any stage's failure aborts the step on every stage (so none waits
-// for a neighbour that will not send) and fails the job with that stage's
-// message.
+// for a neighbour that will not send). A stage that died or became unreachable
+// puts the job in RECOVERING: the runner waits (up to recovery_timeout) for
+// every stage to answer again, configures them anew, reloads the last
+// checkpoint complete on all of them and goes on from there. Any other
+// failure fails the job with that stage's message.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -17,6 +21,7 @@
 #include "common/status.h"
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
+#include "coordinator/job_store.h"
 #include "coordinator/stage_client.h"
 
 namespace conveyor {
@@ -27,9 +32,12 @@ class JobRunner {
   // thread that runs Run().
   using StatusSink = std::function<void(const v1::JobStatus&)>;
 
-  // `status` holds the job's id, name and submission time; `stages` are not
-  // owned, at least as many as the spec's partition has stages.
-  JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, StatusSink sink);
+  // `status` holds the job's id, name and submission time, and for a job that
+  // resumes its progress so far; `stages` are not owned, at least as many as
+  // the spec's partition has stages; `store` (not owned) keeps checkpoint
+  // records and events.
+  JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, JobStore* store,
+            StatusSink sink);
   JobRunner(const JobRunner&) = delete;
   JobRunner& operator=(const JobRunner&) = delete;
 
@@ -47,8 +55,28 @@ class JobRunner {
   StatusOr<v1::StepTrace> Trace(int64_t step) const;
   std::vector<v1::StepTrace> Traces() const;
 
+  // Recoveries in a row that fail again at the same step before the job
+  // fails instead.
+  static constexpr int kMaxRecoveriesWithoutProgress = 3;
+
  private:
+  // Checks the stages, balances the partition and learns every chunk's shapes
+  // (once per job).
   Status Setup();
+  // Configures and connects every stage, then restores the newest checkpoint
+  // complete on all of them (each time the job starts or recovers).
+  Status Deploy();
+  // Configure + Connect on every stage: the job's initial parameters.
+  Status ConfigureAll();
+  Status Restore();
+  // Loads the checkpoint of `step` on every stage at once.
+  Status LoadAll(int64_t step);
+  // Whether `failure` is a stage that died or a link that broke (then the job
+  // recovers) rather than an error that would happen again.
+  bool Recoverable(const Status& failure);
+  // RECOVERING: waits for every stage to answer within recovery_timeout.
+  Status AwaitStages(const Status& failure);
+  void Event(const std::string& text);
   // partition.balance params or time: profiles the model on stage 0 and sets
   // the boundaries that make the costliest chunk as cheap as possible.
   Status BalancePartition();
@@ -64,12 +92,18 @@ class JobRunner {
   v1::JobStatus status_;
   v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()
   std::vector<StageClient*> stages_;
+  JobStore* store_;
   StatusSink sink_;
   WorkerPool pool_;
   std::atomic<bool> cancelled_{false};
   std::mutex reason_mu_;  // guards cancel_reason_
+  std::condition_variable cancel_cv_;  // with reason_mu_: wakes waits when cancelled
   std::string cancel_reason_;
 
+  std::vector<v1::StageAssignment> assignments_;  // by Setup(), per stage
+  bool started_ = false;  // training began (now or before a coordinator restart)
+  int64_t failed_at_ = -1;  // steps done at the last recovery
+  int same_step_recoveries_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
   std::vector<double> busy_, wall_;  // per stage, summed over steps

@@ -8,6 +8,15 @@ int64_t NowUnixMs() {
       .count();
 }
 
+void AddStatusEvent(v1::JobStatus* status, const std::string& text) {
+  constexpr int kEventsInStatus = 20;
+  v1::JobEvent* e = status->add_events();
+  e->set_unix_ms(NowUnixMs());
+  e->set_text(text);
+  auto* events = status->mutable_events();
+  if (events->size() > kEventsInStatus) events->DeleteSubrange(0, events->size() - kEventsInStatus);
+}
+
 namespace {
 
 // A prepared statement, finalised on scope exit.
@@ -75,6 +84,15 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "  step INTEGER NOT NULL,"
       "  trace BLOB NOT NULL,"
       "  PRIMARY KEY (job_id, step));"
+      "CREATE TABLE IF NOT EXISTS checkpoints ("
+      "  job_id TEXT NOT NULL,"
+      "  step INTEGER NOT NULL,"
+      "  stage INTEGER NOT NULL,"
+      "  path TEXT NOT NULL,"
+      "  bytes INTEGER NOT NULL,"
+      "  sha256 TEXT NOT NULL,"
+      "  at_ms INTEGER NOT NULL,"
+      "  PRIMARY KEY (job_id, step, stage));"
       "CREATE TABLE IF NOT EXISTS job_events ("
       "  job_id TEXT NOT NULL,"
       "  at_ms INTEGER NOT NULL,"
@@ -133,6 +151,10 @@ StatusOr<std::string> JobStore::Insert(const v1::JobSpec& spec, const std::strin
 
 Status JobStore::Update(const v1::JobStatus& status) {
   std::lock_guard<std::mutex> lock(mu_);
+  return UpdateLocked(status);
+}
+
+Status JobStore::UpdateLocked(const v1::JobStatus& status) {
   Stmt upd(db_, "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
   upd.Bind(1, static_cast<int64_t>(status.state()));
   upd.Bind(2, status.SerializeAsString());
@@ -224,6 +246,57 @@ StatusOr<std::vector<v1::StepTrace>> JobStore::Traces(const std::string& job_id)
   }
   CONVEYOR_RETURN_IF_ERROR(q.status());
   return out;
+}
+
+Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
+                                   const std::vector<std::pair<int, v1::CheckpointRecord>>& records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  Status st;
+  for (const auto& [stage, r] : records) {
+    Stmt ins(db_,
+             "INSERT OR REPLACE INTO checkpoints (job_id, step, stage, path, bytes, sha256, at_ms) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?);");
+    ins.BindText(1, status.job_id());
+    ins.Bind(2, r.step());
+    ins.Bind(3, static_cast<int64_t>(stage));
+    ins.BindText(4, r.path());
+    ins.Bind(5, r.bytes());
+    ins.BindText(6, r.sha256());
+    ins.Bind(7, NowUnixMs());
+    ins.Step();
+    st = ins.status();
+    if (!st.ok()) break;
+  }
+  if (st.ok()) st = UpdateLocked(status);
+  if (!st.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT;");
+}
+
+StatusOr<std::vector<int64_t>> JobStore::CompleteCheckpoints(const std::string& job_id, int stages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_,
+         "SELECT step FROM checkpoints WHERE job_id = ? AND stage < ? GROUP BY step "
+         "HAVING COUNT(DISTINCT stage) = ? ORDER BY step DESC;");
+  q.BindText(1, job_id);
+  q.Bind(2, static_cast<int64_t>(stages));
+  q.Bind(3, static_cast<int64_t>(stages));
+  std::vector<int64_t> steps;
+  while (q.Step()) steps.push_back(q.Int(0));
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return steps;
+}
+
+Status JobStore::DropCheckpoints(const std::string& job_id, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt del(db_, "DELETE FROM checkpoints WHERE job_id = ? AND step = ?;");
+  del.BindText(1, job_id);
+  del.Bind(2, step);
+  del.Step();
+  return del.status();
 }
 
 StatusOr<std::vector<std::string>> JobStore::InState(v1::JobState state) {

@@ -1,6 +1,7 @@
 // The coordinator's jobs, in SQLite under --state-dir: spec, state, status
-// (progress, losses, results) and a history of events. A restarted
-// coordinator finds its jobs there.
+// (progress, losses, results), a history of events, and which stage holds a
+// checkpoint of which step. A restarted coordinator finds its jobs there and
+// resumes the ones that were running from their last complete checkpoint.
 //
 // Thread-safe (one connection, serialised by a mutex).
 #pragma once
@@ -19,6 +20,9 @@ namespace conveyor {
 
 // Wall-clock milliseconds since the Unix epoch, as jobs are stamped.
 int64_t NowUnixMs();
+
+// Appends an event to the latest ones a job's status carries.
+void AddStatusEvent(v1::JobStatus* status, const std::string& text);
 
 struct StoredJob {
   v1::JobSpec spec;
@@ -48,9 +52,21 @@ class JobStore {
   // Ids of jobs in `state`.
   StatusOr<std::vector<std::string>> InState(v1::JobState state);
 
+  // Records the checkpoints `records` (stage index, record) that stages wrote
+  // and, in the same transaction, the job's status at that step: a resumed
+  // job finds its losses up to the checkpoint it resumes from.
+  Status RecordCheckpoints(const v1::JobStatus& status,
+                           const std::vector<std::pair<int, v1::CheckpointRecord>>& records);
+  // Steps with a checkpoint recorded for every one of `stages` stages,
+  // newest first: only these count.
+  StatusOr<std::vector<int64_t>> CompleteCheckpoints(const std::string& job_id, int stages);
+  // Forgets the checkpoints of a step (one of them turned out corrupt).
+  Status DropCheckpoints(const std::string& job_id, int64_t step);
+
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   Status Exec(const std::string& sql);
+  Status UpdateLocked(const v1::JobStatus& status);  // REQUIRES: mu_ held
 
   std::mutex mu_;  // serialises every use of db_
   sqlite3* db_;

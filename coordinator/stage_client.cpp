@@ -1,6 +1,8 @@
 #include "coordinator/stage_client.h"
 
 #include <atomic>
+#include <mutex>
+#include <set>
 
 #include "common/net.h"
 #include "conveyor.grpc.pb.h"
@@ -31,28 +33,49 @@ class GrpcStageClient : public StageClient {
     return Call(&v1::StageControl::Stub::Connect, req, t);
   }
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::RunStep, req, t);
+    return Call(&v1::StageControl::Stub::RunStep, req, t, CallKind::kStep);
+  }
+  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req, double t) override {
+    return Call(&v1::StageControl::Stub::LoadCheckpoint, req, t);
+  }
+  void CancelSteps() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (grpc::ClientContext* ctx : steps_) ctx->TryCancel();
   }
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double t) override {
     return Call(&v1::StageControl::Stub::GetDigest, req, t);
   }
   Status Abort(const v1::AbortRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::Abort, req, t).status();
+    return Call(&v1::StageControl::Stub::Abort, req, t, CallKind::kFailFast).status();
   }
   Status Release(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::Release, req, t).status();
+    return Call(&v1::StageControl::Stub::Release, req, t, CallKind::kFailFast).status();
   }
 
  private:
+  // kWaitForReady waits for a connection that is still coming up, within the
+  // deadline. kFailFast fails at once when the stage is unreachable: an abort
+  // must not wait for a dead stage, nor a step (its neighbours would wait for
+  // it); kStep calls can also be cancelled by CancelSteps().
+  enum class CallKind { kWaitForReady, kFailFast, kStep };
+
   template <typename Req, typename Reply>
   StatusOr<Reply> Call(grpc::Status (v1::StageControl::Stub::*method)(grpc::ClientContext*, const Req&, Reply*),
-                       const Req& req, double timeout_s) {
+                       const Req& req, double timeout_s, CallKind kind = CallKind::kWaitForReady) {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineAfter(timeout_s));
-    // Wait for a connection that is still coming up, within the deadline.
-    ctx.set_wait_for_ready(true);
+    ctx.set_wait_for_ready(kind == CallKind::kWaitForReady);
+    const bool step = kind == CallKind::kStep;
+    if (step) {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_.insert(&ctx);
+    }
     Reply reply;
     grpc::Status st = (stub_.get()->*method)(&ctx, req, &reply);
+    if (step) {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_.erase(&ctx);
+    }
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connected_once_) {
       return absl::UnavailableError("stage at " + address_ + " did not answer within " +
                                     std::to_string(static_cast<int>(timeout_s)) + " s");
@@ -65,6 +88,8 @@ class GrpcStageClient : public StageClient {
   const std::string address_;
   std::unique_ptr<v1::StageControl::Stub> stub_;
   std::atomic<bool> connected_once_{false};
+  std::mutex mu_;  // guards steps_
+  std::set<grpc::ClientContext*> steps_;
 };
 
 }  // namespace

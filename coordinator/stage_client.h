@@ -10,7 +10,8 @@
 
 namespace conveyor {
 
-// Thread-safe. Every call returns by its deadline.
+// Thread-safe. Every call returns by its deadline. Calls wait for a connection
+// that is coming up, but RunStep fails at once when the stage is unreachable.
 class StageClient {
  public:
   virtual ~StageClient() = default;
@@ -22,7 +23,12 @@ class StageClient {
   virtual StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double timeout_s) = 0;
+  virtual StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req,
+                                                            double timeout_s) = 0;
   virtual Status Abort(const v1::AbortRequest& req, double timeout_s) = 0;
+  // Ends the RunStep calls in flight at once (they return CANCELLED), from any
+  // thread: a step that failed elsewhere must not wait for a stage that is gone.
+  virtual void CancelSteps() {}
   virtual Status Release(const v1::JobRef& req, double timeout_s) = 0;
 };
 

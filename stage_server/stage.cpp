@@ -5,16 +5,21 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 
 #include "common/dataset.h"
 #include "common/device.h"
 #include "common/digest.h"
 #include "common/executor.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/model_catalog.h"
@@ -22,6 +27,7 @@
 #include "common/tensor_codec.h"
 #include "common/training.h"
 #include "common/wire.h"
+#include "stage_server/checkpoint.h"
 #include "stage_server/inbox.h"
 #include "stage_server/schedule.h"
 
@@ -82,7 +88,8 @@ struct Held {
 
 class Stage::Impl {
  public:
-  Impl(const StageOptions& options, at::Device device) : options_(options), device_(device) {}
+  Impl(const StageOptions& options, at::Device device)
+      : options_(options), device_(device), checkpoints_(options.checkpoint_dir) {}
 
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req);
@@ -91,6 +98,7 @@ class Stage::Impl {
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req);
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& ref);
   StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& ref);
+  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req);
   Status Release(const v1::JobRef& ref);
   Status Abort(const v1::AbortRequest& req);
   v1::StageInfo Info() const;
@@ -165,9 +173,15 @@ class Stage::Impl {
   Status WeightPass(StepState& st, int local, int mb);
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
   Status RunActions(StepState& st);
+  v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;
+  // The job's parameters, buffers, optimizer state and CPU RNG as an archive.
+  std::string SerializeState();
+  Status RestoreState(const std::string& payload, const std::string& path);
+  StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step);
 
   const StageOptions options_;
   const at::Device device_;
+  CheckpointFiles checkpoints_;
   SerialExecutor executor_;
   Inbox inbox_;
   std::unique_ptr<Job> job_;
@@ -607,7 +621,129 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   reply.set_peak_activations(st.peak_count);
   reply.set_peak_activation_bytes(st.peak_bytes);
   reply.set_busy_seconds(st.busy);
+  if (st.train && req.checkpoint()) {
+    auto record = SaveCheckpoint(req.step() + 1);
+    if (!record.ok()) {
+      LOG_WARN("job ", req.job_id(), " ", Who(), ": checkpoint of step ", req.step() + 1, " failed: ",
+               record.status().message());
+      return Annotate(record.status(), Who() + " writing the checkpoint of step " + std::to_string(req.step() + 1));
+    }
+    *reply.mutable_checkpoint() = std::move(*record);
+  }
   reply.set_step_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+  return reply;
+}
+
+v1::CheckpointHeader Stage::Impl::CheckpointHeaderFor(int64_t step) const {
+  v1::CheckpointHeader h;
+  h.set_job_id(job_->assignment.job_id());
+  h.set_stage_index(job_->assignment.stage_index());
+  h.set_step(step);
+  for (const auto& c : job_->assignment.chunks()) {
+    v1::ChunkAssignment* ca = h.add_chunks();
+    ca->set_index(c.index());
+    ca->set_layer_begin(c.layer_begin());
+    ca->set_layer_end(c.layer_end());
+  }
+  Sha256 sum;
+  sum.Update(job_->spec().SerializeAsString());
+  h.set_spec_digest(HexString(sum.Final()));
+  return h;
+}
+
+std::string Stage::Impl::SerializeState() {
+  torch::serialize::OutputArchive archive;
+  int64_t i = 0, j = 0;
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& p : c.layers->parameters()) archive.write("p" + std::to_string(i++), p.detach());
+    for (const auto& b : c.layers->buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
+  }
+  if (job_->optimizer) {
+    torch::serialize::OutputArchive opt;
+    job_->optimizer->save(opt);
+    archive.write("optimizer", opt);
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("rng_cpu", gen.get_state(), /*is_buffer=*/true);
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+Status Stage::Impl::RestoreState(const std::string& payload, const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(payload);
+    archive.load_from(in, device_);
+    at::NoGradGuard no_grad;
+    auto load = [&](const std::string& key, const at::Tensor& into, bool buffer) -> Status {
+      at::Tensor t;
+      archive.read(key, t, buffer);
+      if (!t.defined() || t.sizes() != into.sizes() || t.scalar_type() != into.scalar_type())
+        return absl::FailedPreconditionError("checkpoint " + path + ": " + key + " does not fit this stage's layers");
+      at::Tensor dst = into;
+      dst.copy_(t);
+      return absl::OkStatus();
+    };
+    int64_t i = 0, j = 0;
+    for (const Chunk& c : job_->chunks) {
+      for (const auto& p : c.layers->parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
+      for (const auto& b : c.layers->buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
+    }
+    if (job_->optimizer) {
+      torch::serialize::InputArchive opt;
+      archive.read("optimizer", opt);
+      job_->optimizer->load(opt);
+    }
+    at::Tensor rng;
+    archive.read("rng_cpu", rng, true);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.to(at::kCPU));
+  } catch (const c10::Error& e) {
+    return absl::DataLossError("checkpoint " + path + " cannot be read: " + e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
+  std::string payload;
+  try {
+    payload = SerializeState();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(std::string("serialising the state: ") + e.what_without_backtrace());
+  }
+  auto start = Clock::now();
+  CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
+                            checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
+  LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
+            " bytes) in ", std::chrono::duration<double>(Clock::now() - start).count(), " s");
+  return record;
+}
+
+StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadCheckpointRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  if (req.step() < 1) return absl::InvalidArgumentError(Who() + ": checkpoints start at step 1");
+  v1::LoadCheckpointReply reply;
+  v1::CheckpointHeader header;
+  const int stage = job_->assignment.stage_index();
+  CONVEYOR_ASSIGN_OR_RETURN(std::string payload,
+                            checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
+  const v1::CheckpointHeader expected = CheckpointHeaderFor(req.step());
+  if (header.spec_digest() != expected.spec_digest())
+    return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
+                                         " was written for another job spec");
+  for (int i = 0; i < expected.chunks_size(); ++i) {
+    if (header.chunks_size() != expected.chunks_size() ||
+        header.chunks(i).SerializeAsString() != expected.chunks(i).SerializeAsString())
+      return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
+                                           " holds another partition of the model");
+  }
+  CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
+  LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
   return reply;
 }
 
@@ -712,6 +848,9 @@ StatusOr<v1::DigestReply> Stage::GetDigest(const v1::JobRef& ref) {
 }
 StatusOr<v1::ParametersReply> Stage::GetParameters(const v1::JobRef& ref) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ParametersReply>, GetParameters(ref));
+}
+StatusOr<v1::LoadCheckpointReply> Stage::LoadCheckpoint(const v1::LoadCheckpointRequest& req) {
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::LoadCheckpointReply>, LoadCheckpoint(req));
 }
 Status Stage::Release(const v1::JobRef& ref) { return CONVEYOR_ON_EXECUTOR(Status, Release(ref)); }
 #undef CONVEYOR_ON_EXECUTOR

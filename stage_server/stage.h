@@ -23,6 +23,8 @@ struct StageOptions {
   int threads = 0;             // LibTorch intra-op threads; 0: LibTorch's default
   // Creates the links to the neighbours. Not owned; outlives the stage.
   TransportFactory* transports = nullptr;
+  // Where this stage keeps its checkpoints; "" cannot checkpoint.
+  std::string checkpoint_dir;
 };
 
 class Stage {
@@ -46,10 +48,14 @@ class Stage {
   // Opens the long-lived links to both neighbours.
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& job);
   // Runs one step's action list: forward and backward of every micro-batch,
-  // then the optimizer step (train), or forward only (eval).
+  // then the optimizer step (train), or forward only (eval); with `checkpoint`
+  // it then writes the checkpoint of step + 1 steps done.
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& request);
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& job);
   StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& job);
+  // Puts parameters, buffers, optimizer state and RNG back to the checkpoint
+  // of `step` (Configure alone gives the initial parameters).
+  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& request);
   // Fails the step in progress (if any) with `reason`; safe from any thread.
   Status Abort(const v1::AbortRequest& request);
   // Drops the job: layers, optimizer, links.

@@ -14,6 +14,7 @@ struct StageServerOptions {
   std::string port_file;  // written once the server accepts calls
   std::string device = "cpu";
   int threads = 0;
+  std::string checkpoint_dir;  // "" : cannot checkpoint
 };
 
 class StageServer {

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", options.device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--threads", options.threads, "LibTorch intra-op threads (0: LibTorch's default)")
       ->capture_default_str();
+  app.add_option("--checkpoint-dir", options.checkpoint_dir,
+                 "folder for this stage's checkpoints (jobs with checkpoint_every need one)");
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   bool count_gpus = false;
   app.add_flag("--count-gpus", count_gpus, "print how many CUDA devices this process can use, and exit");

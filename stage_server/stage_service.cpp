@@ -70,6 +70,10 @@ grpc::Status StageControlService::GetParameters(grpc::ServerContext*, const v1::
                                                 v1::ParametersReply* reply) {
   return Reply(stage_->GetParameters(*req), reply);
 }
+grpc::Status StageControlService::LoadCheckpoint(grpc::ServerContext*, const v1::LoadCheckpointRequest* req,
+                                                 v1::LoadCheckpointReply* reply) {
+  return Reply(stage_->LoadCheckpoint(*req), reply);
+}
 grpc::Status StageControlService::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::Empty*) {
   return ToGrpc(stage_->Abort(*req));
 }

@@ -19,6 +19,8 @@ class StageControlService final : public v1::StageControl::Service {
   grpc::Status RunStep(grpc::ServerContext*, const v1::RunStepRequest* req, v1::RunStepReply* reply) override;
   grpc::Status GetDigest(grpc::ServerContext*, const v1::JobRef* req, v1::DigestReply* reply) override;
   grpc::Status GetParameters(grpc::ServerContext*, const v1::JobRef* req, v1::ParametersReply* reply) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext*, const v1::LoadCheckpointRequest* req,
+                              v1::LoadCheckpointReply* reply) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::Empty* reply) override;
   grpc::Status Release(grpc::ServerContext*, const v1::JobRef* req, v1::Empty* reply) override;
   grpc::Status GetInfo(grpc::ServerContext*, const v1::Empty* req, v1::StageInfo* reply) override;

@@ -58,6 +58,9 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->loss(), v1::LOSS_CROSS_ENTROPY);
   EXPECT_EQ(spec->epochs(), 1);
   EXPECT_DOUBLE_EQ(spec->stage_timeout_s(), 10);
+  EXPECT_EQ(spec->checkpoint_every(), 0);
+  EXPECT_EQ(spec->keep_checkpoints(), 3);
+  EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
 TEST(JobSpec, UnknownKeysAreNamed) {
@@ -111,6 +114,9 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nbatch_size: 0\n", "batch_size: must be between"},
       {"model: toy\ndata: fashion-mnist\n", "use convnet or mlp"},
       {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
+      {"model: toy\ncheckpoint_every: -1\n", "checkpoint_every"},
+      {"model: toy\nkeep_checkpoints: 1\n", "keep_checkpoints"},
+      {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
       {"- just\n- a list\n", "expected a mapping"},
       {"model: {name: toy\n", "not valid YAML"},
   };

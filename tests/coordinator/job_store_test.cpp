@@ -54,6 +54,36 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
   EXPECT_TRUE(absl::IsNotFound((*store)->Get("job-999").status()));
 }
 
+TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  v1::JobSpec spec;
+  auto id = (*store)->Insert(spec, "", v1::JobStatus());
+  ASSERT_TRUE(id.ok());
+  auto status = (*store)->Get(*id)->status;
+  auto record = [](int64_t step) {
+    v1::CheckpointRecord r;
+    r.set_step(step);
+    r.set_path("/ckpt/" + std::to_string(step));
+    return r;
+  };
+  // Step 10 on all three stages, step 20 on two of them (a stage died).
+  status.set_step(10);
+  status.add_losses(1.0f);
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(10)}, {1, record(10)}, {2, record(10)}}).ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(20)}, {2, record(20)}}).ok());
+  auto complete = (*store)->CompleteCheckpoints(*id, 3);
+  ASSERT_TRUE(complete.ok());
+  EXPECT_EQ(*complete, std::vector<int64_t>{10});
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{1, record(20)}}).ok());
+  EXPECT_EQ(*(*store)->CompleteCheckpoints(*id, 3), (std::vector<int64_t>{20, 10}));
+  // The status was saved with the records.
+  EXPECT_EQ((*store)->Get(*id)->status.step(), 10);
+  ASSERT_TRUE((*store)->DropCheckpoints(*id, 20).ok());
+  EXPECT_EQ(*(*store)->CompleteCheckpoints(*id, 3), std::vector<int64_t>{10});
+  EXPECT_TRUE((*store)->CompleteCheckpoints("job-404", 3)->empty());
+}
+
 TEST(JobStore, UnwritablePathIsAnError) {
   auto store = JobStore::Open("/proc/no/such/dir/conveyor.db");
   EXPECT_FALSE(store.ok());

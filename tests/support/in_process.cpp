@@ -24,6 +24,9 @@ class InProcessStageClient : public StageClient {
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double) override { return stage_->Connect(req); }
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double) override { return stage_->RunStep(req); }
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double) override { return stage_->GetDigest(req); }
+  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req, double) override {
+    return stage_->LoadCheckpoint(req);
+  }
   Status Abort(const v1::AbortRequest& req, double) override { return stage_->Abort(req); }
   Status Release(const v1::JobRef& req, double) override { return stage_->Release(req); }
 
