@@ -491,6 +491,9 @@ def main():
         return 0
 
     deadline = time.time() + opts.timeout
+    # NVLink multicast stays off (on shared machines it can take the GPUs out of service).
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(k, v)
     for s, m, stages, err in configs:
         if err:
             emit(result(opts, s, m, stages, error=err))
