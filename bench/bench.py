@@ -62,7 +62,7 @@ SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleav
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "busy_fraction", "theoretical_idle_fraction", "peak_gib", "note"]
+          "vs_conveyor_1dev", "statistic", "final_loss", "busy_fraction", "theoretical_idle_fraction", "peak_gib", "note"]
 
 
 # ---------------------------------------------------------------- the plan
@@ -192,7 +192,7 @@ def run_torch(args, workload, group, schedules, mbs):
         stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
         print("  torch %s: past %d s, stopped" % (group, args.timeout + 30), file=sys.stderr)
     with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n" + stderr)
+        f.write(" ".join(cmd) + "\n" + stderr + stdout)
     out = {}
     for line in stdout.splitlines():
         if line.startswith("{"):
@@ -306,11 +306,12 @@ def plot(out_dir, workload, rows):
         ms.update(p[0] for p in pts)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if impl == "conveyor" else "s",
                 linestyle="-" if impl == "conveyor" else "--", label=label)
-    for name, style in (("pytorch-1gpu", ":"), ("conveyor-1dev", "-."), ("torch-naive-mp", (0, (1, 3))),
-                        ("naive-mp", (0, (5, 5)))):
+    for name, style in (("pytorch-1gpu", ":"), ("torch-naive-mp", "-."), ("conveyor-1dev", ":"),
+                        ("naive-mp", "-.")):
         ref = [r for r in rows if r["variant"] == name]
         if ref:
-            ax.axhline(float(ref[0]["ms_per_step"]), color="gray", linestyle=style, linewidth=1, label=name)
+            ax.axhline(float(ref[0]["ms_per_step"]), color=colors[ref[0]["impl"]], linestyle=style, linewidth=1.2,
+                       label=name)
     if ms:
         ax.set_xscale("log", base=2)
         batch = batch_size(workload)
@@ -457,7 +458,7 @@ def main(argv):
                 failed.append(v["variant"])
                 continue
             add(v, r["samples_per_second"], "median of %d after %d warm-up" % (r["iters"], r["warmup"]),
-                stages=r.get("stages", ""), peak_gib="/".join(str(g) for g in r.get("peak_gib", [])))
+                stages=r.get("stages", ""), final_loss=r.get("loss", ""), peak_gib="/".join(str(g) for g in r.get("peak_gib", [])))
 
     for v in variants:
         if v["impl"] != "conveyor":
@@ -468,7 +469,7 @@ def main(argv):
             continue
         st = r.get("stages", [])
         add(v, r["steady_samples_per_second"], "mean after %d warm-up steps" % WARMUP, note,
-            stages=len(st) or 1,
+            stages=len(st) or 1, final_loss=r.get("final_loss", ""),
             busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),
             theoretical_idle_fraction="%.3f" % r["theoretical_idle_fraction"] if st else "")
 

@@ -355,7 +355,7 @@ def local_worker(_index, opts, configs):
             for d in devices:
                 torch.cuda.reset_peak_memory_stats(d)
             times = timed(step, devices, opts)
-            emit(result(opts, schedule, m, stages, times, loss=round(float(last["loss"]), 5),
+            emit(result(opts, schedule, m, stages, times, loss=round(float(last["loss"].detach()), 5),
                         peak_gib=peak_gib(devices)))
         except torch.cuda.OutOfMemoryError as e:
             emit(result(opts, schedule, m, stages, error="out of memory: %s" % str(e).splitlines()[0]))
@@ -416,7 +416,7 @@ def pp_worker(rank, opts, configs, port):
             times = timed(step, [dev], opts)
             t = torch.tensor(times, device=dev, dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
-            loss = torch.tensor([float(sum(l.float() for l in losses) / len(losses)) if losses else 0.0],
+            loss = torch.tensor([float(sum(l.detach().float() for l in losses) / len(losses)) if losses else 0.0],
                                 device=dev)
             dist.all_reduce(loss)
             mem = torch.zeros(world, device=dev)
