@@ -2,27 +2,49 @@
 """Conveyor's pipeline benchmark: the seed tutorial's comparison, grown up.
 
 For one workload of ../shared/BENCHMARKS.md (w1: ResNet50 in two stages, the
-seed experiment; w2: a 1.34 B GPT decoder in bf16) it runs, one after the other
-on this machine:
+seed experiment; w2: a 1.34 B GPT decoder in bf16) it runs, one after the
+other on this machine:
 
-  pytorch-1gpu     PyTorch itself, the whole model on one GPU (python3, when
-                   torch with CUDA can be imported; w1 also needs torchvision)
-  conveyor-1dev    `conveyor train --reference`: Conveyor's single device
-  naive-mp         2 stage servers, one micro-batch per step (plain model parallel)
-  <schedule>-m<M>  2 stage servers with each schedule over a sweep of micro-batch counts
+  PyTorch (bench/torch_pipelining.py, through python3, where it imports torch with CUDA)
+    pytorch-1gpu            the whole model on one GPU
+    torch-naive-mp          the stages on 2 GPUs in one process, no micro-batches
+    torch-split-m<M>        the seed tutorial's pipelined class: M micro-batches, one process
+    torch-pp-<sched>-m<M>   torch.distributed.pipelining, 2 processes (one GPU each, NCCL),
+                            <sched> one of gpipe, 1f1b, interleaved (2 stages per process)
+  Conveyor (--bin: the folder holding `conveyor`)
+    conveyor-1dev           `conveyor train --reference`: Conveyor's single device
+    naive-mp                2 stage servers, one micro-batch per step (plain model parallel)
+    <sched>-m<M>            2 stage servers with each schedule over a sweep of micro-batch counts
 
-It prints a table, writes bench-<workload>.csv and, where matplotlib imports,
-the seed's two pictures: a bar chart of the variants and the micro-batch
-trade-off curve. Throughput is measured after the first steps (warm-up).
+It prints a table (with each row's throughput against PyTorch's single GPU,
+against the best PyTorch variant of the run, and against Conveyor's single
+device), writes a CSV after every variant (so a run stopped at a time limit
+keeps what it measured) and, where matplotlib imports, the seed's two
+pictures: a bar chart of the variants and the split-size trade-off curve.
 
-usage: bench/bench.py w2 [--bin build-gpu/bin] [--out DIR] [--steps 10]
-                         [--micro-batches 4,8,16] [--schedules gpipe,1f1b,zero-bubble]
+A run can be cut into parts that each fit one time-limited call (--only and
+--skip take comma-separated shell patterns over the variant names; --dry-run
+lists what a run would do); `bench.py plot --csv A.csv B.csv ...` then merges
+the parts' CSVs (a later file's row replaces an earlier one of the same
+workload and variant) into one table, one CSV per workload and the plots.
+
+Throughput is taken after the first 2 steps (warm-up): Conveyor reports the
+mean rate of the steps after them, PyTorch the median iteration time of the
+steps after them (the `statistic` column says which).
+
+usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
+                            [--micro-batches 4,8,16] [--schedules gpipe,1f1b,zero-bubble]
+                            [--torch-schedules tutorial,gpipe,1f1b,interleaved]
+                            [--only PATTERNS] [--skip PATTERNS] [--dry-run]
+       bench/bench.py plot --csv A.csv [B.csv ...] [--out DIR]
 """
 import argparse
 import csv
+import fnmatch
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,10 +52,42 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-JOBS = {"w1": "examples/resnet50-w1.yaml", "w2": "examples/gpt-w2.yaml"}
-# Units per sample for the throughput column: images, or tokens.
-UNITS = {"w1": ("images", 1), "w2": ("tokens", 1024)}
+sys.path.insert(0, HERE)
+import torch_pipelining as tp  # noqa: E402  (imports no torch at module level)
 
+JOBS = {"w1": "examples/resnet50-w1.yaml", "w2": "examples/gpt-w2.yaml"}
+UNITS = {w: (v["unit"], v["per_sample"]) for w, v in tp.WORKLOADS.items()}
+DEFAULT_MICRO_BATCHES = {"w1": "2,4,6,12", "w2": "4,8,16"}
+SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleaved", "zero-bubble"]
+WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
+FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
+          "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
+          "vs_conveyor_1dev", "statistic", "final_loss", "busy_fraction", "theoretical_idle_fraction", "peak_gib", "note"]
+
+
+# ---------------------------------------------------------------- the plan
+
+def plan(args):
+    """Every variant the arguments ask for: dicts with variant, impl, schedule, m."""
+    mbs = [int(x) for x in args.micro_batches.split(",") if x]
+    out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "single", "m": 1},
+           {"variant": "torch-naive-mp", "impl": "pytorch", "schedule": "naive", "m": 1}]
+    for s in args.torch_schedules:
+        for m in mbs:
+            out.append({"variant": tp.variant_name(s, m), "impl": "pytorch", "schedule": s, "m": m})
+    out.append({"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1})
+    out.append({"variant": "naive-mp", "impl": "conveyor", "schedule": "naive", "m": 1})
+    for s in args.schedules:
+        for m in mbs:
+            out.append({"variant": "%s-m%d" % (s, m), "impl": "conveyor", "schedule": s, "m": m})
+    only = [p for p in (args.only or "").split(",") if p]
+    skip = [p for p in (args.skip or "").split(",") if p]
+    match = lambda name, patterns: any(fnmatch.fnmatch(name, p) for p in patterns)
+    return [v for v in out if (not only or match(v["variant"], only)) and not match(v["variant"], skip)
+            and not (args.no_pytorch and v["impl"] == "pytorch")]
+
+
+# ---------------------------------------------------------------- Conveyor
 
 def job_text(workload, steps, schedule=None, micro_batches=None):
     text = open(os.path.join(ROOT, JOBS[workload])).read()
@@ -49,168 +103,385 @@ def batch_size(workload):
     return int(re.search(r"(?m)^batch_size: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
 
 
-def run_conveyor(args, workload, name, extra_args, **job):
+def conveyor_command(args, v, job_path):
+    exe = os.path.join(args.bin, "conveyor")
+    if v["variant"] == "conveyor-1dev":
+        return [exe, "train", job_path, "--reference", "--device", args.device, "--json"]
+    return [exe, "local", job_path, "--json"]
+
+
+def run_conveyor(args, workload, v):
+    schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
+    micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(workload, args.steps, **job))
+        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches))
         path = f.name
-    cmd = [os.path.join(args.bin, "conveyor")] + extra_args(path) + ["--json"]
-    started = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    log = os.path.join(args.out, "%s-%s.log" % (workload, name))
+    cmd = conveyor_command(args, v, path)
+    log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print("  %s: past %d s, stopped" % (v["variant"], args.timeout), file=sys.stderr)
+        return None, "timeout"
+    except OSError as e:
+        print("  %s: cannot run %s: %s" % (v["variant"], cmd[0], e), file=sys.stderr)
+        return None, "not run"
+    finally:
+        os.unlink(path)
     with open(log, "w") as f:
         f.write(proc.stderr)
-    os.unlink(path)
-    if proc.returncode != 0:
-        print("  %s failed (exit %d), see %s" % (name, proc.returncode, log), file=sys.stderr)
-        return None
-    result = json.loads(proc.stdout)
-    result["wall_seconds"] = time.time() - started
-    return result
-
-
-def pytorch_single_gpu(args, workload):
-    """The workload in PyTorch itself, in a child python3 (torch may be absent)."""
-    code = PYTORCH_W1 if workload == "w1" else PYTORCH_W2
+    result = None
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(args.steps)], capture_output=True, text=True,
-                              timeout=args.timeout)
-    except subprocess.TimeoutExpired:
+        result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
+    except ValueError:
+        pass
+    note = ""
+    if proc.returncode != 0:
+        # A job can succeed and print its result before the CLI dies on the way out (seen once
+        # on the GPU machine): keep the job's own figure, and say so.
+        if result and result.get("state") == "succeeded":
+            note = "conveyor exited %d after the job succeeded" % proc.returncode
+        else:
+            print("  %s failed (exit %d), see %s" % (v["variant"], proc.returncode, log), file=sys.stderr)
+            return None, "exit %d" % proc.returncode
+    if not result or not result.get("steady_samples_per_second"):
+        print("  %s: no steady rate in its output, see %s" % (v["variant"], log), file=sys.stderr)
+        return None, "no result"
+    return result, note
+
+
+# ---------------------------------------------------------------- PyTorch
+
+def torch_probe(args):
+    """How many GPUs the python3 of --python sees through torch; None if it cannot import torch."""
+    try:
+        proc = subprocess.run([args.python, "-c", "import torch; print(torch.cuda.device_count())"],
+                              capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
-        print("  pytorch-1gpu skipped: %s" % (proc.stderr.strip().splitlines() or ["?"])[-1], file=sys.stderr)
         return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return int(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
 
 
-PYTORCH_W2 = r'''
-import json, sys, time, torch, torch.nn as nn, torch.nn.functional as F
-steps = int(sys.argv[1]); dev = "cuda:0"
-V, W, L, H, M, T, B = 32000, 2048, 24, 16, 8192, 1024, 32
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.n1 = nn.LayerNorm(W); s.qkv = nn.Linear(W, 3 * W); s.proj = nn.Linear(W, W)
-        s.n2 = nn.LayerNorm(W); s.fc1 = nn.Linear(W, M); s.fc2 = nn.Linear(M, W)
-    def forward(s, x):
-        b, t, w = x.shape
-        q, k, v = s.qkv(s.n1(x)).view(b, t, 3, H, w // H).permute(2, 0, 3, 1, 4)
-        x = x + s.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, w))
-        return x + s.fc2(F.gelu(s.fc1(s.n2(x))))
-class GPT(nn.Module):
-    def __init__(s):
-        super().__init__(); s.tok = nn.Embedding(V, W); s.pos = nn.Embedding(T, W)
-        s.blocks = nn.Sequential(*[Block() for _ in range(L)]); s.norm = nn.LayerNorm(W); s.out = nn.Linear(W, V)
-    def forward(s, x):
-        return s.out(s.norm(s.blocks(s.tok(x) + s.pos(torch.arange(x.shape[1], device=x.device)))))
-model = GPT().to(dev, torch.bfloat16); opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x = torch.randint(V, (B, T), device=dev); y = torch.randint(V, (B, T), device=dev)
-times = []
-for i in range(steps):
-    torch.cuda.synchronize(); t0 = time.time()
-    opt.zero_grad(); loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten()); loss.backward(); opt.step()
-    torch.cuda.synchronize(); times.append(time.time() - t0)
-steady = times[2:] or times
-print(json.dumps({"steady_samples_per_second": B * len(steady) / sum(steady)}))
-'''
-
-PYTORCH_W1 = r'''
-import json, sys, time, torch, torch.nn.functional as F, torchvision
-steps = int(sys.argv[1]); dev = "cuda:0"; B = 120
-model = torchvision.models.resnet50(num_classes=1000).to(dev); opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x = torch.randn(B, 3, 128, 128, device=dev); y = F.one_hot(torch.randint(1000, (B,), device=dev), 1000).float()
-times = []
-for i in range(steps):
-    torch.cuda.synchronize(); t0 = time.time()
-    opt.zero_grad(); F.mse_loss(model(x), y).backward(); opt.step()
-    torch.cuda.synchronize(); times.append(time.time() - t0)
-steady = times[2:] or times
-print(json.dumps({"steady_samples_per_second": B * len(steady) / sum(steady)}))
-'''
+def torch_command(args, workload, schedules, mbs):
+    cmd = [args.python, os.path.join(HERE, "torch_pipelining.py"), workload, "--schedules", ",".join(schedules),
+           "--steps", str(max(1, args.steps - WARMUP)), "--warmup", str(WARMUP),
+           "--ranks", str(args.ranks), "--timeout", str(max(30, args.timeout - 15))]
+    mbs = sorted(set(m for m in mbs if m))
+    if mbs:
+        cmd += ["--micro-batches", ",".join(str(m) for m in mbs)]
+    return cmd
 
 
-def plot(args, workload, rows):
+def run_torch(args, workload, group, schedules, mbs):
+    """One torch_pipelining.py call (the one-process variants, or one pipelined schedule):
+    its JSON lines, by variant name."""
+    cmd = torch_command(args, workload, schedules, mbs)
+    log = os.path.join(args.out, "%s-torch-%s.log" % (workload, group))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 30, env=env)
+        stdout, stderr = proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        stdout, stderr = e.stdout or "", e.stderr or ""
+        stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+        stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
+        print("  torch %s: past %d s, stopped" % (group, args.timeout + 30), file=sys.stderr)
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n" + stderr + stdout)
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+                out[r["variant"]] = r
+            except (ValueError, KeyError):
+                pass
+    return out
+
+
+# ---------------------------------------------------------------- rows, table, CSV, plots
+
+def ratios(rows):
+    """Fill each row's vs_* columns from the rows of its workload."""
+    by_w = {}
+    for r in rows:
+        by_w.setdefault(r["workload"], []).append(r)
+    for w, rs in by_w.items():
+        ref = {r["variant"]: float(r["throughput"]) for r in rs}
+        best = max([float(r["throughput"]) for r in rs if r["impl"] == "pytorch"] or [0])
+        for r in rs:
+            t = float(r["throughput"])
+            r["vs_pytorch_1gpu"] = "%.3f" % (t / ref["pytorch-1gpu"]) if "pytorch-1gpu" in ref else ""
+            r["vs_best_pytorch"] = "%.3f" % (t / best) if best else ""
+            r["vs_conveyor_1dev"] = "%.3f" % (t / ref["conveyor-1dev"]) if "conveyor-1dev" in ref else ""
+    return rows
+
+
+def table(rows, workload):
+    rs = [r for r in rows if r["workload"] == workload]
+    if not rs:
+        return ""
+    unit = rs[0]["unit"]
+    py = [r for r in rs if r["impl"] == "pytorch"]
+    best = max(py, key=lambda r: float(r["throughput"]))["variant"] if py else "-"
+    x = lambda s: "%.2fx" % float(s) if s not in ("", None) else "-"
+    lines = ["%s (best PyTorch variant: %s)" % (workload.upper(), best), "",
+             "| variant | ms / step | %s / s | vs pytorch-1gpu | vs best PyTorch | vs conveyor-1dev |" % unit,
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rs:
+        lines.append("| %s | %.1f | %.0f | %s | %s | %s |" % (
+            r["variant"], float(r["ms_per_step"]), float(r["throughput"]), x(r["vs_pytorch_1gpu"]),
+            x(r["vs_best_pytorch"]), x(r["vs_conveyor_1dev"])))
+    return "\n".join(lines)
+
+
+def write_csv(path, rows):
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        out.writeheader()
+        out.writerows(rows)
+    os.replace(tmp, path)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return [dict(r) for r in csv.DictReader(f)]
+
+
+def plot(out_dir, workload, rows):
+    rows = [r for r in rows if r["workload"] == workload]
+    if not rows:
+        return []
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("no plots: matplotlib is not installed for %s" % sys.executable, file=sys.stderr)
-        return
-    unit, per_sample = UNITS[workload]
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows)), 4))
-    ax.bar([r["variant"] for r in rows], [r["throughput"] for r in rows], color="#4C72B0")
-    ax.set_ylabel("%s / s" % unit)
-    ax.set_title("%s: throughput by variant" % workload.upper())
-    plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
-    fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "bench-%s-variants.png" % workload), dpi=120)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for schedule in args.schedules:
-        pts = sorted((r["micro_batches"], r["ms_per_step"]) for r in rows if r["schedule"] == schedule)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=schedule)
-    base = [r for r in rows if r["variant"] == "conveyor-1dev"]
+        return []
+    unit = rows[0]["unit"]
+    colors = {"pytorch": "#DD8452", "conveyor": "#4C72B0"}
+    files = []
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4.5))
+    ax.bar(range(len(rows)), [float(r["throughput"]) for r in rows],
+           color=[colors.get(r["impl"], "gray") for r in rows])
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["variant"] for r in rows], rotation=50, ha="right", fontsize=8)
+    base = [r for r in rows if r["variant"] == "pytorch-1gpu"]
     if base:
-        ax.axhline(base[0]["ms_per_step"], color="gray", linestyle="--", label="single device")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("micro-batches per step (split size = batch / micro-batches)")
-    ax.set_ylabel("ms / step")
-    ax.set_title("%s: the micro-batch trade-off" % workload.upper())
-    ax.legend()
+        ax.axhline(float(base[0]["throughput"]), color="gray", linestyle="--", linewidth=1)
+    ax.set_ylabel("%s / s" % unit)
+    ax.set_title("%s: throughput by variant (orange: PyTorch, blue: Conveyor)" % workload.upper())
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "bench-%s-split.png" % workload), dpi=120)
+    path = os.path.join(out_dir, "bench-%s-variants.png" % workload)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    files.append(path)
 
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workload", choices=sorted(JOBS))
-    p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
-    p.add_argument("--out", default=".")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--micro-batches", default="4,8,16")
-    p.add_argument("--schedules", default="gpipe,1f1b,zero-bubble")
-    p.add_argument("--device", default="cuda:0", help="device of the single-device variant")
-    p.add_argument("--no-pytorch", action="store_true")
-    p.add_argument("--timeout", type=int, default=300)
-    args = p.parse_args()
-    args.schedules = args.schedules.split(",")
-    os.makedirs(args.out, exist_ok=True)
-    w = args.workload
-    unit, per_sample = UNITS[w]
-    rows = []
-
-    def add(variant, schedule, m, sps):
-        if sps:
-            rows.append({"variant": variant, "schedule": schedule, "micro_batches": m,
-                         "samples_per_second": sps, "throughput": sps * per_sample,
-                         "ms_per_step": 1000.0 * batch_size(w) / sps})
-            print("  %-22s %10.1f %s/s" % (variant, sps * per_sample, unit), flush=True)
-
-    if not args.no_pytorch:
-        r = pytorch_single_gpu(args, w)
-        add("pytorch-1gpu", "", 1, r and r["steady_samples_per_second"])
-    r = run_conveyor(args, w, "conveyor-1dev", lambda job: ["train", job, "--reference", "--device", args.device])
-    add("conveyor-1dev", "", 1, r and r["steady_samples_per_second"])
-    r = run_conveyor(args, w, "naive-mp", lambda job: ["local", job], schedule="gpipe", micro_batches=1)
-    add("naive-mp", "naive", 1, r and r["steady_samples_per_second"])
-    for schedule in args.schedules:
-        for m in [int(x) for x in args.micro_batches.split(",")]:
-            name = "%s-m%d" % (schedule, m)
-            r = run_conveyor(args, w, name, lambda job: ["local", job], schedule=schedule, micro_batches=m)
-            add(name, schedule, m, r and r["steady_samples_per_second"])
-
-    ref = {r["variant"]: r["throughput"] for r in rows}
-    print("\n| variant | ms / step | %s / s | vs conveyor-1dev | vs pytorch-1gpu |" % unit)
-    print("| --- | --- | --- | --- | --- |")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = {}
     for r in rows:
-        vs = lambda k: "%.2fx" % (r["throughput"] / ref[k]) if k in ref else "-"
-        print("| %s | %.1f | %.0f | %s | %s |" % (r["variant"], r["ms_per_step"], r["throughput"],
-                                                  vs("conveyor-1dev"), vs("pytorch-1gpu")))
-    with open(os.path.join(args.out, "bench-%s.csv" % w), "w", newline="") as f:
-        out = csv.DictWriter(f, fieldnames=list(rows[0].keys()) if rows else ["variant"])
-        out.writeheader()
-        out.writerows(rows)
-    plot(args, w, rows)
+        m = int(r["micro_batches"])
+        if r["impl"] == "pytorch" and r["schedule"] in tp.PIPELINED:
+            label = "torch.distributed.pipelining %s" % r["schedule"]
+        elif r["impl"] == "pytorch" and r["schedule"] == "tutorial":
+            label = "PyTorch tutorial's pipelined class"
+        elif r["impl"] == "conveyor" and r["schedule"] not in ("", "naive"):
+            label = "Conveyor %s" % r["schedule"]
+        else:
+            continue
+        series.setdefault((r["impl"], label), []).append((m, float(r["ms_per_step"])))
+    ms = set()
+    for (impl, label), pts in sorted(series.items()):
+        pts.sort()
+        ms.update(p[0] for p in pts)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if impl == "conveyor" else "s",
+                linestyle="-" if impl == "conveyor" else "--", label=label)
+    for name, style in (("pytorch-1gpu", ":"), ("torch-naive-mp", "-."), ("conveyor-1dev", ":"),
+                        ("naive-mp", "-.")):
+        ref = [r for r in rows if r["variant"] == name]
+        if ref:
+            ax.axhline(float(ref[0]["ms_per_step"]), color=colors[ref[0]["impl"]], linestyle=style, linewidth=1.2,
+                       label=name)
+    if ms:
+        ax.set_xscale("log", base=2)
+        batch = batch_size(workload)
+        ticks = sorted(ms)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(["%d\n(%s)" % (m, batch // m) for m in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel("micro-batches per step (split size)")
+    ax.set_ylabel("ms / step")
+    ax.set_title("%s: the split-size trade-off" % workload.upper())
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "bench-%s-split.png" % workload)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    files.append(path)
+    return files
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_plot(argv):
+    p = argparse.ArgumentParser(prog="bench.py plot", description="merge the CSVs of several runs: "
+                                "one table, one CSV per workload and the plots")
+    p.add_argument("--csv", nargs="+", required=True)
+    p.add_argument("--out", default=".")
+    args = p.parse_args(argv)
+    merged = {}
+    for path in args.csv:
+        for r in read_csv(path):
+            merged[(r["workload"], r["variant"])] = r
+    rows = ratios(list(merged.values()))
+    os.makedirs(args.out, exist_ok=True)
+    for w in sorted({r["workload"] for r in rows}):
+        rs = [r for r in rows if r["workload"] == w]
+        # PyTorch's rows first, then Conveyor's; within each, by schedule, then micro-batches
+        rank = lambda r: (r["impl"] != "pytorch", SCHEDULE_ORDER.index(r["schedule"])
+                          if r["schedule"] in SCHEDULE_ORDER else len(SCHEDULE_ORDER), r["schedule"],
+                          int(r["micro_batches"]))
+        rs.sort(key=rank)
+        print(table(rs, w) + "\n")
+        path = os.path.join(args.out, "bench-%s.csv" % w)
+        write_csv(path, rs)
+        print("wrote %s" % path)
+        for f in plot(args.out, w, rs):
+            print("wrote %s" % f)
+    return 0
+
+
+def main(argv):
+    if argv[:1] == ["plot"]:
+        return cmd_plot(argv[1:])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", choices=sorted(JOBS), help="or `plot`: see below")
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="folder holding `conveyor`")
+    p.add_argument("--out", default=".", help="folder for the logs and plots")
+    p.add_argument("--csv", default=None, help="CSV to write (default OUT/bench-WORKLOAD.csv)")
+    p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
+    p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
+    p.add_argument("--schedules", default="gpipe,1f1b,zero-bubble", help="Conveyor's schedules")
+    p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
+                   help="PyTorch's micro-batched variants: tutorial, gpipe, 1f1b, interleaved")
+    p.add_argument("--only", default=None, help="comma-separated patterns: run only variants matching one")
+    p.add_argument("--skip", default=None, help="comma-separated patterns: leave out variants matching one")
+    p.add_argument("--device", default="cuda:0", help="device of conveyor-1dev")
+    p.add_argument("--python", default=shutil.which("python3") or sys.executable,
+                   help="the python3 that runs torch_pipelining.py")
+    p.add_argument("--ranks", type=int, default=2, help="GPUs of PyTorch's 2-stage variants")
+    p.add_argument("--no-pytorch", action="store_true", help="leave out every PyTorch variant")
+    p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
+    p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
+    args = p.parse_args(argv)
+    args.schedules = [s for s in args.schedules.split(",") if s]
+    args.torch_schedules = [s for s in args.torch_schedules.split(",") if s]
+    for s in args.torch_schedules:
+        if s not in ("tutorial",) + tp.PIPELINED:
+            p.error("--torch-schedules: unknown %r" % s)
+    w = args.workload
+    args.micro_batches = args.micro_batches or DEFAULT_MICRO_BATCHES[w]
+    csv_path = args.csv or os.path.join(args.out, "bench-%s.csv" % w)
+    variants = plan(args)
+    unit, per_sample = UNITS[w]
+
+    # One torch_pipelining.py call for the one-process variants, one per pipelined schedule
+    # (so that a schedule that fails or hangs costs only its own rows).
+    torch_groups = {}
+    for v in variants:
+        if v["impl"] == "pytorch":
+            group = v["schedule"] if v["schedule"] in tp.PIPELINED else "local"
+            g = torch_groups.setdefault(group, {"schedules": [], "mbs": []})
+            if v["schedule"] not in g["schedules"]:
+                g["schedules"].append(v["schedule"])
+            if v["schedule"] not in ("single", "naive"):
+                g["mbs"].append(v["m"])
+    if args.dry_run:
+        print("%s: %d variants, CSV %s" % (w, len(variants), csv_path))
+        for group, g in torch_groups.items():
+            print("  " + " ".join(torch_command(args, w, g["schedules"], g["mbs"])))
+        for v in variants:
+            if v["impl"] == "conveyor":
+                print("  %-22s %s  (job %s, schedule %s, micro_batches %d)" % (
+                    v["variant"], " ".join(conveyor_command(args, v, "JOB")[:2]), JOBS[w],
+                    v["schedule"] or "-", v["m"]))
+            else:
+                print("  %-22s torch_pipelining.py --schedules %s" % (v["variant"], v["schedule"]))
+        return 0
+    if not variants:
+        print("no variant left to run (see --only, --skip)", file=sys.stderr)
+        return 2
+
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+    failed = []
+
+    def add(v, sps, statistic, note="", **extra):
+        stages = extra.pop("stages", "")
+        rows.append(dict({"workload": w, "variant": v["variant"], "impl": v["impl"], "schedule": v["schedule"],
+                          "micro_batches": v["m"], "stages": stages,
+                          "ms_per_step": "%.2f" % (1000.0 * batch_size(w) / sps),
+                          "samples_per_second": "%.3f" % sps, "throughput": "%.1f" % (sps * per_sample),
+                          "unit": unit, "statistic": statistic, "note": note}, **extra))
+        ratios(rows)
+        write_csv(csv_path, rows)
+        print("  %-26s %10.1f %s/s  %8.1f ms/step %s" % (v["variant"], sps * per_sample, unit,
+                                                         1000.0 * batch_size(w) / sps, note), flush=True)
+
+    if torch_groups:
+        gpus = torch_probe(args)
+        if gpus is None:
+            print("  PyTorch variants skipped: %s cannot import torch" % args.python, file=sys.stderr)
+            failed += [v["variant"] for v in variants if v["impl"] == "pytorch"]
+            torch_groups = {}
+        else:
+            print("  %s: torch sees %d GPU(s)" % (args.python, gpus), flush=True)
+    for group, g in torch_groups.items():
+        got = run_torch(args, w, group, g["schedules"], g["mbs"])
+        for v in variants:
+            if v["impl"] != "pytorch" or v["schedule"] not in g["schedules"]:
+                continue
+            r = got.get(v["variant"])
+            if not r or "error" in r or not r.get("samples_per_second"):
+                print("  %s: %s" % (v["variant"], (r or {}).get("error", "no result, see the log")),
+                      file=sys.stderr)
+                failed.append(v["variant"])
+                continue
+            add(v, r["samples_per_second"], "median of %d after %d warm-up" % (r["iters"], r["warmup"]),
+                stages=r.get("stages", ""), final_loss=r.get("loss", ""), peak_gib="/".join(str(g) for g in r.get("peak_gib", [])))
+
+    for v in variants:
+        if v["impl"] != "conveyor":
+            continue
+        r, note = run_conveyor(args, w, v)
+        if not r:
+            failed.append(v["variant"])
+            continue
+        st = r.get("stages", [])
+        add(v, r["steady_samples_per_second"], "mean after %d warm-up steps" % WARMUP, note,
+            stages=len(st) or 1, final_loss=r.get("final_loss", ""),
+            busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),
+            theoretical_idle_fraction="%.3f" % r["theoretical_idle_fraction"] if st else "")
+
+    print()
+    print(table(rows, w))
+    if failed:
+        print("\nnot measured: %s" % ", ".join(failed))
+    print("\nwrote %s" % csv_path)
+    for f in plot(args.out, w, rows):
+        print("wrote %s" % f)
+    return 0 if rows else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
