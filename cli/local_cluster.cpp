@@ -138,7 +138,7 @@ StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::s
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);
-    execv(cargv[0], cargv.data());
+    execvp(cargv[0], cargv.data());
     std::perror(("cannot run " + argv[0]).c_str());
     _exit(127);
   }
@@ -155,7 +155,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   std::string tmpl = (std::filesystem::temp_directory_path() / "conveyor-local-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) return absl::InternalError("cannot create a temporary folder");
   c->run_dir_ = tmpl;
-  const std::string stage_bin = options.bin_dir + "/stage_server";
+  const std::string stage_bin = std::filesystem::absolute(options.bin_dir + "/stage_server").string();
   const std::string coord_bin = options.bin_dir + "/coordinator";
   for (const auto& bin : {stage_bin, coord_bin}) {
     if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
@@ -165,15 +165,20 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     Child& child = c->children_[i];
     child.name = "stage-" + std::to_string(i);
     std::string device = i < static_cast<int>(options.devices.size()) ? options.devices[i] : "cpu";
-    child.args = {stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
-                  std::to_string(options.threads_per_stage), "--checkpoint-dir",
-                  c->run_dir_ + "/" + child.name + "/checkpoints", "--log-level", options.log_level};
+    if (i < static_cast<int>(options.stage_prefixes.size())) child.args = options.stage_prefixes[i];
+    const std::string host = i < static_cast<int>(options.stage_hosts.size()) ? options.stage_hosts[i] : "127.0.0.1";
+    child.listen_arg = child.args.size() + 2;
+    for (const std::string& a : {stage_bin, std::string("--listen"), host + ":0", std::string("--device"), device,
+                                 std::string("--threads"), std::to_string(options.threads_per_stage),
+                                 std::string("--checkpoint-dir"), c->run_dir_ + "/" + child.name + "/checkpoints",
+                                 std::string("--log-level"), options.log_level})
+      child.args.push_back(a);
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)
       if (stage == i) env.push_back(e);
     auto address = c->Spawn(&child, env);
     if (!address.ok()) return address.status();
-    child.args[2] = *address;  // a restart comes back at the same address
+    child.args[child.listen_arg] = *address;  // a restart comes back at the same address
     c->stage_addresses_.push_back(*address);
   }
   std::string stages;
@@ -182,9 +187,10 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   coordinator.name = "coordinator";
   coordinator.args = {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
                       c->run_dir_ + "/state", "--log-level", options.log_level};
+  coordinator.listen_arg = 2;
   auto address = c->Spawn(&coordinator, {});
   if (!address.ok()) return address.status();
-  coordinator.args[2] = *address;
+  coordinator.args[coordinator.listen_arg] = *address;
   c->coordinator_address_ = *address;
   if (options.restart_stages) {
     c->wake_fd_ = eventfd(0, EFD_CLOEXEC);
@@ -224,7 +230,7 @@ void LocalCluster::Supervise() {
       }
       LOG_WARN(child.name, " exited (", WIFSIGNALED(wstatus) ? "signal " + std::to_string(WTERMSIG(wstatus))
                                                               : "code " + std::to_string(WEXITSTATUS(wstatus)),
-               "): starting it again at ", child.args[2]);
+               "): starting it again at ", child.args[child.listen_arg]);
       auto address = Spawn(&child, {});
       if (!address.ok()) LOG_ERROR("cannot restart ", child.name, ": ", address.status().message());
     }

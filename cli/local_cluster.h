@@ -29,6 +29,11 @@ struct LocalClusterOptions {
   std::string log_level = "info";
   double start_timeout_s = 60;
   bool restart_stages = false;
+  // Per stage, optional: the host to listen on (default 127.0.0.1), and words
+  // to run it under, e.g. {"ip", "netns", "exec", "host-1"} (tests run stages
+  // as separate hosts this way).
+  std::vector<std::string> stage_hosts;
+  std::vector<std::vector<std::string>> stage_prefixes;
   // Extra environment ("NAME=value") for the first start of one stage, e.g. a
   // chaos hook; a restarted stage runs without it.
   std::vector<std::pair<int, std::string>> first_start_env;
@@ -62,6 +67,7 @@ class LocalCluster {
   struct Child {
     std::string name;
     std::vector<std::string> args;  // without --port-file
+    std::size_t listen_arg = 0;     // args[listen_arg] is the HOST:PORT to listen on
     pid_t pid = -1;
   };
   LocalCluster() = default;

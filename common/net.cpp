@@ -15,6 +15,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A peer that comes back (a restarted stage, a link up again) is found
+  // within a couple of seconds, not gRPC's default of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetMaxSendMessageSize(-1);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   // Each channel its own connection: a stage's links must not share one.

@@ -13,6 +13,7 @@ packages=(
   libspdlog-dev libgtest-dev libgmock-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libsqlite3-dev libssl-dev zlib1g-dev
   dataset-fashion-mnist python3-matplotlib docker-compose clang-14 libclang-rt-14-dev
+  iproute2 openssl
 )
 if [ "$(scripts/torch-source.sh)" = debian ]; then
   packages+=(libtorch-dev)

@@ -33,7 +33,7 @@ struct CommandResult {
   std::string out;  // stdout
   std::string err;  // stderr
 };
-// Runs argv (no shell) and collects its output.
+// Runs argv (no shell; argv[0] is looked up in PATH) and collects its output.
 CommandResult RunCommand(const std::vector<std::string>& argv);
 
 bool HaveFashionMnist();
