@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace conveyor::cli {
 namespace {
@@ -80,6 +81,19 @@ StatusOr<std::string> WaitForPortFile(const std::string& path, pid_t pid, const 
   close(fd);
   if (child >= 0) close(child);
   return result;
+}
+
+// The children's TLS flags; none without a certificate.
+std::vector<std::string> TlsArgs(const TlsFiles& tls) {
+  if (tls.cert.empty() && tls.key.empty() && tls.ca.empty()) return {};
+  std::vector<std::string> args = {"--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca};
+  if (!tls.server_name.empty()) args.insert(args.end(), {"--tls-server-name", tls.server_name});
+  return args;
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 }  // namespace
@@ -154,18 +168,26 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   for (const auto& bin : {stage_bin, coord_bin}) {
     if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
   }
+  const std::vector<std::string> tls = TlsArgs(options.tls);
   for (int i = 0; i < options.stages; ++i) {
     std::string device = i < static_cast<int>(options.devices.size()) ? options.devices[i] : "cpu";
     auto address = c->Spawn("stage-" + std::to_string(i),
-                            {stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
-                             std::to_string(options.threads_per_stage), "--log-level", options.log_level});
+                            Concat({stage_bin, "--listen", "127.0.0.1:0", "--device", device, "--threads",
+                                    std::to_string(options.threads_per_stage), "--log-level", options.log_level},
+                                   tls));
     if (!address.ok()) return address.status();
     c->stage_addresses_.push_back(*address);
   }
   std::string stages;
   for (const auto& a : c->stage_addresses_) stages += (stages.empty() ? "" : ",") + a;
-  auto address = c->Spawn("coordinator", {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
-                                          c->run_dir_ + "/state", "--log-level", options.log_level});
+  std::vector<std::string> coord_args = {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
+                                         c->run_dir_ + "/state", "--log-level", options.log_level};
+  if (!options.auth_token.empty()) {
+    const std::string token_file = c->run_dir_ + "/token";  // run_dir_ is the caller's alone (mkdtemp: 0700)
+    CONVEYOR_RETURN_IF_ERROR(WriteFileAtomically(token_file, options.auth_token + "\n"));
+    coord_args.insert(coord_args.end(), {"--auth-token-file", token_file});
+  }
+  auto address = c->Spawn("coordinator", Concat(coord_args, tls));
   if (!address.ok()) return address.status();
   c->coordinator_address_ = *address;
   return c;

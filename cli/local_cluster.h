@@ -3,7 +3,8 @@
 // from its port file. The machine's cores are divided among the stages.
 //
 // Children get SIGTERM when the cluster is stopped or destroyed, and when this
-// process dies (PR_SET_PDEATHSIG).
+// process dies (PR_SET_PDEATHSIG). With TLS files, every child serves and calls
+// over mutual TLS; the caller configures its own channels (SetProcessTls).
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/security.h"
 #include "common/status.h"
 
 namespace conveyor::cli {
@@ -23,6 +25,8 @@ struct LocalClusterOptions {
   int threads_per_stage = 1;
   std::string log_level = "info";
   double start_timeout_s = 60;
+  TlsFiles tls;            // given to every child; none: no TLS
+  std::string auth_token;  // the coordinator requires it for SubmitJob and CancelJob; empty: none
 };
 
 class LocalCluster {
