@@ -62,7 +62,7 @@ std::string& BearerToken() {
 StatusOr<std::string> ResolveToken(const Common& c) {
   if (!c.token_file.empty()) return ReadTokenFile(c.token_file);
   const char* env = std::getenv("CONVEYOR_TOKEN");
-  if (!env) return std::string();
+  if (!env || !*env) return std::string();
   return ParseToken(env, "$CONVEYOR_TOKEN");
 }
 
