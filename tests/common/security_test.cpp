@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "tests/support/test_util.h"
@@ -23,6 +24,7 @@ class LoadTlsTest : public ::testing::Test {
     other_ = new TlsFiles(testing::MakeCertificate(*dir_, "other"));
   }
   static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
     delete node_;
     delete other_;
     delete dir_;

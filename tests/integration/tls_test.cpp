@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "cli/local_cluster.h"
@@ -47,7 +48,8 @@ grpc::Status Health(const std::string& address, const std::optional<TlsOptions>&
 class Tls : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = testing::MakeTempDir("tls");
+    dir_ = testing::MakeTempDir("tls");
+    const std::string& dir = dir_;
     node_ = testing::MakeCertificate(dir, "node", {"localhost", "127.0.0.1"});
     cli_ = testing::MakeCertificate(dir, "cli");
     stranger_ = testing::MakeCertificate(dir + "/other-ca", "node", {"localhost", "127.0.0.1"});
@@ -68,6 +70,7 @@ class Tls : public ::testing::Test {
   static void TearDownTestSuite() {
     delete cluster_;
     cluster_ = nullptr;
+    std::filesystem::remove_all(dir_);
   }
   void SetUp() override { ASSERT_TRUE(cluster_); }
 
@@ -95,12 +98,12 @@ class Tls : public ::testing::Test {
 
   static cli::LocalCluster* cluster_;
   static TlsFiles node_, cli_, stranger_;
-  static std::string token_file_, job_file_;
+  static std::string dir_, token_file_, job_file_;
 };
 
 cli::LocalCluster* Tls::cluster_ = nullptr;
 TlsFiles Tls::node_, Tls::cli_, Tls::stranger_;
-std::string Tls::token_file_, Tls::job_file_;
+std::string Tls::dir_, Tls::token_file_, Tls::job_file_;
 
 TEST_F(Tls, AJobRunsEndToEndOverMutualTls) {
   const auto client = Load(cli_);
@@ -157,7 +160,7 @@ TEST_F(Tls, SubmitAndCancelNeedTheToken) {
   EXPECT_THAT(st.error_message(), HasSubstr("this coordinator requires a token"));
   st = Submit(client, "tls-test-token-7d1f", nullptr);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_THAT(st.error_message(), AllOf(Not(HasSubstr("7d1")), Not(HasSubstr("7d1f"))));
+  EXPECT_THAT(st.error_message(), Not(HasSubstr("7d1"))) << "names neither the token sent nor the right one";
 
   auto stub = v1::Coordinator::NewStub(MakeChannel(cluster_->coordinator_address(), client));
   v1::JobRef ref;
@@ -234,6 +237,7 @@ TEST(TlsFlags, APartialSetOrABadFileIsAUsageError) {
   r = RunCommand({Binary("coordinator"), "--stages", "127.0.0.1:1", "--state-dir", dir, "--auth-token-file", empty});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr(empty + " holds no token"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
