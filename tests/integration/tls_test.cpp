@@ -68,6 +68,10 @@ class Tls : public ::testing::Test {
     if (cluster.ok()) cluster_ = cluster->release();
   }
   static void TearDownTestSuite() {
+    if (cluster_) {
+      cluster_->Stop();
+      std::filesystem::remove_all(cluster_->run_dir());  // logs, state, and a copy of the token
+    }
     delete cluster_;
     cluster_ = nullptr;
     std::filesystem::remove_all(dir_);
