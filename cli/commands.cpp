@@ -19,6 +19,7 @@
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/security.h"
 #include "common/server.h"
 #include "common/device.h"
 #include "conveyor.grpc.pb.h"
@@ -46,7 +47,24 @@ struct Common {
   std::string coordinator;
   std::string log_level = "warn";
   bool json = false;
+  TlsFiles tls;
+  std::string token_file;
 };
+
+// The token every call to the coordinator carries (empty: none). Set once in
+// Main() from --token-file or $CONVEYOR_TOKEN, before any call.
+std::string& BearerToken() {
+  static std::string token;
+  return token;
+}
+
+// --token-file, else $CONVEYOR_TOKEN, else no token.
+StatusOr<std::string> ResolveToken(const Common& c) {
+  if (!c.token_file.empty()) return ReadTokenFile(c.token_file);
+  const char* env = std::getenv("CONVEYOR_TOKEN");
+  if (!env || !*env) return std::string();
+  return ParseToken(env, "$CONVEYOR_TOKEN");
+}
 
 std::string CoordinatorAddress(const Common& c) {
   if (!c.coordinator.empty()) return c.coordinator;
@@ -65,6 +83,7 @@ Status Call(v1::Coordinator::Stub& stub,
             const Req& req, Reply* reply) {
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(30));
+  AddBearerToken(&ctx, BearerToken());
   return FromGrpc((stub.*method)(&ctx, req, reply));
 }
 
@@ -87,6 +106,7 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   req.set_job_id(job_id);
   req.set_omit_losses(true);
   grpc::ClientContext ctx;
+  AddBearerToken(&ctx, BearerToken());
   auto reader = stub.WatchJob(&ctx, req);
   v1::JobStatus status;
   bool ended = false;
@@ -260,6 +280,7 @@ class InterruptWatcher {
         v1::JobStatus status;
         grpc::ClientContext ctx;
         ctx.set_deadline(DeadlineAfter(10));
+        AddBearerToken(&ctx, BearerToken());
         stub_->CancelJob(&ctx, req, &status);
       }
     }
@@ -289,6 +310,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
     options.devices.push_back(gpus > 0 ? "cuda:" + std::to_string(i % gpus) : "cpu");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.threads_per_stage = std::max(1, cores / options.stages);
+  options.tls = c.tls;
+  options.auth_token = BearerToken();
 
   BlockTerminationSignals();
   InterruptWatcher interrupts;
@@ -326,10 +349,14 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
 int Main(int argc, char** argv) {
   CLI::App app{"conveyor: pipeline-parallel training as services"};
   app.require_subcommand(1);
+  app.fallthrough();  // the options below also after the command: `conveyor local JOB --tls-cert ...`
   Common common;
   app.add_option("--coordinator", common.coordinator,
                  "coordinator HOST:PORT (default: $CONVEYOR_COORDINATOR, else 127.0.0.1:50050)");
   app.add_option("-v,--log-level", common.log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  AddTlsFlags(app, &common.tls, "CONVEYOR_");
+  app.add_option("--token-file", common.token_file,
+                 "file holding the coordinator's token, for submit and cancel (default: $CONVEYOR_TOKEN)");
 
   std::string file, job_id, device = "cpu", address, trace_prefix;
   bool wait = false, reference = false;
@@ -377,6 +404,13 @@ int Main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (!ConfigureLogging(common.log_level, "conveyor")) return 2;
+  if (!ConfigureTls(common.tls, "conveyor")) return 2;
+  auto token = ResolveToken(common);
+  if (!token.ok()) {
+    std::cerr << "conveyor: error: " << token.status().message() << "\n";
+    return 2;
+  }
+  BearerToken() = std::move(*token);
 
   if (*submit) return CmdSubmit(common, file, wait);
   if (*status) return CmdStatus(common, job_id);

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/net.h"
 
 namespace conveyor::cli {
 namespace {
@@ -83,6 +84,15 @@ StatusOr<std::string> WaitForPortFile(const std::string& path, pid_t pid, const 
   if (child >= 0) close(child);
   return result;
 }
+
+// The children's TLS flags; none without a certificate.
+std::vector<std::string> TlsArgs(const TlsFiles& tls) {
+  if (tls.cert.empty() && tls.key.empty() && tls.ca.empty()) return {};
+  std::vector<std::string> args = {"--tls-cert", tls.cert, "--tls-key", tls.key, "--tls-ca", tls.ca};
+  if (!tls.server_name.empty()) args.insert(args.end(), {"--tls-server-name", tls.server_name});
+  return args;
+}
+
 
 }  // namespace
 
@@ -161,6 +171,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
   }
   c->children_.resize(options.stages + 1);  // no reallocation: Spawn holds pointers
+  const std::vector<std::string> tls = TlsArgs(options.tls);
   for (int i = 0; i < options.stages; ++i) {
     Child& child = c->children_[i];
     child.name = "stage-" + std::to_string(i);
@@ -173,6 +184,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
                                  std::string("--checkpoint-dir"), c->run_dir_ + "/" + child.name + "/checkpoints",
                                  std::string("--log-level"), options.log_level})
       child.args.push_back(a);
+    child.args.insert(child.args.end(), tls.begin(), tls.end());
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)
       if (stage == i) env.push_back(e);
@@ -188,6 +200,12 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   coordinator.args = {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
                       c->run_dir_ + "/state", "--log-level", options.log_level};
   coordinator.listen_arg = 2;
+  if (!options.auth_token.empty()) {
+    const std::string token_file = c->run_dir_ + "/token";  // run_dir_ is the caller's alone (mkdtemp: 0700)
+    CONVEYOR_RETURN_IF_ERROR(WriteFileAtomically(token_file, options.auth_token + "\n"));
+    coordinator.args.insert(coordinator.args.end(), {"--auth-token-file", token_file});
+  }
+  coordinator.args.insert(coordinator.args.end(), tls.begin(), tls.end());
   auto address = c->Spawn(&coordinator, {});
   if (!address.ok()) return address.status();
   coordinator.args[coordinator.listen_arg] = *address;

@@ -6,6 +6,8 @@
 // process dies (PR_SET_PDEATHSIG). Each stage keeps its checkpoints in its own
 // folder under run_dir(). With `restart_stages` a supervisor thread starts a
 // stage that died again at the same address, as Docker's restart policy would.
+// With TLS files, every child serves and calls over mutual TLS; the caller
+// configures its own channels (SetProcessTls).
 #pragma once
 
 #include <sys/types.h>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/security.h"
 #include "common/status.h"
 
 namespace conveyor::cli {
@@ -37,6 +40,8 @@ struct LocalClusterOptions {
   // Extra environment ("NAME=value") for the first start of one stage, e.g. a
   // chaos hook; a restarted stage runs without it.
   std::vector<std::pair<int, std::string>> first_start_env;
+  TlsFiles tls;            // given to every child; none: no TLS
+  std::string auth_token;  // the coordinator requires it for SubmitJob and CancelJob; empty: none
 };
 
 class LocalCluster {

@@ -1,7 +1,6 @@
 #include "common/net.h"
 
 #include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
 #include <cstdio>
@@ -10,6 +9,10 @@
 namespace conveyor {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return MakeChannel(address, ProcessTls());
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const std::optional<TlsOptions>& tls) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -24,7 +27,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   // Each channel its own connection: a stage's links must not share one.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (tls && !tls->server_name.empty()) args.SetSslTargetNameOverride(tls->server_name);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(tls), args);
 }
 
 Status WaitConnected(grpc::Channel& channel, const std::string& what, const std::string& address,

@@ -7,8 +7,10 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "common/security.h"
 #include "common/status.h"
 
 namespace conveyor {
@@ -17,9 +19,13 @@ namespace conveyor {
 // they are buffered.
 constexpr int kMaxMessageBytes = 1 << 30;
 
-// An insecure channel with keepalive pings (a peer that vanishes without a
-// reset is noticed) and no send-size limit.
+// A channel with keepalive pings (a peer that vanishes without a reset is
+// noticed) and no send-size limit, secured as this process is configured
+// (SetProcessTls in common/security.h): mutual TLS, or insecure by default.
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// The same with explicit security (nullopt: insecure), for tests and tools
+// that act as another client than the process.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const std::optional<TlsOptions>& tls);
 
 // UNAVAILABLE naming `what` and the address unless the channel connects by
 // `deadline`.

@@ -1,13 +1,13 @@
 #include "common/server.h"
 
 #include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include <csignal>
 
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/security.h"
 
 namespace conveyor {
 
@@ -20,7 +20,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& liste
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, ServerCredentials(ProcessTls()), &server->port_);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);

@@ -1,6 +1,8 @@
 // A started gRPC server: the bound address (port 0 picks a free one), the
 // standard health service, message-size limits, keepalive, and an optional
-// port file written once the server accepts calls.
+// port file written once the server accepts calls. It is secured as the
+// process is configured (SetProcessTls in common/security.h): mutual TLS, every
+// client presenting a certificate from the CA, or insecure by default.
 #pragma once
 
 #include <grpcpp/server.h>

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "common/logging.h"
+#include "common/security.h"
 #include "common/server.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_service.h"
@@ -20,15 +21,32 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", options.state_dir, "folder for the job database")->required();
   app.add_option("--port-file", port_file, "write the bound HOST:PORT here once serving");
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  conveyor::TlsFiles tls;
+  conveyor::AddTlsFlags(app, &tls);
+  std::string token_file;
+  app.add_option("--auth-token-file", token_file,
+                 "file holding the token that SubmitJob and CancelJob must carry (authorization: Bearer TOKEN)");
   CLI11_PARSE(app, argc, argv);
 
   if (!conveyor::ConfigureLogging(log_level, "coordinator")) return 2;
+  if (!conveyor::ConfigureTls(tls, "coordinator")) return 2;
+  std::string token;
+  if (!token_file.empty()) {
+    auto read = conveyor::ReadTokenFile(token_file);
+    if (!read.ok()) {
+      std::fprintf(stderr, "coordinator: error: %s\n", std::string(read.status().message()).c_str());
+      return 2;
+    }
+    token = std::move(*read);
+    LOG_INFO("SubmitJob and CancelJob require the token in ", token_file,
+             conveyor::ProcessTls() ? "" : " (without TLS it crosses the network in clear text)");
+  }
   auto coordinator = conveyor::Coordinator::Start(options);
   if (!coordinator.ok()) {
     LOG_ERROR("cannot start: ", coordinator.status().message());
     return 1;
   }
-  conveyor::CoordinatorService service(coordinator->get());
+  conveyor::CoordinatorService service(coordinator->get(), token);
   auto server = conveyor::GrpcServer::Start(listen, {&service}, port_file);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());

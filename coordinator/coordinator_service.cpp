@@ -1,11 +1,13 @@
 #include "coordinator/coordinator_service.h"
 
 #include "common/job_spec.h"
+#include "common/security.h"
 
 namespace conveyor {
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
                                            v1::SubmitJobReply* reply) {
+  if (Status auth = CheckBearerToken(ctx->client_metadata(), auth_token_); !auth.ok()) return ToGrpc(auth);
   auto id = coordinator_->Submit(req->job_yaml());
   if (!id.ok()) return ToGrpc(id.status());
   reply->set_job_id(*id);
@@ -27,7 +29,8 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJo
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) {
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::JobStatus* reply) {
+  if (Status auth = CheckBearerToken(ctx->client_metadata(), auth_token_); !auth.ok()) return ToGrpc(auth);
   auto status = coordinator_->Cancel(req->job_id());
   if (!status.ok()) return ToGrpc(status.status());
   *reply = std::move(*status);

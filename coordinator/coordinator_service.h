@@ -1,14 +1,21 @@
 // gRPC adapter of the Coordinator (the job API the CLI calls).
 #pragma once
 
+#include <string>
+#include <utility>
+
 #include "conveyor.grpc.pb.h"
 #include "coordinator/coordinator.h"
 
 namespace conveyor {
 
+// With a non-empty `auth_token`, SubmitJob and CancelJob (the calls that change
+// something) require "authorization: Bearer AUTH_TOKEN" and answer
+// UNAUTHENTICATED otherwise; the read-only calls stay open.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(Coordinator* coordinator) : coordinator_(coordinator) {}
+  explicit CoordinatorService(Coordinator* coordinator, std::string auth_token = "")
+      : coordinator_(coordinator), auth_token_(std::move(auth_token)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* req, v1::SubmitJobReply* reply) override;
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* reply) override;
@@ -20,6 +27,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
  private:
   Coordinator* coordinator_;  // not owned
+  const std::string auth_token_;
 };
 
 }  // namespace conveyor

@@ -11,7 +11,7 @@ packages=(
   cmake g++ ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libgtest-dev libgmock-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
-  libsqlite3-dev libssl-dev zlib1g-dev
+  libsqlite3-dev libssl-dev openssl zlib1g-dev
   dataset-fashion-mnist python3-matplotlib docker-compose clang-14 libclang-rt-14-dev
   iproute2 openssl
 )

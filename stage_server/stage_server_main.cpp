@@ -5,6 +5,7 @@
 
 #include "common/device.h"
 #include "common/logging.h"
+#include "common/security.h"
 #include "stage_server/stage_server.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "folder for this stage's checkpoints (jobs with checkpoint_every need one)");
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  conveyor::TlsFiles tls;
+  conveyor::AddTlsFlags(app, &tls);
   bool count_gpus = false;
   app.add_flag("--count-gpus", count_gpus, "print how many CUDA devices this process can use, and exit");
   CLI11_PARSE(app, argc, argv);
@@ -30,6 +33,7 @@ int main(int argc, char** argv) {
   }
 
   if (!conveyor::ConfigureLogging(log_level, "stage")) return 2;
+  if (!conveyor::ConfigureTls(tls, "stage_server")) return 2;
   auto server = conveyor::StageServer::Start(options);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());

@@ -83,6 +83,24 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   return r;
 }
 
+std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl = ::testing::TempDir() + "/" + prefix + "-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr) << tmpl;
+  return tmpl;
+}
+
+TlsFiles MakeCertificate(const std::string& dir, const std::string& name, const std::vector<std::string>& hosts) {
+  std::vector<std::string> argv = {"/bin/bash", std::string(CONVEYOR_SOURCE_DIR) + "/scripts/make-certs.sh", dir, name};
+  argv.insert(argv.end(), hosts.begin(), hosts.end());
+  CommandResult r = RunCommand(argv);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  TlsFiles files;
+  files.cert = dir + "/" + name + ".crt";
+  files.key = dir + "/" + name + ".key";
+  files.ca = dir + "/ca.crt";
+  return files;
+}
+
 bool HaveFashionMnist() {
   return std::filesystem::exists(std::string(kDefaultFashionMnistPath) + "/train-images-idx3-ubyte.gz");
 }

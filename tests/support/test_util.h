@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/reference.h"
+#include "common/security.h"
 #include "conveyor.pb.h"
 
 namespace conveyor::testing {
@@ -37,5 +38,13 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv);
 
 bool HaveFashionMnist();
+
+// A fresh, empty folder under the test's temporary folder.
+std::string MakeTempDir(const std::string& prefix);
+
+// scripts/make-certs.sh DIR NAME HOST...: DIR/NAME.crt and .key, signed by
+// DIR's CA (made on first use), naming `hosts`; EXPECTs it to work. Returns
+// the three files as a process would be given them.
+TlsFiles MakeCertificate(const std::string& dir, const std::string& name, const std::vector<std::string>& hosts = {});
 
 }  // namespace conveyor::testing
