@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "common/job_spec.h"
 #include "tests/support/in_process.h"
 
 namespace conveyor {
@@ -109,32 +110,38 @@ TEST(Coordinator, RunsJobsInSubmissionOrder) {
   EXPECT_LE(sa->finished_unix_ms(), sb.started_unix_ms());
 }
 
-TEST(Coordinator, ARestartMarksTheInterruptedJobFailed) {
+// A job that was running when the coordinator stopped runs again after a
+// restart: here without checkpoints, so from step 0.
+TEST(Coordinator, ARestartResumesTheInterruptedJob) {
   const std::string dir = ::testing::TempDir() + "/coordinator-restart";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  const std::string yaml = "model: toy\nsteps: 5\n";
   std::string id;
   {
     auto store = JobStore::Open(dir + "/conveyor.db");
     ASSERT_TRUE(store.ok());
-    auto spec = v1::JobSpec();
-    auto inserted = (*store)->Insert(spec, "model: toy", v1::JobStatus());
+    auto spec = ParseJobYaml(yaml);
+    ASSERT_TRUE(spec.ok());
+    auto inserted = (*store)->Insert(*spec, yaml, v1::JobStatus());
     ASSERT_TRUE(inserted.ok());
     id = *inserted;
     auto job = (*store)->Get(id);
     job->status.set_state(v1::JOB_STATE_RUNNING);
+    job->status.set_step(3);
+    job->status.add_losses(1.0f);
     ASSERT_TRUE((*store)->Update(job->status).ok());
   }
   InProcessCluster cluster(1);
-  CoordinatorOptions options;
-  options.stages = {"unused:1"};
-  options.state_dir = dir;
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto s = (*c)->Get(id);
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(s->state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(s->error(), HasSubstr("coordinator stopped"));
+  auto c = cluster.StartCoordinator(dir);
+  ASSERT_TRUE(c);
+  v1::JobStatus s = WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(c->Get(id)->losses_size(), 5);
+  std::string events;
+  for (const auto& e : s.events()) events += e.text() + "\n";
+  EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
+  EXPECT_THAT(events, HasSubstr("the job starts again from step 0"));
 }
 
 }  // namespace

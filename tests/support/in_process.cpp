@@ -56,9 +56,10 @@ InProcessCluster::~InProcessCluster() {
   for (auto& s : stages_) s->Shutdown();
 }
 
-std::unique_ptr<Coordinator> InProcessCluster::StartCoordinator() {
+std::unique_ptr<Coordinator> InProcessCluster::StartCoordinator(const std::string& state_dir) {
   CoordinatorOptions options;
   options.stages = addresses_;
+  options.state_dir = state_dir;
   std::map<std::string, Stage*> by_address;
   for (int i = 0; i < size(); ++i) by_address[addresses_[i]] = stages_[i].get();
   options.client_factory = [by_address](const std::string& address) -> std::unique_ptr<StageClient> {

@@ -31,7 +31,7 @@ class InProcessCluster {
   InProcFabric& fabric() { return fabric_; }
 
   // A coordinator over these stages, jobs kept in memory.
-  std::unique_ptr<Coordinator> StartCoordinator();
+  std::unique_ptr<Coordinator> StartCoordinator(const std::string& state_dir = "");
 
   // Final parameters of `job_id`, in model order, gathered from the stages.
   std::vector<std::pair<std::string, at::Tensor>> Parameters(const std::string& job_id, int stages);
