@@ -35,7 +35,25 @@ set(CONVEYOR_HAS_CUDA OFF)
 if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR CUDA_FOUND OR CUDAToolkit_FOUND)
   set(CONVEYOR_HAS_CUDA ON)
 endif()
-message(STATUS "Conveyor: LibTorch ${Torch_VERSION}, CUDA ${CONVEYOR_HAS_CUDA}")
+# NCCL (for the NCCL transport): with CUDA LibTorch only, from NCCL_INCLUDE_DIR
+# and NCCL_LIBRARY (variables or environment; a PyTorch wheel's NCCL is a
+# libnccl.so.2 without a libnccl.so link, so a full path is accepted).
+set(CONVEYOR_HAS_NCCL OFF)
+if(CONVEYOR_HAS_CUDA)
+  if(NOT NCCL_INCLUDE_DIR AND DEFINED ENV{NCCL_INCLUDE_DIR})
+    set(NCCL_INCLUDE_DIR $ENV{NCCL_INCLUDE_DIR})
+  endif()
+  if(NOT NCCL_LIBRARY AND DEFINED ENV{NCCL_LIBRARY})
+    set(NCCL_LIBRARY $ENV{NCCL_LIBRARY})
+  endif()
+  find_path(NCCL_INCLUDE_DIR nccl.h)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND EXISTS "${NCCL_INCLUDE_DIR}/nccl.h" AND EXISTS "${NCCL_LIBRARY}")
+    set(CONVEYOR_HAS_NCCL ON)
+  endif()
+  find_package(CUDAToolkit QUIET)
+endif()
+message(STATUS "Conveyor: LibTorch ${Torch_VERSION}, CUDA ${CONVEYOR_HAS_CUDA}, NCCL ${CONVEYOR_HAS_NCCL}")
 
 # yaml-cpp 0.7 names its target yaml-cpp; newer releases yaml-cpp::yaml-cpp.
 if(TARGET yaml-cpp::yaml-cpp)

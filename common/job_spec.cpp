@@ -106,6 +106,9 @@ Status ParseName(const Fields& f, const char* key, const std::string& name,
 const std::vector<std::pair<std::string, v1::ModelKind>> kModels = {
     {"toy", v1::MODEL_TOY},           {"mlp", v1::MODEL_MLP}, {"convnet", v1::MODEL_CONVNET},
     {"resnet50", v1::MODEL_RESNET50}, {"gpt", v1::MODEL_GPT}};
+const std::vector<std::pair<std::string, v1::TransportKind>> kTransports = {
+    {"auto", v1::TRANSPORT_AUTO}, {"nccl", v1::TRANSPORT_NCCL}, {"grpc", v1::TRANSPORT_GRPC}};
+
 const std::vector<std::pair<std::string, v1::Precision>> kPrecisions = {
     {"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}};
 const std::vector<std::pair<std::string, v1::DataKind>> kData = {
@@ -356,6 +359,11 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   v1::Precision precision;
   CONVEYOR_RETURN_IF_ERROR(ParseName(f, "precision", word, kPrecisions, &precision));
   spec->set_precision(precision);
+  word = "auto";
+  CONVEYOR_RETURN_IF_ERROR(f.Get("transport", &word, "auto, nccl or grpc"));
+  v1::TransportKind transport;
+  CONVEYOR_RETURN_IF_ERROR(ParseName(f, "transport", word, kTransports, &transport));
+  spec->set_transport(transport);
   spec->set_virtual_stages(1);
   CONVEYOR_RETURN_IF_ERROR(f.Get("virtual_stages", &i32, "an integer", &present));
   if (present) spec->set_virtual_stages(i32);

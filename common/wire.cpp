@@ -32,6 +32,11 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<int64_t>& shape,
                        const std::string& what) {
+  return CheckWireTensor(t, static_cast<int64_t>(t.data().size()), dtype, shape, what);
+}
+
+Status CheckWireTensor(const v1::Tensor& t, int64_t payload_bytes, v1::DType dtype,
+                       const std::vector<int64_t>& shape, const std::string& what) {
   if (t.dtype() != dtype) {
     return absl::InvalidArgumentError(what + " has dtype " + DTypeName(t.dtype()) + ", expected " +
                                       DTypeName(dtype));
@@ -44,8 +49,8 @@ Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<i
   // Shapes here are the expected ones, already bounded; no overflow.
   int64_t bytes = DTypeSize(dtype);
   for (int64_t d : shape) bytes *= d;
-  if (static_cast<int64_t>(t.data().size()) != bytes) {
-    return absl::InvalidArgumentError(what + " carries " + std::to_string(t.data().size()) +
+  if (payload_bytes >= 0 && payload_bytes != bytes) {
+    return absl::InvalidArgumentError(what + " carries " + std::to_string(payload_bytes) +
                                       " bytes, its shape needs " + std::to_string(bytes));
   }
   return absl::OkStatus();

@@ -20,5 +20,9 @@ std::string ShapeString(const std::vector<int64_t>& shape);
 // and as many bytes as they imply.
 Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<int64_t>& shape,
                        const std::string& what);
+// The same for a tensor whose `payload_bytes` travel apart from `t` (which
+// then has no data); -1: not here yet, the byte count is not checked.
+Status CheckWireTensor(const v1::Tensor& t, int64_t payload_bytes, v1::DType dtype,
+                       const std::vector<int64_t>& shape, const std::string& what);
 
 }  // namespace conveyor

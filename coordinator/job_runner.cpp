@@ -82,6 +82,45 @@ Status JobRunner::BalancePartition() {
   return absl::OkStatus();
 }
 
+StatusOr<std::vector<v1::LinkSetup>> JobRunner::PlanLinks(bool ring) {
+  const int p = static_cast<int>(stages_.size());
+  std::vector<v1::LinkSetup> upstream(p);
+  const v1::TransportKind want = spec_.transport() == v1::TRANSPORT_UNSPECIFIED ? v1::TRANSPORT_AUTO : spec_.transport();
+  if (p == 1 || want == v1::TRANSPORT_GRPC) return upstream;
+  std::vector<v1::StageInfo> infos;
+  for (int s = 0; s < p; ++s) {
+    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
+    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
+    infos.push_back(*info);
+  }
+  auto gpu = [](const std::string& device) { return device == "cuda" ? std::string("cuda:0") : device; };
+  for (int s = 0; s < (ring ? p : p - 1); ++s) {
+    const int d = (s + 1) % p;
+    const std::string link = "stage " + std::to_string(s) + " -> stage " + std::to_string(d);
+    std::string why;
+    for (int e : {s, d}) {
+      if (why.empty() && !infos[e].nccl()) {
+        why = "stage " + std::to_string(e) + " is on " + infos[e].device() +
+              (infos[e].device().rfind("cuda", 0) == 0 ? " in a server built without NCCL" : ", not a CUDA device");
+      }
+    }
+    if (why.empty() && gpu(infos[s].device()) == gpu(infos[d].device()))
+      why = "both stages are on " + gpu(infos[s].device());
+    if (!why.empty()) {
+      if (want == v1::TRANSPORT_NCCL)
+        return absl::FailedPreconditionError("transport nccl: the link " + link + " cannot use NCCL: " + why);
+      LOG_INFO("job ", status_.job_id(), ": link ", link, " uses gRPC (", why, ")");
+      continue;
+    }
+    v1::JobRef ref;
+    ref.set_job_id(status_.job_id());
+    auto setup = stages_[s]->PrepareLink(ref, kControlDeadlineS);
+    if (!setup.ok()) return Annotate(setup.status(), "link " + link);
+    upstream[d] = *setup;
+  }
+  return upstream;
+}
+
 Status JobRunner::Setup() {
   const int p = spec_.partition().stages();
   if (p > static_cast<int>(stages_.size())) {
@@ -173,9 +212,11 @@ Status JobRunner::ConfigureAll() {
     r->set_device(reply->device());
     r->set_num_parameters(reply->num_parameters());
   }
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links, PlanLinks(ring));
   for (int s = 0; s < p; ++s) {
     v1::JobRef ref;
     ref.set_job_id(status_.job_id());
+    *ref.mutable_upstream_link() = links[s];
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
     if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
     status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : "");

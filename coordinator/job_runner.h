@@ -80,6 +80,12 @@ class JobRunner {
   // partition.balance params or time: profiles the model on stage 0 and sets
   // the boundaries that make the costliest chunk as cheap as possible.
   Status BalancePartition();
+  // Decides each link's transport from spec.transport and the stages (CUDA
+  // device, NCCL built in) and has the upstream end of every NCCL link make
+  // its ids. Returns, per stage, the setup of the link from its upstream
+  // neighbour. FAILED_PRECONDITION naming the link for transport: nccl on a
+  // link that cannot use it.
+  StatusOr<std::vector<v1::LinkSetup>> PlanLinks(bool ring);
   Status Train();
   Status Evaluate();
   Status CollectDigest();

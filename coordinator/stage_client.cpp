@@ -29,6 +29,9 @@ class GrpcStageClient : public StageClient {
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double t) override {
     return Call(&v1::StageControl::Stub::Configure, req, t);
   }
+  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double t) override {
+    return Call(&v1::StageControl::Stub::PrepareLink, req, t);
+  }
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double t) override {
     return Call(&v1::StageControl::Stub::Connect, req, t);
   }

@@ -20,6 +20,7 @@ class StageClient {
   virtual StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double timeout_s) = 0;
+  virtual StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double timeout_s) = 0;

@@ -18,7 +18,7 @@ class DelayedTransport : public Transport {
       : inner_(std::move(inner)), delay_(std::move(delay)), thread_([this] { Loop(); }) {}
   ~DelayedTransport() override { Shutdown(); }
 
-  Status Send(Peer peer, v1::TensorFrame frame) override {
+  Status Send(Peer peer, Frame frame) override {
     const Clock::time_point due = Clock::now() + delay_();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -28,7 +28,7 @@ class DelayedTransport : public Transport {
     cv_.notify_one();
     return absl::OkStatus();
   }
-  std::string Name() const override { return inner_->Name() + "+delay"; }
+  std::string Name(Peer peer) const override { return inner_->Name(peer) + "+delay"; }
   void Shutdown() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -66,7 +66,7 @@ class DelayedTransport : public Transport {
   DelayedTransportFactory::Delay delay_;
   std::mutex mu_;  // guards pending_ and stop_
   std::condition_variable cv_;
-  std::multimap<Clock::time_point, std::pair<Peer, v1::TensorFrame>> pending_;
+  std::multimap<Clock::time_point, std::pair<Peer, Frame>> pending_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -74,8 +74,9 @@ class DelayedTransport : public Transport {
 }  // namespace
 
 StatusOr<std::unique_ptr<Transport>> DelayedTransportFactory::Connect(const v1::StageAssignment& assignment,
+                                                                      const LinkOptions& options,
                                                                       Clock::time_point deadline) {
-  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> inner, inner_->Connect(assignment, deadline));
+  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> inner, inner_->Connect(assignment, options, deadline));
   return std::unique_ptr<Transport>(new DelayedTransport(std::move(inner), delay_));
 }
 

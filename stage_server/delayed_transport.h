@@ -17,8 +17,9 @@ class DelayedTransportFactory : public TransportFactory {
   // `inner` is not owned and must outlive every transport made here.
   DelayedTransportFactory(TransportFactory* inner, Delay delay) : inner_(inner), delay_(std::move(delay)) {}
 
-  StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment,
+  StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment, const LinkOptions& options,
                                                std::chrono::steady_clock::time_point deadline) override;
+  bool SupportsNccl() const override { return inner_->SupportsNccl(); }
 
  private:
   TransportFactory* inner_;

@@ -1,5 +1,10 @@
 #include "stage_server/grpc_transport.h"
 
+#include <ATen/ATen.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -7,30 +12,58 @@
 
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
+#include "stage_server/chunk_codec.h"
+#include "stage_server/cuda_staging.h"
+#include "stage_server/inbox.h"
+#include "stage_server/nccl_channel.h"
+#include "stage_server/tensor_payload.h"
 
 namespace conveyor {
 namespace {
 
-// One stream to one neighbour. Frames are written in Send() order.
+using Clock = std::chrono::steady_clock;
+
+constexpr char kPushChunks[] = "/conveyor.v1.StageData/PushChunks";
+
+// Keeps whatever holds a slice's bytes alive until gRPC lets go of the slice.
+struct SliceOwner {
+  std::shared_ptr<void> keep;
+  static void Release(void* p) { delete static_cast<SliceOwner*>(p); }
+};
+
+grpc::Slice SliceOver(const char* data, int64_t n, const std::shared_ptr<void>& keep) {
+  return grpc::Slice(const_cast<char*>(data), static_cast<size_t>(n), &SliceOwner::Release, new SliceOwner{keep});
+}
+
+// One stream to one neighbour, and the NCCL channel for the bytes this stage
+// sends on it when the link is set up for NCCL. Frames go in Send() order.
 class Link {
  public:
-  Link(std::string address, std::string label) : address_(std::move(address)), label_(std::move(label)) {}
+  Link(std::string address, std::string label, std::chrono::duration<double> timeout)
+      : address_(std::move(address)), label_(std::move(label)),
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)) {}
   ~Link() { Shutdown(); }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
 
-  Status Open(std::chrono::system_clock::time_point deadline) {
+  // `nccl`: the channel (rank 0) for this link's bytes, or null for gRPC.
+  Status Open(std::chrono::system_clock::time_point deadline, std::unique_ptr<NcclChannel> nccl) {
+    nccl_ = std::move(nccl);
     channel_ = MakeChannel(address_);
     CONVEYOR_RETURN_IF_ERROR(WaitConnected(*channel_, label_, address_, deadline));
-    stub_ = v1::StageData::NewStub(channel_);
-    writer_ = stub_->Push(&context_, &reply_);
+    writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+        channel_.get(), grpc::internal::RpcMethod(kPushChunks, grpc::internal::RpcMethod::CLIENT_STREAMING),
+        &context_, &reply_));
     if (!writer_) return absl::UnavailableError("cannot open a stream to " + label_ + " at " + address_);
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
 
-  Status Send(v1::TensorFrame frame) {
+  std::string Name() const { return nccl_ ? "nccl" : "grpc"; }
+
+  Status Send(Frame frame) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_.ok()) return error_;
@@ -49,6 +82,7 @@ class Link {
       queue_.clear();
     }
     cv_.notify_one();
+    if (nccl_) nccl_->Abort();
     context_.TryCancel();
     if (thread_.joinable()) thread_.join();
   }
@@ -56,7 +90,7 @@ class Link {
  private:
   void Loop() {
     for (;;) {
-      v1::TensorFrame frame;
+      Frame frame;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
@@ -64,9 +98,12 @@ class Link {
         frame = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (!writer_->Write(frame)) {
-        Status st = FromGrpc(writer_->Finish());
-        if (st.ok()) st = absl::UnavailableError("stream closed");
+      Status st = Write(std::move(frame));
+      if (!st.ok()) {
+        if (absl::IsUnavailable(st)) {
+          Status end = FromGrpc(writer_->Finish());
+          if (!end.ok()) st = end;
+        }
         st = Annotate(st, "link to " + label_ + " at " + address_ + " broke");
         LOG_WARN(st.message());
         std::lock_guard<std::mutex> lock(mu_);
@@ -79,14 +116,136 @@ class Link {
     writer_->Finish();
   }
 
+  Status WriteMessage(std::vector<grpc::Slice> slices) {
+    grpc::ByteBuffer buffer(slices.data(), slices.size());
+    if (!writer_->Write(buffer)) return absl::UnavailableError("stream closed");
+    return absl::OkStatus();
+  }
+
+  Status Write(Frame frame) {
+    auto* tensor = dynamic_cast<TensorPayload*>(frame.payload.get());
+    if (nccl_ && tensor) {  // the header here, the bytes over NCCL, in this order
+      frame.header.set_carrier(v1::CARRIER_NCCL);
+      CONVEYOR_RETURN_IF_ERROR(WriteMessage({grpc::Slice(EncodeChunkPrefix(&frame.header, 0, true, 0))}));
+      return nccl_->Send(tensor->tensor(), tensor->ready(), Clock::now() + timeout_);
+    }
+    frame.header.set_carrier(v1::CARRIER_INLINE);
+    const int64_t bytes = frame.payload ? frame.payload->bytes() : 0;
+    const int pieces = std::max<int>(1, static_cast<int>((bytes + kChunkBytes - 1) / kChunkBytes));
+    std::shared_ptr<Payload> payload(std::move(frame.payload));
+    std::shared_ptr<void> keep = payload;  // what the slices' bytes live in
+    const char* data = nullptr;
+    DeviceToHostCopy* copy = nullptr;  // a GPU tensor's pinned host copy, piece by piece
+    if (tensor && tensor->tensor().is_cuda()) {
+      CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<DeviceToHostCopy> staging,
+                                DeviceToHostCopy::Start(tensor->tensor(), tensor->ready(), kChunkBytes));
+      copy = staging.get();
+      data = copy->host();
+      keep = std::shared_ptr<DeviceToHostCopy>(std::move(staging));
+    } else if (tensor) {
+      data = static_cast<const char*>(tensor->tensor().data_ptr());
+    } else if (auto* host = dynamic_cast<HostPayload*>(payload.get())) {
+      data = host->data().data();
+    }
+    for (int i = 0; i < pieces; ++i) {
+      const int64_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
+      if (copy) CONVEYOR_RETURN_IF_ERROR(copy->Wait(i));
+      std::vector<grpc::Slice> slices;
+      slices.emplace_back(EncodeChunkPrefix(i == 0 ? &frame.header : nullptr, off, i + 1 == pieces, n));
+      if (n > 0) slices.push_back(SliceOver(data + off, n, keep));
+      CONVEYOR_RETURN_IF_ERROR(WriteMessage(std::move(slices)));
+    }
+    return absl::OkStatus();
+  }
+
   const std::string address_;
   const std::string label_;
+  const Clock::duration timeout_;
+  std::unique_ptr<NcclChannel> nccl_;
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::StageData::Stub> stub_;
   grpc::ClientContext context_;
-  v1::PushReply reply_;
-  std::unique_ptr<grpc::ClientWriter<v1::TensorFrame>> writer_;
+  grpc::ByteBuffer reply_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
 
+  std::mutex mu_;  // guards queue_, closing_, error_
+  std::condition_variable cv_;
+  std::deque<Frame> queue_;
+  bool closing_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+// Receives the bytes of one NCCL link's direction (rank 1) for the headers
+// the inbox hands it, in their order, on its own thread, and delivers the
+// whole frames. A failure (dead peer, timeout) fails the stage's step.
+class NcclFetcher final : public PayloadFetcher {
+ public:
+  NcclFetcher(Inbox* inbox, v1::FrameKind kind, std::unique_ptr<NcclChannel> channel,
+              std::chrono::duration<double> timeout)
+      : inbox_(inbox), kind_(kind), channel_(std::move(channel)),
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)) {
+    thread_ = std::thread([this] { Loop(); });
+    inbox_->SetFetcher(kind_, this);
+  }
+  ~NcclFetcher() override { Shutdown(); }
+
+  Status Fetch(v1::TensorFrame header) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) return error_;
+      if (closing_) return absl::CancelledError("the NCCL link is closed");
+      queue_.push_back(std::move(header));
+    }
+    cv_.notify_one();
+    return absl::OkStatus();
+  }
+
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closing_) return;
+      closing_ = true;
+    }
+    inbox_->SetFetcher(kind_, nullptr);  // no Fetch() after this
+    cv_.notify_one();
+    channel_->Abort();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      v1::TensorFrame header;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
+        if (closing_) return;
+        header = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::vector<int64_t> shape(header.tensor().shape().begin(), header.tensor().shape().end());
+      auto tensor = channel_->Receive(shape, FromWireDType(header.tensor().dtype()), Clock::now() + timeout_);
+      if (!tensor.ok()) {
+        LOG_WARN(tensor.status().message());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          error_ = tensor.status();
+        }
+        inbox_->Fail(tensor.status());
+        return;
+      }
+      Frame frame;
+      frame.header = std::move(header);
+      frame.payload = std::make_unique<TensorPayload>(std::move(*tensor));
+      Status st = inbox_->Deliver(std::move(frame));
+      if (!st.ok()) LOG_WARN("refused a tensor: ", st.message());
+    }
+  }
+
+  Inbox* inbox_;
+  const v1::FrameKind kind_;
+  std::unique_ptr<NcclChannel> channel_;
+  const Clock::duration timeout_;
   std::mutex mu_;  // guards queue_, closing_, error_
   std::condition_variable cv_;
   std::deque<v1::TensorFrame> queue_;
@@ -97,37 +256,73 @@ class Link {
 
 class GrpcTransport : public Transport {
  public:
-  Status Send(Peer peer, v1::TensorFrame frame) override {
+  Status Send(Peer peer, Frame frame) override {
     Link* link = peer == Peer::kUpstream ? up_.get() : down_.get();
     if (!link) return absl::FailedPreconditionError("no neighbour on that side");
     return link->Send(std::move(frame));
   }
-  std::string Name() const override { return "grpc"; }
+  std::string Name(Peer peer) const override {
+    const Link* link = peer == Peer::kUpstream ? up_.get() : down_.get();
+    return link ? link->Name() : "grpc";
+  }
   void Shutdown() override {
+    for (auto& f : fetchers_) f->Shutdown();
     if (up_) up_->Shutdown();
     if (down_) down_->Shutdown();
   }
   ~GrpcTransport() override { Shutdown(); }
 
   std::unique_ptr<Link> up_, down_;
+  std::vector<std::unique_ptr<NcclFetcher>> fetchers_;
 };
+
+// Joins the NCCL link `setup` as its upstream end (sends activations) or its
+// downstream end (sends gradients): a sending channel for `link`, a fetcher
+// for the other direction.
+Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string& peer, const LinkOptions& options,
+                std::unique_ptr<NcclChannel>* send, GrpcTransport* t) {
+  if (!options.inbox) return absl::InternalError("NCCL links need the stage's inbox");
+  const at::Device device(options.device);
+  const std::string& send_id = upstream_end ? setup.activation_nccl_id() : setup.gradient_nccl_id();
+  const std::string& recv_id = upstream_end ? setup.gradient_nccl_id() : setup.activation_nccl_id();
+  const std::string what = upstream_end ? "activations to " : "gradients to ";
+  CONVEYOR_ASSIGN_OR_RETURN(*send, NcclChannel::Join(send_id, 0, device, "NCCL link (" + what + peer + ")"));
+  CONVEYOR_ASSIGN_OR_RETURN(
+      std::unique_ptr<NcclChannel> receive,
+      NcclChannel::Join(recv_id, 1, device,
+                        std::string("NCCL link (") + (upstream_end ? "gradients from " : "activations from ") + peer + ")"));
+  t->fetchers_.push_back(std::make_unique<NcclFetcher>(
+      options.inbox, upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION, std::move(receive), options.timeout));
+  return absl::OkStatus();
+}
 
 }  // namespace
 
+bool GrpcTransportFactory::SupportsNccl() const { return NcclBuilt(); }
+
 StatusOr<std::unique_ptr<Transport>> GrpcTransportFactory::Connect(const v1::StageAssignment& a,
+                                                                   const LinkOptions& options,
                                                                    std::chrono::steady_clock::time_point deadline) {
   auto sys_deadline = std::chrono::system_clock::now() +
                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
                           deadline - std::chrono::steady_clock::now());
   auto t = std::make_unique<GrpcTransport>();
-  const int s = a.stage_index();
+  const int s = a.stage_index(), p = std::max(1, a.num_stages());
   if (!a.upstream().empty()) {
-    t->up_ = std::make_unique<Link>(a.upstream(), "stage " + std::to_string(s - 1));
-    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline));
+    const std::string peer = "stage " + std::to_string((s + p - 1) % p);
+    std::unique_ptr<NcclChannel> nccl;
+    if (options.upstream.transport() == v1::TRANSPORT_NCCL)
+      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.upstream, /*upstream_end=*/false, peer, options, &nccl, t.get()));
+    t->up_ = std::make_unique<Link>(a.upstream(), peer, options.timeout);
+    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline, std::move(nccl)));
   }
   if (!a.downstream().empty()) {
-    t->down_ = std::make_unique<Link>(a.downstream(), "stage " + std::to_string(s + 1));
-    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline));
+    const std::string peer = "stage " + std::to_string((s + 1) % p);
+    std::unique_ptr<NcclChannel> nccl;
+    if (options.downstream.transport() == v1::TRANSPORT_NCCL)
+      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.downstream, /*upstream_end=*/true, peer, options, &nccl, t.get()));
+    t->down_ = std::make_unique<Link>(a.downstream(), peer, options.timeout);
+    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl)));
   }
   return std::unique_ptr<Transport>(std::move(t));
 }

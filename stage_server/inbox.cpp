@@ -42,7 +42,17 @@ void Inbox::BeginStep(v1::Phase phase, int64_t step) {
   }
 }
 
-Status Inbox::Check(const v1::TensorFrame& f) const {
+Status Inbox::CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Check(header, payload_bytes);
+}
+
+void Inbox::SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher) {
+  std::lock_guard<std::mutex> lock(mu_);
+  (kind == v1::FRAME_ACTIVATION ? activation_fetcher_ : gradient_fetcher_) = fetcher;
+}
+
+Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
   const std::string who = "stage " + std::to_string(expect_.stage_index);
   if (!open_) return absl::FailedPreconditionError(who + " has no job configured");
   if (f.job_id() != expect_.job_id)
@@ -74,40 +84,53 @@ Status Inbox::Check(const v1::TensorFrame& f) const {
   if (rows < 1 || rows > expect_.max_micro_batch_size) rows = expect_.max_micro_batch_size;
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), sample->begin(), sample->end());
-  return CheckWireTensor(f.tensor(), expect_.dtype, shape, what);
+  if (!f.tensor().data().empty()) return absl::InvalidArgumentError(what + ": data in the header");
+  return CheckWireTensor(f.tensor(), payload_bytes, expect_.dtype, shape, what);
 }
 
-Status Inbox::Deliver(v1::TensorFrame frame) {
+Status Inbox::Deliver(Frame frame) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status st = Check(frame);
+  const bool fetch = !frame.payload && frame.header.carrier() == v1::CARRIER_NCCL;
+  Status st = frame.payload || fetch ? Check(frame.header, frame.payload ? frame.payload->bytes() : -1)
+                                     : absl::InvalidArgumentError("stage " + std::to_string(expect_.stage_index) +
+                                                                  ": a frame without its tensor's bytes");
   if (!st.ok()) {
     // A malformed tensor of the current job will never be followed by a good
     // one: fail the step now rather than time out.
-    if (open_ && frame.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
+    if (open_ && frame.header.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
       failure_ = st;
       cv_.notify_all();
     }
     return st;
   }
-  Key key{frame.phase(), frame.step(), frame.kind(), frame.chunk(), frame.micro_batch()};
+  const v1::TensorFrame& h = frame.header;
+  Key key{h.phase(), h.step(), h.kind(), h.chunk(), h.micro_batch()};
   if (frames_.count(key)) {
     return absl::AlreadyExistsError("stage " + std::to_string(expect_.stage_index) + ": a " +
-                                    KindName(frame.kind()) + " for step " + std::to_string(frame.step()) +
-                                    " micro-batch " + std::to_string(frame.micro_batch()) + " arrived twice");
+                                    KindName(h.kind()) + " for step " + std::to_string(h.step()) +
+                                    " micro-batch " + std::to_string(h.micro_batch()) + " arrived twice");
+  }
+  if (fetch) {
+    PayloadFetcher* fetcher = h.kind() == v1::FRAME_ACTIVATION ? activation_fetcher_ : gradient_fetcher_;
+    if (!fetcher) {
+      return absl::FailedPreconditionError("stage " + std::to_string(expect_.stage_index) + " has no NCCL link for " +
+                                           KindName(h.kind()) + " tensors");
+    }
+    return fetcher->Fetch(std::move(frame.header));
   }
   frames_.emplace(key, std::move(frame));
   cv_.notify_all();
   return absl::OkStatus();
 }
 
-StatusOr<v1::TensorFrame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline) {
+StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   Key key{phase_, step_, kind, chunk, micro_batch};
   for (;;) {
     if (!failure_.ok()) return failure_;
     auto it = frames_.find(key);
     if (it != frames_.end()) {
-      v1::TensorFrame f = std::move(it->second);
+      Frame f = std::move(it->second);
       frames_.erase(it);
       return f;
     }

@@ -1,5 +1,8 @@
 // A stage's inbox: tensors that neighbours pushed, checked on arrival, held
-// until the stage's schedule takes them.
+// until the stage's schedule takes them. A frame is a header and an opaque
+// payload (frame.h); headers whose bytes come over NCCL are checked, then
+// handed to the fetcher registered for their kind, which delivers the whole
+// frame once its bytes are here.
 //
 // Torch-free (the receive path of the gRPC stream and the fuzz targets use it).
 // Thread-safe: Deliver() is called from transport threads, Take() from the
@@ -16,6 +19,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
+#include "stage_server/frame.h"
 
 namespace conveyor {
 
@@ -50,11 +54,24 @@ class Inbox {
   // it. INVALID_ARGUMENT or FAILED_PRECONDITION naming the problem otherwise;
   // a malformed tensor also fails the step in progress, so the stage does not
   // wait for a tensor that will never come.
-  Status Deliver(v1::TensorFrame frame);
+  // A header without payload whose carrier is NCCL goes, once checked, to the
+  // fetcher of its kind (FAILED_PRECONDITION without one).
+  Status Deliver(Frame frame);
+  // A whole protobuf frame (its data becomes the payload, without a copy).
+  Status Deliver(v1::TensorFrame frame) { return Deliver(Frame::FromProto(std::move(frame))); }
+
+  // The checks of Deliver() on a header alone, holding nothing: a receiver
+  // runs them before it allocates room for the payload. `payload_bytes` -1:
+  // not known yet.
+  Status CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes) const;
+
+  // Where headers of `kind` that travel without their bytes go; nullptr
+  // unregisters. Not owned; once unregistered, never called again.
+  void SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher);
 
   // Waits for the frame (kind, chunk, micro_batch) of the current step until
   // `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
-  StatusOr<v1::TensorFrame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline);
+  StatusOr<Frame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline);
 
   // Wakes every Take() with `status` until the next BeginStep().
   void Fail(const Status& status);
@@ -63,7 +80,7 @@ class Inbox {
 
  private:
   using Key = std::tuple<int, int64_t, int, int, int>;  // phase, step, kind, chunk, micro-batch
-  Status Check(const v1::TensorFrame& frame) const;
+  Status Check(const v1::TensorFrame& frame, int64_t payload_bytes) const;
 
   mutable std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
@@ -72,7 +89,9 @@ class Inbox {
   v1::Phase phase_ = v1::PHASE_TRAIN;
   int64_t step_ = -1;
   Status failure_;
-  std::map<Key, v1::TensorFrame> frames_;
+  std::map<Key, Frame> frames_;
+  PayloadFetcher* activation_fetcher_ = nullptr;
+  PayloadFetcher* gradient_fetcher_ = nullptr;
 };
 
 }  // namespace conveyor

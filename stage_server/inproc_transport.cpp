@@ -1,6 +1,7 @@
 #include "stage_server/inproc_transport.h"
 
 #include "stage_server/inbox.h"
+#include "stage_server/tensor_payload.h"
 
 namespace conveyor {
 namespace {
@@ -9,12 +10,14 @@ class InProcTransport : public Transport {
  public:
   InProcTransport(Inbox* up, Inbox* down) : up_(up), down_(down) {}
 
-  Status Send(Peer peer, v1::TensorFrame frame) override {
+  // The receiver gets a copy: stages never share a tensor's memory.
+  Status Send(Peer peer, Frame frame) override {
     Inbox* to = peer == Peer::kUpstream ? up_ : down_;
     if (!to) return absl::FailedPreconditionError("no neighbour on that side");
+    if (frame.payload) frame.payload = CopyPayload(*frame.payload);
     return to->Deliver(std::move(frame));
   }
-  std::string Name() const override { return "inproc"; }
+  std::string Name(Peer) const override { return "inproc"; }
   void Shutdown() override {}
 
  private:
@@ -35,8 +38,10 @@ Inbox* InProcFabric::Find(const std::string& address) const {
   return it == inboxes_.end() ? nullptr : it->second;
 }
 
-StatusOr<std::unique_ptr<Transport>> InProcFabric::Connect(const v1::StageAssignment& a,
+StatusOr<std::unique_ptr<Transport>> InProcFabric::Connect(const v1::StageAssignment& a, const LinkOptions& options,
                                                            std::chrono::steady_clock::time_point) {
+  if (options.upstream.transport() == v1::TRANSPORT_NCCL || options.downstream.transport() == v1::TRANSPORT_NCCL)
+    return absl::FailedPreconditionError("in-process stages have no NCCL links");
   Inbox* up = nullptr;
   Inbox* down = nullptr;
   if (!a.upstream().empty() && !(up = Find(a.upstream())))

@@ -17,7 +17,7 @@ class InProcFabric : public TransportFactory {
   void Register(const std::string& address, Inbox* inbox);
   Inbox* Find(const std::string& address) const;
 
-  StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment,
+  StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment, const LinkOptions& options,
                                                std::chrono::steady_clock::time_point deadline) override;
 
  private:

@@ -29,7 +29,9 @@
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/inbox.h"
+#include "stage_server/nccl_channel.h"
 #include "stage_server/schedule.h"
+#include "stage_server/tensor_payload.h"
 
 namespace conveyor {
 namespace {
@@ -94,6 +96,7 @@ class Stage::Impl {
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req);
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& a);
+  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& ref);
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& ref);
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req);
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& ref);
@@ -120,6 +123,7 @@ class Stage::Impl {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<Dataset> data;
     std::unique_ptr<Transport> transport;
+    v1::LinkSetup downstream_link;  // made by PrepareLink
     bool recompute = false;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
@@ -358,6 +362,21 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   return reply;
 }
 
+StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  if (job_->assignment.downstream().empty()) return absl::FailedPreconditionError(Who() + " has no downstream link");
+  if (!device_.is_cuda() || !options_.transports->SupportsNccl()) {
+    return absl::FailedPreconditionError(Who() + " on " + device_.str() + " cannot use NCCL" +
+                                         (device_.is_cuda() ? " (not built with NCCL)" : " (not a CUDA device)"));
+  }
+  v1::LinkSetup link;
+  link.set_transport(v1::TRANSPORT_NCCL);
+  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_activation_nccl_id(), NewNcclUniqueId());
+  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
+  job_->downstream_link = link;
+  return link;
+}
+
 StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
@@ -368,39 +387,53 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   if (job_->transport) job_->transport->Shutdown();
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(job_->spec().stage_timeout_s()));
-  auto transport = options_.transports->Connect(job_->assignment, deadline);
+  LinkOptions links;
+  links.upstream = ref.upstream_link();
+  links.downstream = job_->downstream_link;
+  links.device = device_.str();
+  links.inbox = &inbox_;
+  links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
+  auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
-  reply.set_transport(job_->transport->Name());
+  // The link this stage reports is the one to its next stage (the last stage: from its previous one).
+  reply.set_transport(job_->transport->Name(job_->assignment.downstream().empty() ? Peer::kUpstream : Peer::kDownstream));
   return reply;
 }
 
 StatusOr<at::Tensor> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
   Span span(st, v1::TraceEvent::RECEIVE, local, mb);
   const int chunk = job_->chunks[local].index;
-  CONVEYOR_ASSIGN_OR_RETURN(v1::TensorFrame frame, inbox_.Take(kind, chunk, mb, Clock::now() + st.timeout));
-  if (frame.tensor().shape(0) != st.sizes[mb]) {
+  CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, chunk, mb, Clock::now() + st.timeout));
+  if (frame.header.tensor().shape(0) != st.sizes[mb]) {
     return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
                                       (kind == v1::FRAME_ACTIVATION ? "activation" : "gradient") + " has " +
-                                      std::to_string(frame.tensor().shape(0)) + " samples, expected " +
+                                      std::to_string(frame.header.tensor().shape(0)) + " samples, expected " +
                                       std::to_string(st.sizes[mb]));
   }
-  return DecodeTensor(frame.mutable_tensor()).to(device_);
+  return TakeTensor(frame, device_);
 }
 
 Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t) {
   const int from_chunk = kind == v1::FRAME_ACTIVATION ? to_chunk - 1 : to_chunk + 1;
   Span span(st, v1::TraceEvent::SEND, from_chunk / job_->assignment.num_stages(), mb);
-  v1::TensorFrame frame;
-  frame.set_job_id(st.req->job_id());
-  frame.set_phase(st.req->phase());
-  frame.set_step(st.req->step());
-  frame.set_micro_batch(mb);
-  frame.set_kind(kind);
-  frame.set_chunk(to_chunk);
-  frame.set_from_stage(job_->assignment.stage_index());
-  CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, frame.mutable_tensor()));
-  if (job_->assignment.num_stages() == 1) return inbox_.Deliver(std::move(frame));
+  Frame frame;
+  v1::TensorFrame& h = frame.header;
+  h.set_job_id(st.req->job_id());
+  h.set_phase(st.req->phase());
+  h.set_step(st.req->step());
+  h.set_micro_batch(mb);
+  h.set_kind(kind);
+  h.set_chunk(to_chunk);
+  h.set_from_stage(job_->assignment.stage_index());
+  CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
+  h.mutable_tensor()->set_dtype(dtype);
+  for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
+  frame.payload = MakeTensorPayload(t);
+  if (job_->assignment.num_stages() == 1) {  // to its own next chunk: a copy, as a neighbour would get
+    frame.payload = CopyPayload(*frame.payload);
+    return inbox_.Deliver(std::move(frame));
+  }
   const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
   return Annotate(job_->transport->Send(peer, std::move(frame)), Who());
 }
@@ -790,6 +823,7 @@ v1::StageInfo Stage::Impl::Info() const {
   info.set_version(CONVEYOR_VERSION);
   info.set_device(device_.str());
   info.set_threads(ComputeThreads());
+  info.set_nccl(device_.is_cuda() && options_.transports->SupportsNccl());
   std::lock_guard<std::mutex> lock(info_mu_);
   info.set_job_id(job_id_);
   info.set_stage_index(stage_index_);
@@ -836,6 +870,9 @@ StatusOr<v1::ProfileReply> Stage::Profile(const v1::ProfileRequest& req) {
 }
 StatusOr<v1::ConfigureReply> Stage::Configure(const v1::StageAssignment& a) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ConfigureReply>, Configure(a));
+}
+StatusOr<v1::LinkSetup> Stage::PrepareLink(const v1::JobRef& ref) {
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::LinkSetup>, PrepareLink(ref));
 }
 StatusOr<v1::ConnectReply> Stage::Connect(const v1::JobRef& ref) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ConnectReply>, Connect(ref));

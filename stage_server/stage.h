@@ -45,7 +45,13 @@ class Stage {
   // Builds this stage's chunks for a job (replacing any earlier job), checks
   // their shapes, loads the data it reads, makes its optimizer.
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);
-  // Opens the long-lived links to both neighbours.
+  // The upstream end of an NCCL link: makes the ids of the link's two
+  // communicators (activations, gradients), keeps them for Connect and
+  // returns them for the downstream neighbour's Connect. FAILED_PRECONDITION
+  // where this stage cannot use NCCL.
+  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& job);
+  // Opens the long-lived links to both neighbours (the upstream one as
+  // `job.upstream_link` says, the downstream one as PrepareLink made it).
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& job);
   // Runs one step's action list: forward and backward of every micro-batch,
   // then the optimizer step (train), or forward only (eval); with `checkpoint`

@@ -16,7 +16,7 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
   stage_options.transports = s->transports_.get();
   CONVEYOR_ASSIGN_OR_RETURN(s->stage_, Stage::Create(stage_options));
   s->control_ = std::make_unique<StageControlService>(s->stage_.get());
-  s->data_ = std::make_unique<StageDataService>(&s->stage_->inbox());
+  s->data_ = std::make_unique<StageDataService>(&s->stage_->inbox(), options.device);
   CONVEYOR_ASSIGN_OR_RETURN(s->server_, GrpcServer::Start(options.listen, {s->control_.get(), s->data_.get()},
                                                           options.port_file));
   LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device);

@@ -1,6 +1,7 @@
 #include "stage_server/stage_service.h"
 
 #include "common/logging.h"
+#include "stage_server/chunk_receiver.h"
 #include "stage_server/inbox.h"
 
 namespace conveyor {
@@ -43,7 +44,54 @@ class PushReader final : public grpc::ServerReadReactor<v1::TensorFrame> {
   v1::TensorFrame frame_;
 };
 
+// Reads one neighbour's chunked stream into the inbox. The first bad chunk
+// or refused frame ends the stream with its status.
+class ChunkReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  ChunkReader(Inbox* inbox, const std::string& device, grpc::ByteBuffer* reply)
+      : receiver_(inbox, device), reply_(reply) {
+    StartRead(&buffer_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the sender closed its side, or the call broke
+      v1::PushReply reply;
+      reply.set_frames(receiver_.frames());
+      grpc::Slice slice(reply.SerializeAsString());
+      *reply_ = grpc::ByteBuffer(&slice, 1);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    std::vector<grpc::Slice> slices;
+    Status st = buffer_.Dump(&slices).ok() ? absl::OkStatus() : absl::InvalidArgumentError("unreadable message");
+    if (st.ok()) {
+      std::vector<Span> spans;
+      spans.reserve(slices.size());
+      for (const grpc::Slice& s : slices) spans.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+      st = receiver_.OnMessage(spans);
+    }
+    if (!st.ok()) {
+      LOG_WARN("refused a tensor: ", st.message());
+      Finish(ToGrpc(st));
+      return;
+    }
+    buffer_.Clear();
+    StartRead(&buffer_);
+  }
+  void OnDone() override { delete this; }
+  void OnCancel() override {}
+
+ private:
+  ChunkReceiver receiver_;
+  grpc::ByteBuffer* reply_;
+  grpc::ByteBuffer buffer_;
+};
+
 }  // namespace
+
+grpc::Status StageControlService::PrepareLink(grpc::ServerContext*, const v1::JobRef* req, v1::LinkSetup* reply) {
+  return Reply(stage_->PrepareLink(*req), reply);
+}
 
 grpc::Status StageControlService::Profile(grpc::ServerContext*, const v1::ProfileRequest* req,
                                           v1::ProfileReply* reply) {
@@ -88,6 +136,11 @@ grpc::Status StageControlService::GetInfo(grpc::ServerContext*, const v1::Empty*
 grpc::ServerReadReactor<v1::TensorFrame>* StageDataService::Push(grpc::CallbackServerContext*,
                                                                  v1::PushReply* reply) {
   return new PushReader(inbox_, reply);
+}
+
+grpc::ServerReadReactor<grpc::ByteBuffer>* StageDataService::PushChunks(grpc::CallbackServerContext*,
+                                                                        grpc::ByteBuffer* reply) {
+  return new ChunkReader(inbox_, device_, reply);
 }
 
 }  // namespace conveyor

@@ -15,6 +15,7 @@ class StageControlService final : public v1::StageControl::Service {
   grpc::Status Profile(grpc::ServerContext*, const v1::ProfileRequest* req, v1::ProfileReply* reply) override;
   grpc::Status Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeReply* reply) override;
   grpc::Status Configure(grpc::ServerContext*, const v1::StageAssignment* req, v1::ConfigureReply* reply) override;
+  grpc::Status PrepareLink(grpc::ServerContext*, const v1::JobRef* req, v1::LinkSetup* reply) override;
   grpc::Status Connect(grpc::ServerContext*, const v1::JobRef* req, v1::ConnectReply* reply) override;
   grpc::Status RunStep(grpc::ServerContext*, const v1::RunStepRequest* req, v1::RunStepReply* reply) override;
   grpc::Status GetDigest(grpc::ServerContext*, const v1::JobRef* req, v1::DigestReply* reply) override;
@@ -29,14 +30,20 @@ class StageControlService final : public v1::StageControl::Service {
   Stage* stage_;  // not owned
 };
 
-class StageDataService final : public v1::StageData::CallbackService {
+// Push: protobuf frames. PushChunks: a raw method (gRPC's buffers, no
+// protobuf parse of the bytes), read by a ChunkReceiver that assembles the
+// tensors on `device`.
+class StageDataService final : public v1::StageData::WithRawCallbackMethod_PushChunks<v1::StageData::CallbackService> {
  public:
-  explicit StageDataService(Inbox* inbox) : inbox_(inbox) {}
+  StageDataService(Inbox* inbox, std::string device) : inbox_(inbox), device_(std::move(device)) {}
   grpc::ServerReadReactor<v1::TensorFrame>* Push(grpc::CallbackServerContext* context,
                                                  v1::PushReply* reply) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushChunks(grpc::CallbackServerContext* context,
+                                                        grpc::ByteBuffer* reply) override;
 
  private:
   Inbox* inbox_;  // not owned
+  const std::string device_;
 };
 
 }  // namespace conveyor

@@ -1,8 +1,10 @@
-// The data plane as the stage sees it: send a frame to a neighbour. Frames from
-// neighbours arrive in the stage's Inbox, whichever transport carried them.
+// The data plane as the stage sees it: send a frame (header and payload) to a
+// neighbour. Frames from neighbours arrive in the stage's Inbox, whichever
+// transport carried them.
 //
-// Implementations: InProcTransport (tests, one process) and GrpcTransport
-// (long-lived client streams to the neighbours' StageData service).
+// Implementations: InProcTransport (tests, one process), GrpcTransport (the
+// chunked gRPC stream to each neighbour's StageData service, and NCCL for
+// the payloads of links set up for it), DelayedTransport (timing noise).
 #pragma once
 
 #include <chrono>
@@ -11,6 +13,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
+#include "stage_server/frame.h"
 
 namespace conveyor {
 
@@ -22,13 +25,25 @@ enum class Peer { kUpstream, kDownstream };
 class Transport {
  public:
   virtual ~Transport() = default;
-  // Queues `frame` for the neighbour and returns at once. An error means the
-  // link is broken (the neighbour went away); the frame is dropped.
-  virtual Status Send(Peer peer, v1::TensorFrame frame) = 0;
-  // What the links use: "grpc", "inproc".
-  virtual std::string Name() const = 0;
+  // Queues `frame` for the neighbour and returns at once. The payload is a
+  // TensorPayload (tensor_payload.h) or a HostPayload; the transport keeps it
+  // until its bytes are sent, and waits (on the device, never the host
+  // thread of the caller) for its ready event before reading them. An error
+  // means the link is broken (the neighbour went away); the frame is dropped.
+  virtual Status Send(Peer peer, Frame frame) = 0;
+  // What the link to `peer` uses: "grpc", "nccl", "inproc" (+"delay").
+  virtual std::string Name(Peer peer) const = 0;
   // Closes the links, idempotent. Queued frames may be dropped.
   virtual void Shutdown() = 0;
+};
+
+// How a stage's links are to be made, besides the neighbours' addresses.
+struct LinkOptions {
+  v1::LinkSetup upstream;    // from the coordinator's Connect
+  v1::LinkSetup downstream;  // from this stage's own PrepareLink
+  std::string device;        // this stage's device ("cpu", "cuda:N")
+  Inbox* inbox = nullptr;    // where payloads fetched apart (NCCL) are delivered
+  std::chrono::duration<double> timeout{10};  // the job's stage_timeout
 };
 
 // Creates a stage's links to its neighbours (addresses in the assignment).
@@ -36,7 +51,10 @@ class TransportFactory {
  public:
   virtual ~TransportFactory() = default;
   virtual StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment,
+                                                       const LinkOptions& options,
                                                        std::chrono::steady_clock::time_point deadline) = 0;
+  // Whether links made here can use NCCL on a CUDA device (NCCL built in).
+  virtual bool SupportsNccl() const { return false; }
 };
 
 }  // namespace conveyor

@@ -146,3 +146,28 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
 
 }  // namespace
 }  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+// transport: nccl never falls back silently: a link between CPU stages fails
+// the job with FAILED_PRECONDITION naming the link; auto and grpc run.
+TEST(Coordinator, NcclOnCpuStagesFailsTheJobNamingTheLink) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  const std::string toy = "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 2\n";
+  v1::JobStatus s = RunToEnd(*c, toy + "transport: nccl\n");
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s.error(), HasSubstr("transport nccl: the link stage 0 -> stage 1 cannot use NCCL: stage 0 is on cpu"));
+  for (const char* t : {"auto", "grpc"}) {
+    s = RunToEnd(*c, toy + "transport: " + t + "\n");
+    EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << t << ": " << s.error();
+    EXPECT_EQ(s.stages(0).transport(), "inproc");
+  }
+  auto id = c->Submit(toy + "transport: infiniband\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(id.status()));
+  EXPECT_THAT(std::string(id.status().message()), HasSubstr("transport"));
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -7,7 +7,11 @@
 
 #include <cstdlib>
 
+#include "cli/local_cluster.h"
 #include "common/device.h"
+#include "common/net.h"
+#include "common/tensor_codec.h"
+#include "conveyor.grpc.pb.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
 
@@ -77,6 +81,61 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
 }
+
+// Stage server processes on two GPUs, each link's transport as the job asks:
+// NCCL (the link must report "nccl", never a fallback) and the chunked gRPC
+// stream through pinned staging. Equal to the GPU reference.
+class GpuLinks : public GpuTest, public ::testing::WithParamInterface<std::string> {};
+
+v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::string& yaml) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(yaml);
+  v1::SubmitJobReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(60));
+  EXPECT_TRUE(stub->SubmitJob(&ctx, req, &reply).ok());
+  v1::GetJobRequest get;
+  get.set_job_id(reply.job_id());
+  grpc::ClientContext watch;
+  watch.set_deadline(DeadlineAfter(300));
+  auto reader = stub->WatchJob(&watch, get);
+  v1::JobStatus status;
+  while (reader->Read(&status)) {
+  }
+  reader->Finish();
+  return status;
+}
+
+TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
+  cli::LocalClusterOptions options;
+  options.stages = 2;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.devices = {"cuda:0", "cuda:1"};
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\ntransport: " +
+                           GetParam() + "\n";
+  v1::JobStatus run = SubmitAndWait((*cluster)->coordinator_address(), yaml);
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  EXPECT_EQ(run.stages(0).transport(), GetParam());
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (int s = 0; s < 2; ++s) {
+    auto stub = v1::StageControl::NewStub(MakeChannel((*cluster)->stage_addresses()[s]));
+    v1::JobRef ref;
+    ref.set_job_id(run.job_id());
+    v1::ParametersReply reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(60));
+    ASSERT_TRUE(stub->GetParameters(&ctx, ref, &reply).ok());
+    for (auto& p : *reply.mutable_parameters()) params.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
+  }
+  testing::SortByLayer(&params);
+  testing::ExpectMatchesReference(run, params, testing::Reference(yaml, "cuda:0"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks, ::testing::Values("nccl", "grpc"));
 
 }  // namespace
 }  // namespace conveyor

@@ -52,7 +52,7 @@ TEST(Inbox, DeliversWhatTheStageWaitsFor) {
   ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
   auto frame = taker.get();
   ASSERT_TRUE(frame.ok()) << frame.status();
-  EXPECT_EQ(frame->micro_batch(), 1);
+  EXPECT_EQ(frame->header.micro_batch(), 1);
   // The next step's frames may come early; older ones are refused.
   EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_GRADIENT, 1, 0, {2, 5})).ok());
   inbox.BeginStep(v1::PHASE_TRAIN, 1);

@@ -21,6 +21,7 @@ class InProcessStageClient : public StageClient {
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
     return stage_->Configure(req);
   }
+  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double) override { return stage_->PrepareLink(req); }
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double) override { return stage_->Connect(req); }
   StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double) override { return stage_->RunStep(req); }
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double) override { return stage_->GetDigest(req); }
