@@ -94,6 +94,9 @@ def job_text(workload, steps, schedule=None, micro_batches=None):
     text = re.sub(r"(?m)^steps: .*$", "steps: %d" % steps, text)
     if schedule:
         text = re.sub(r"(?m)^schedule: .*$", "schedule: %s" % schedule, text)
+        if schedule == "interleaved":  # two model chunks per stage (GPU)
+            text += "virtual_stages: 2\n"
+
     if micro_batches:
         text = re.sub(r"(?m)^(micro_batches|split_size): .*$", "micro_batches: %d" % micro_batches, text)
     return text
@@ -371,7 +374,7 @@ def main(argv):
     p.add_argument("--csv", default=None, help="CSV to write (default OUT/bench-WORKLOAD.csv)")
     p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
-    p.add_argument("--schedules", default="gpipe,1f1b,zero-bubble", help="Conveyor's schedules")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
     p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
                    help="PyTorch's micro-batched variants: tutorial, gpipe, 1f1b, interleaved")
     p.add_argument("--only", default=None, help="comma-separated patterns: run only variants matching one")
