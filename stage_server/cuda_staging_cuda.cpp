@@ -63,7 +63,15 @@ class HostToDeviceImpl final : public HostToDeviceCopy {
  public:
   explicit HostToDeviceImpl(const at::Tensor& dst)
       : dst_(dst), stream_(c10::cuda::getStreamFromPool(false, dst.device().index())),
-        host_(Pinned(dst.numel() * dst.element_size())) {}
+        host_(Pinned(dst.numel() * dst.element_size())) {
+    // `dst` came from the caching allocator on the current stream, which may
+    // still have kernels queued that read its block's old contents: the
+    // copies on our stream wait for them.
+    c10::cuda::CUDAGuard guard(dst.device().index());
+    at::cuda::CUDAEvent allocated;
+    allocated.record(c10::cuda::getCurrentCUDAStream(dst.device().index()));
+    allocated.block(stream_);
+  }
 
   char* host() override { return static_cast<char*>(host_.data_ptr()); }
   Status Commit(int64_t offset, int64_t n) override {

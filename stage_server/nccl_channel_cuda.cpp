@@ -64,8 +64,13 @@ class NcclChannelImpl final : public NcclChannel {
     c10::cuda::CUDAGuard guard(device_.index());
     CONVEYOR_RETURN_IF_ERROR(WaitIdle(deadline, "to connect"));
     // Allocated on the device's current (compute) stream, written on ours:
-    // it is handed on only once written, so no stream needs recording.
+    // it is handed on only once written, so no stream needs recording. But
+    // the caching allocator may hand out a block that kernels still queued on
+    // the current stream read: our stream waits for them before writing.
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device_));
+    at::cuda::CUDAEvent allocated;
+    allocated.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    allocated.block(stream_);
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
     ncclResult_t r = ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm_, stream_.stream());
     CONVEYOR_RETURN_IF_ERROR(Check(r, "receive"));

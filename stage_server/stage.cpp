@@ -140,6 +140,7 @@ class Stage::Impl {
     std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
     int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
     double busy = 0, loss_sum = 0;
+    at::Tensor loss_total;  // last chunk: the step's loss so far, on the device
     int64_t correct = 0, predictions = 0;
     v1::RunStepReply* reply = nullptr;
   };
@@ -462,7 +463,10 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     if (last) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
       at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
-      st.loss_sum += loss.item<double>();
+      // Summed on the device: reading each micro-batch's loss would make the
+      // host wait for the device, and the device then wait for launches.
+      at::Tensor l = loss.detach().to(at::kDouble);
+      st.loss_total = st.loss_total.defined() ? st.loss_total + l : l;
       if (!st.train) {
         st.correct += CountCorrect(out, h.labels);
         st.predictions += h.labels.numel();
@@ -641,6 +645,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       no_grad.emplace();
     }
     status = RunActions(st);
+    if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
   } catch (const c10::Error& e) {
     status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
   }
