@@ -781,6 +781,8 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
                                            " holds another partition of the model");
   }
   CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
+  // Training goes on at step `step`: its tensors may arrive before its RunStep.
+  inbox_.BeginStep(v1::PHASE_TRAIN, req.step() - 1);
   LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
   return reply;
 }
