@@ -11,10 +11,11 @@ CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Re
 cmake --build "$build" -j"$(nproc)" >/dev/null
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/job_file" "$corpus/tensor_frame"
+mkdir -p "$corpus/job_file" "$corpus/tensor_frame" "$corpus/chunk_stream"
 cp examples/*.yaml "$corpus/job_file/"
 cp bench/fuzz/seeds/tensor_frame/* "$corpus/tensor_frame/"  # a valid activation and gradient
-for target in job_file tensor_frame; do
+cp bench/fuzz/seeds/chunk_stream/* "$corpus/chunk_stream/"  # a whole frame in two chunks
+for target in job_file tensor_frame chunk_stream; do
   start=$(date +%s)
   "$build/bin/fuzz_$target" -runs="$runs" -max_len=4096 -print_final_stats=1 "$corpus/$target" \
     > "$corpus/$target.log" 2>&1 || { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED"; exit 1; }
