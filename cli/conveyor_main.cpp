@@ -1,10 +1,12 @@
 // conveyor: the command-line client.
 #include "cli/commands.h"
+#include "common/server.h"
 
 #include <cstdio>
 #include <cstdlib>
 
 int main(int argc, char** argv) {
+  conveyor::InstallCrashHandler("conveyor");
   const int rc = conveyor::cli::Main(argc, argv);
   // Everything is done and written: leave without running static destructors.
   // With a PyTorch wheel's LibTorch beside Debian's gRPC and protobuf, those

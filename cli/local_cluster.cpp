@@ -162,6 +162,7 @@ StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::s
 StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->start_timeout_s_ = options.start_timeout_s;
+  c->remove_run_dir_ = options.remove_run_dir;
   std::string tmpl = (std::filesystem::temp_directory_path() / "conveyor-local-XXXXXX").string();
   if (!mkdtemp(tmpl.data())) return absl::InternalError("cannot create a temporary folder");
   c->run_dir_ = tmpl;
@@ -316,6 +317,10 @@ void LocalCluster::Stop() {
     }
     if (child >= 0) close(child);
     children_[i].pid = -1;
+  }
+  if (remove_run_dir_) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_, ec);
   }
 }
 

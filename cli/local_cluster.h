@@ -32,6 +32,9 @@ struct LocalClusterOptions {
   std::string log_level = "info";
   double start_timeout_s = 60;
   bool restart_stages = false;
+  // Delete run_dir() (logs, state, checkpoints) once stopped; `conveyor local`
+  // keeps it, tests do not.
+  bool remove_run_dir = false;
   // Per stage, optional: the host to listen on (default 127.0.0.1), and words
   // to run it under, e.g. {"ip", "netns", "exec", "host-1"} (tests run stages
   // as separate hosts this way).
@@ -81,6 +84,7 @@ class LocalCluster {
   void Supervise();
 
   double start_timeout_s_ = 60;
+  bool remove_run_dir_ = false;
   std::string run_dir_;
   mutable std::mutex mu_;  // guards children_ pids, restarts_, stopping_
   std::vector<Child> children_;  // stages in order, then the coordinator

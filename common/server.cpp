@@ -1,5 +1,11 @@
 #include "common/server.h"
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
@@ -44,6 +50,39 @@ void GrpcServer::Shutdown(double grace_seconds) {
   shut_down_ = true;
   server_->Shutdown(DeadlineAfter(grace_seconds));
   server_->Wait();
+}
+
+namespace {
+
+const char* crash_program = "conveyor";
+
+void OnCrash(int sig) {
+  // Async-signal-safe only: write(2) and backtrace_symbols_fd.
+  char line[160];
+  const int n = std::snprintf(line, sizeof line, "\n%s: fatal signal %d (%s); backtrace:\n", crash_program, sig,
+                              sig == SIGSEGV ? "SIGSEGV" : sig == SIGABRT ? "SIGABRT" : sig == SIGBUS ? "SIGBUS" : "");
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<std::size_t>(n));
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+  raise(sig);  // the handler was reset: the default action now
+}
+
+}  // namespace
+
+void InstallCrashHandler(const char* program) {
+  crash_program = program;
+  static char alt_stack[1 << 16];  // a stack overflow still gets its report
+  stack_t ss{};
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof alt_stack;
+  sigaltstack(&ss, nullptr);
+  void* warm[1];
+  backtrace(warm, 1);  // loads libgcc now, not inside the handler
+  struct sigaction sa {};
+  sa.sa_handler = OnCrash;
+  sa.sa_flags = SA_RESETHAND | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &sa, nullptr);
 }
 
 void BlockTerminationSignals() {

@@ -47,4 +47,8 @@ class GrpcServer {
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 
+// On SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT, writes the signal and a
+// backtrace to stderr (the process's log), then dies of the same signal.
+void InstallCrashHandler(const char* program);
+
 }  // namespace conveyor

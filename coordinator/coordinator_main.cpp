@@ -10,6 +10,7 @@
 #include "coordinator/coordinator_service.h"
 
 int main(int argc, char** argv) {
+  conveyor::InstallCrashHandler("coordinator");
   conveyor::BlockTerminationSignals();
   CLI::App app{"Conveyor coordinator: runs training jobs over pipeline stage servers"};
   std::string listen = "127.0.0.1:50050", port_file, log_level = "info";

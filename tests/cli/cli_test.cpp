@@ -61,6 +61,7 @@ TEST(Cli, LocalRunMatchesTheReference) {
 
 TEST(Cli, JobCommandsAgainstARunningCoordinator) {
   cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
   options.stages = 1;
   options.bin_dir = CONVEYOR_BIN_DIR;
   auto cluster = cli::LocalCluster::Start(options);

@@ -110,6 +110,7 @@ v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::string& y
 TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
   cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
   options.stages = 2;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.devices = {"cuda:0", "cuda:1"};

@@ -64,6 +64,7 @@ class Hosts : public ::testing::Test {
 
   std::unique_ptr<cli::LocalCluster> Start() {
     cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
     options.stages = kStages;
     options.bin_dir = CONVEYOR_BIN_DIR;
     options.stage_hosts = address_;

@@ -25,6 +25,7 @@ using ::testing::HasSubstr;
 
 std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
   cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
   options.stages = stages;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.threads_per_stage = 1;

@@ -37,6 +37,7 @@ std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60) {
 std::unique_ptr<cli::LocalCluster> StartCluster(bool restart_stages,
                                                 std::vector<std::pair<int, std::string>> env = {}) {
   cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
   options.stages = 4;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.restart_stages = restart_stages;
