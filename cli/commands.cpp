@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -16,6 +15,7 @@
 #include "cli/output.h"
 #include "cli/reference.h"
 #include "cli/trace.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -330,14 +330,11 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
   if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix);
-  // Close our channel before the coordinator goes away under it. (On the GPU
-  // machine this process still crashes with SIGSEGV during the teardown below,
-  // after the job has succeeded and its result is printed; not yet understood.)
+  // Close our channel before the coordinator goes away under it.
   stub.reset();
   (*cluster)->Stop();
   if (rc == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all((*cluster)->run_dir(), ec);
+    RemoveTree((*cluster)->run_dir());
   } else {
     std::cerr << "logs kept in " << (*cluster)->run_dir() << "\n";
   }

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/net.h"
 
@@ -319,8 +320,7 @@ void LocalCluster::Stop() {
     children_[i].pid = -1;
   }
   if (remove_run_dir_) {
-    std::error_code ec;
-    std::filesystem::remove_all(run_dir_, ec);
+    RemoveTree(run_dir_);
   }
 }
 

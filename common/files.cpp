@@ -1,13 +1,14 @@
 #include "common/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 namespace conveyor {
 namespace {
@@ -48,11 +49,9 @@ std::string HexString(std::string_view bytes) {
 }
 
 Status WriteFileDurably(const std::string& path, std::string_view content) {
-  const std::filesystem::path target(path);
-  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError("cannot create " + dir + ": " + ec.message());
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  CONVEYOR_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::PermissionDeniedError("cannot write " + tmp + ": " + Errno());
@@ -71,6 +70,39 @@ Status WriteFileDurably(const std::string& path, std::string_view content) {
     ::close(dfd);
   }
   return absl::OkStatus();
+}
+
+Status MakeDirs(const std::string& dir) {
+  struct stat st;
+  if (dir.empty() || ::stat(dir.c_str(), &st) == 0) {
+    if (dir.empty() || S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::PermissionDeniedError("cannot create " + dir + ": a file of that name is in the way");
+  }
+  const std::size_t slash = dir.rfind('/', dir.size() > 1 ? dir.size() - 2 : 0);
+  if (slash != std::string::npos && slash > 0) CONVEYOR_RETURN_IF_ERROR(MakeDirs(dir.substr(0, slash)));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return absl::PermissionDeniedError("cannot create " + dir + ": " + Errno());
+  return absl::OkStatus();
+}
+
+void RemoveTree(const std::string& path) {
+  auto remove = [](const char* p, const struct stat*, int, struct FTW*) {
+    ::remove(p);  // best effort: go on with the rest
+    return 0;
+  };
+  ::nftw(path.c_str(), remove, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+std::vector<std::string> ListDir(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
 }
 
 StatusOr<std::string> ReadWholeFile(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -37,5 +38,15 @@ Status WriteFileDurably(const std::string& path, std::string_view content);
 
 // The whole file; NOT_FOUND naming it when it is missing.
 StatusOr<std::string> ReadWholeFile(const std::string& path);
+
+// Folder helpers over POSIX calls. std::filesystem's folder walks crashed
+// (SIGSEGV) in binaries linked with a PyTorch wheel's LibTorch, whose
+// statically linked copy of them takes the place of the system's.
+// mkdir -p; PERMISSION_DENIED naming the folder.
+Status MakeDirs(const std::string& dir);
+// rm -rf, best effort.
+void RemoveTree(const std::string& path);
+// The names in a folder (no "." or ".."); empty when it cannot be read.
+std::vector<std::string> ListDir(const std::string& dir);
 
 }  // namespace conveyor

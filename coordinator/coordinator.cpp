@@ -1,7 +1,7 @@
 #include "coordinator/coordinator.h"
 
-#include <filesystem>
 
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 
@@ -12,9 +12,8 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
   std::unique_ptr<Coordinator> c(new Coordinator());
   std::string db = ":memory:";
   if (!options.state_dir.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.state_dir, ec);
-    if (ec) return absl::FailedPreconditionError("cannot create state dir " + options.state_dir + ": " + ec.message());
+    Status made = MakeDirs(options.state_dir);
+    if (!made.ok()) return absl::FailedPreconditionError("state dir: " + std::string(made.message()));
     db = options.state_dir + "/conveyor.db";
   }
   CONVEYOR_ASSIGN_OR_RETURN(c->store_, JobStore::Open(db));

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -80,8 +79,7 @@ StatusOr<v1::CheckpointRecord> CheckpointFiles::Save(v1::CheckpointHeader header
   record.set_sha256(HexString(digest));
   std::vector<int64_t> steps = Steps(header.job_id(), header.stage_index());
   for (std::size_t i = 0; i + keep < steps.size(); ++i) {
-    std::error_code ec;
-    std::filesystem::remove(PathFor(header.job_id(), header.stage_index(), steps[i]), ec);
+    ::unlink(PathFor(header.job_id(), header.stage_index(), steps[i]).c_str());
   }
   return record;
 }
@@ -130,9 +128,7 @@ StatusOr<std::string> CheckpointFiles::Load(const std::string& job_id, int stage
 
 std::vector<int64_t> CheckpointFiles::Steps(const std::string& job_id, int stage) const {
   std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(StageDir(dir_, job_id, stage), ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name : ListDir(StageDir(dir_, job_id, stage))) {
     long long step = 0;
     char tail = 0;
     if (std::sscanf(name.c_str(), "step-%lld.ckp%c", &step, &tail) == 2 && tail == 't' &&
