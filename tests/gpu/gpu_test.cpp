@@ -87,26 +87,6 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
 // stream through pinned staging. Equal to the GPU reference.
 class GpuLinks : public GpuTest, public ::testing::WithParamInterface<std::string> {};
 
-v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::string& yaml) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(yaml);
-  v1::SubmitJobReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(60));
-  EXPECT_TRUE(stub->SubmitJob(&ctx, req, &reply).ok());
-  v1::GetJobRequest get;
-  get.set_job_id(reply.job_id());
-  grpc::ClientContext watch;
-  watch.set_deadline(DeadlineAfter(300));
-  auto reader = stub->WatchJob(&watch, get);
-  v1::JobStatus status;
-  while (reader->Read(&status)) {
-  }
-  reader->Finish();
-  return status;
-}
-
 TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
   cli::LocalClusterOptions options;
@@ -118,7 +98,7 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\ntransport: " +
                            GetParam() + "\n";
-  v1::JobStatus run = SubmitAndWait((*cluster)->coordinator_address(), yaml);
+  v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.stages(0).transport(), GetParam());
   std::vector<std::pair<std::string, at::Tensor>> params;

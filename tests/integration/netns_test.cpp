@@ -78,31 +78,6 @@ class Hosts : public ::testing::Test {
   std::vector<std::string> ns_, veth_, address_;
 };
 
-v1::JobStatus RunJob(const std::string& coordinator, const std::string& yaml,
-                  const std::function<void(const v1::JobStatus&)>& on_status = nullptr) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(yaml);
-  v1::SubmitJobReply reply;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineAfter(30));
-    grpc::Status st = stub->SubmitJob(&ctx, req, &reply);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-  }
-  v1::GetJobRequest get;
-  get.set_job_id(reply.job_id());
-  get.set_omit_losses(true);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(300));
-  auto reader = stub->WatchJob(&ctx, get);
-  v1::JobStatus status;
-  while (reader->Read(&status))
-    if (on_status) on_status(status);
-  reader->Finish();
-  return status;
-}
-
 TEST_F(Hosts, ACutLinkIsADeadStageAndRestoringItRecovers) {
   auto cluster = Start();
   ASSERT_TRUE(cluster);
@@ -112,12 +87,12 @@ TEST_F(Hosts, ACutLinkIsADeadStageAndRestoringItRecovers) {
       "data: {name: synthetic, train_samples: 2048}\nbatch_size: 32\nmicro_batches: 4\nschedule: 1f1b\n"
       "optimizer: {name: adam, lr: 0.001}\nsteps: 120\ncheckpoint_every: 10\nstage_timeout: 3\n"
       "recovery_timeout: 120\nseed: 3\n";
-  const v1::JobStatus clean = RunJob(cluster->coordinator_address(), yaml);
+  const v1::JobStatus clean = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
   EXPECT_EQ(clean.stages(0).transport(), "grpc");
 
   bool cut = false, restored = false;
-  v1::JobStatus end = RunJob(cluster->coordinator_address(), yaml, [&](const v1::JobStatus& s) {
+  v1::JobStatus end = testing::SubmitAndWait(cluster->coordinator_address(), yaml, [&](const v1::JobStatus& s) {
     if (!cut && s.step() >= 30) {
       cut = true;
       Ip({"link", "set", veth_[1], "down"});  // stage 1 vanishes without a word

@@ -34,28 +34,6 @@ std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
-// Submits over gRPC and follows WatchJob to the end.
-v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::string& yaml) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(yaml);
-  v1::SubmitJobReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub->SubmitJob(&ctx, req, &reply);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  v1::GetJobRequest get;
-  get.set_job_id(reply.job_id());
-  grpc::ClientContext watch_ctx;
-  watch_ctx.set_deadline(DeadlineAfter(300));
-  auto reader = stub->WatchJob(&watch_ctx, get);
-  v1::JobStatus status;
-  while (reader->Read(&status)) {
-  }
-  EXPECT_TRUE(reader->Finish().ok());
-  return status;
-}
-
 std::vector<std::pair<std::string, at::Tensor>> Parameters(const cli::LocalCluster& cluster, const std::string& job,
                                                            int stages) {
   std::vector<std::pair<std::string, at::Tensor>> out;
@@ -80,7 +58,7 @@ TEST(Processes, ToyOverThreeStageServersEqualsReference) {
   const std::string yaml =
       "model: toy\npartition: {stages: 3}\nbatch_size: 16\nmicro_batches: 4\nschedule: 1f1b\nsteps: 20\n"
       "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 11\n";
-  v1::JobStatus run = SubmitAndWait(cluster->coordinator_address(), yaml);
+  v1::JobStatus run = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   EXPECT_EQ(run.stages(0).transport(), "grpc");
   testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 3), testing::Reference(yaml));
 }
@@ -95,7 +73,7 @@ TEST_P(ProcessSchedules, ConvNetOverFourStageServersEqualsReference) {
       "micro_batches: 8\nsteps: 20\noptimizer: {name: sgd, lr: 0.05, momentum: 0.9}\neval: true\nschedule: " +
       GetParam() + "\n";
   if (GetParam() == "interleaved") yaml += "virtual_stages: 2\n";
-  v1::JobStatus run = SubmitAndWait(cluster->coordinator_address(), yaml);
+  v1::JobStatus run = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   cli::ReferenceResult ref = testing::Reference(yaml);
   testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 4), ref);
   EXPECT_NEAR(run.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
@@ -252,12 +230,12 @@ TEST_F(BadInput, UnknownJobIdsAreNotFound) {
 }
 
 TEST_F(BadInput, AMissingDatasetFailsTheJobNamingThePath) {
-  v1::JobStatus s = SubmitAndWait(cluster_->coordinator_address(),
+  v1::JobStatus s = testing::SubmitAndWait(cluster_->coordinator_address(),
                                   "model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
   EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(s.error(), HasSubstr("/missing/fmnist"));
   // The cluster still runs jobs.
-  EXPECT_EQ(SubmitAndWait(cluster_->coordinator_address(), "model: toy\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(testing::SubmitAndWait(cluster_->coordinator_address(), "model: toy\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
 }
 
 // A stage address that accepts TCP connections but never speaks gRPC: the

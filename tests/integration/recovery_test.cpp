@@ -17,6 +17,7 @@
 #include "common/job_spec.h"
 #include "common/net.h"
 #include "conveyor.grpc.pb.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -47,52 +48,6 @@ std::unique_ptr<cli::LocalCluster> StartCluster(bool restart_stages,
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
-std::string Submit(const std::string& coordinator, const std::string& yaml) {
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-  v1::SubmitJobRequest req;
-  req.set_job_yaml(yaml);
-  v1::SubmitJobReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  grpc::Status st = stub->SubmitJob(&ctx, req, &reply);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return reply.job_id();
-}
-
-// Follows the job to its end, through coordinator restarts (the watch is
-// opened again and waits for the coordinator to serve), calling `on_status`
-// with every status seen.
-v1::JobStatus Follow(const std::string& coordinator, const std::string& id,
-                     const std::function<void(const v1::JobStatus&)>& on_status = nullptr) {
-  v1::JobStatus status;
-  const auto give_up = DeadlineAfter(300);
-  while (!IsTerminal(status.state()) && std::chrono::system_clock::now() < give_up) {
-    auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-    v1::GetJobRequest get;
-    get.set_job_id(id);
-    get.set_omit_losses(true);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(give_up);
-    ctx.set_wait_for_ready(true);
-    auto reader = stub->WatchJob(&ctx, get);
-    v1::JobStatus s;
-    while (reader->Read(&s)) {
-      status = s;
-      if (on_status) on_status(status);
-    }
-    reader->Finish();
-  }
-  // The whole status, losses included.
-  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
-  v1::GetJobRequest get;
-  get.set_job_id(id);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(30));
-  ctx.set_wait_for_ready(true);
-  EXPECT_TRUE(stub->GetJob(&ctx, get, &status).ok());
-  return status;
-}
-
 std::string Events(const v1::JobStatus& s) {
   std::string out;
   for (const auto& e : s.events()) out += "  " + e.text() + "\n";
@@ -106,7 +61,7 @@ const v1::JobStatus& Uninterrupted(int steps, int checkpoint_every) {
   if (!runs.count(key)) {
     auto cluster = StartCluster(false);
     EXPECT_TRUE(cluster);
-    runs[key] = Follow(cluster->coordinator_address(), Submit(cluster->coordinator_address(), Job(steps, checkpoint_every)));
+    runs[key] = testing::SubmitAndWait(cluster->coordinator_address(), Job(steps, checkpoint_every));
     EXPECT_EQ(runs[key].state(), v1::JOB_STATE_SUCCEEDED) << runs[key].error();
   }
   return runs[key];
@@ -116,9 +71,9 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
   const v1::JobStatus& clean = Uninterrupted(80, 10);
   auto cluster = StartCluster(false);
   ASSERT_TRUE(cluster);
-  const std::string id = Submit(cluster->coordinator_address(), Job(80, 10));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(80, 10));
   bool killed = false;
-  v1::JobStatus end = Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
     if (!killed && s.checkpoint_step() >= 20) {
       killed = true;
       cluster->Signal(-1, SIGKILL);
@@ -138,9 +93,9 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
 TEST(Recovery, AStageThatDoesNotComeBackFailsTheJobNamingIt) {
   auto cluster = StartCluster(/*restart_stages=*/false);
   ASSERT_TRUE(cluster);
-  const std::string id = Submit(cluster->coordinator_address(), Job(100000, 10, /*recovery_timeout=*/2));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(100000, 10, /*recovery_timeout=*/2));
   bool killed = false, recovering = false;
-  v1::JobStatus end = Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
     if (!killed && s.step() >= 5) {
       killed = true;
       cluster->Signal(1, SIGKILL);
@@ -157,10 +112,10 @@ TEST(Recovery, ACorruptCheckpointIsSkippedForThePreviousOne) {
   const v1::JobStatus& clean = Uninterrupted(120, 10);
   auto cluster = StartCluster(/*restart_stages=*/true);
   ASSERT_TRUE(cluster);
-  const std::string id = Submit(cluster->coordinator_address(), Job(120, 10));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(120, 10));
   const std::string dir = cluster->run_dir() + "/stage-1/checkpoints/" + id + "/stage-1";
   int corrupted = 0;
-  v1::JobStatus end = Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
     if (corrupted || s.checkpoint_step() < 40) return;
     // Freeze the pipeline, damage stage 1's newest checkpoints (keeping the
     // oldest), then kill stage 2: the recovery must notice and go back further.
@@ -219,7 +174,7 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
 
   auto cluster = StartCluster(true, {{self_victim, "CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=" + std::to_string(self_write)}});
   ASSERT_TRUE(cluster);
-  const std::string id = Submit(cluster->coordinator_address(), Job(steps, every));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every));
   std::size_t next = 0;
   Clock::time_point killed_at{}, recovering_at{};
   int64_t failed_step = 0;
@@ -229,7 +184,7 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
     int64_t steps_lost = 0;
   };
   std::vector<Measured> measured;
-  v1::JobStatus end = Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
     const bool recovering = s.state() == v1::JOB_STATE_RECOVERING;
     if (recovering && !was_recovering) {
       recovering_at = Clock::now();

@@ -10,6 +10,8 @@
 #include <filesystem>
 
 #include "common/job_spec.h"
+#include "common/net.h"
+#include "conveyor.grpc.pb.h"
 
 namespace conveyor::testing {
 
@@ -103,6 +105,48 @@ TlsFiles MakeCertificate(const std::string& dir, const std::string& name, const 
 
 bool HaveFashionMnist() {
   return std::filesystem::exists(std::string(kDefaultFashionMnistPath) + "/train-images-idx3-ubyte.gz");
+}
+
+std::string Submit(const std::string& coordinator, const std::string& yaml) {
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  v1::SubmitJobRequest req;
+  req.set_job_yaml(yaml);
+  v1::SubmitJobReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(60));
+  grpc::Status st = stub->SubmitJob(&ctx, req, &reply);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return reply.job_id();
+}
+
+v1::JobStatus Follow(const std::string& coordinator, const std::string& job_id,
+                     const std::function<void(const v1::JobStatus&)>& on_status) {
+  v1::JobStatus status;
+  const auto give_up = DeadlineAfter(300);
+  while (!IsTerminal(status.state()) && std::chrono::system_clock::now() < give_up) {
+    auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    get.set_omit_losses(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(give_up);
+    ctx.set_wait_for_ready(true);
+    auto reader = stub->WatchJob(&ctx, get);
+    v1::JobStatus s;
+    while (reader->Read(&s)) {
+      status = s;
+      if (on_status) on_status(status);
+    }
+    reader->Finish();
+  }
+  auto stub = v1::Coordinator::NewStub(MakeChannel(coordinator));
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(30));
+  ctx.set_wait_for_ready(true);
+  EXPECT_TRUE(stub->GetJob(&ctx, get, &status).ok());
+  return status;
 }
 
 }  // namespace conveyor::testing

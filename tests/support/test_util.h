@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,19 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv);
 
 bool HaveFashionMnist();
+
+// Submits `yaml` to the coordinator at `coordinator` over gRPC (EXPECTs it is
+// accepted) and returns the job id.
+std::string Submit(const std::string& coordinator, const std::string& yaml);
+// Follows the job to its end, through coordinator restarts (the watch opens
+// again and waits for the coordinator to serve), calling `on_status` with
+// every status seen; returns the final status, losses included.
+v1::JobStatus Follow(const std::string& coordinator, const std::string& job_id,
+                     const std::function<void(const v1::JobStatus&)>& on_status = nullptr);
+inline v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::string& yaml,
+                                   const std::function<void(const v1::JobStatus&)>& on_status = nullptr) {
+  return Follow(coordinator, Submit(coordinator, yaml), on_status);
+}
 
 // A fresh, empty folder under the test's temporary folder.
 std::string MakeTempDir(const std::string& prefix);
