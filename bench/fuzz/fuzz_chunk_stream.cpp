@@ -9,20 +9,11 @@
 #include <vector>
 
 #include "stage_server/chunk_codec.h"
-#include "stage_server/inbox.h"
+#include "bench/fuzz/fuzz_inbox.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  conveyor::InboxExpectations expect;
-  expect.job_id = "job-1";
-  expect.stage_index = 1;
-  expect.num_stages = 3;
-  expect.activation_shapes[1] = {3, 4};
-  expect.gradient_shapes[1] = {5};
-  expect.max_micro_batches = 4;
-  expect.max_micro_batch_size = 8;
   conveyor::Inbox inbox;
-  inbox.Open(expect);
-  inbox.BeginStep(conveyor::v1::PHASE_TRAIN, 0);
+  conveyor::fuzz::OpenFuzzInbox(&inbox);
   conveyor::ChunkAssembler stream;
   const char* p = reinterpret_cast<const char*>(data);
   std::size_t left = size;
