@@ -49,13 +49,21 @@ std::string HexString(std::string_view bytes) {
 }
 
 Status WriteFileDurably(const std::string& path, std::string_view content) {
+  return WriteFileDurably(path, std::vector<std::string_view>{content});
+}
+
+Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces) {
   const std::size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   CONVEYOR_RETURN_IF_ERROR(MakeDirs(dir));
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::PermissionDeniedError("cannot write " + tmp + ": " + Errno());
-  Status st = WriteAll(fd, content, tmp);
+  Status st;
+  for (std::string_view piece : pieces) {
+    st = WriteAll(fd, piece, tmp);
+    if (!st.ok()) break;
+  }
   if (st.ok() && ::fsync(fd) != 0) st = absl::DataLossError("fsync of " + tmp + ": " + Errno());
   ::close(fd);
   if (!st.ok()) {

@@ -35,6 +35,8 @@ std::string HexString(std::string_view bytes);
 // old content or all of the new: a temporary file beside it, fsync, rename,
 // fsync of the folder.
 Status WriteFileDurably(const std::string& path, std::string_view content);
+// The same for content in pieces, written one after the other (no copy).
+Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // The whole file; NOT_FOUND naming it when it is missing.
 StatusOr<std::string> ReadWholeFile(const std::string& path);

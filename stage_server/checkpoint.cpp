@@ -33,15 +33,15 @@ uint32_t GetU32(const char* p) {
 }
 
 // Chaos hook for the recovery tests: CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=N kills
-// this process (SIGKILL) in the middle of its N-th checkpoint write, with half
-// of the file on disk under its temporary name.
-void MaybeDieMidWrite(const std::string& path, const std::string& file) {
+// this process (SIGKILL) in the middle of its N-th checkpoint write, with the
+// start of the file on disk under its temporary name.
+void MaybeDieMidWrite(const std::string& path, const std::string& start) {
   static int writes = 0;
   const char* env = std::getenv("CONVEYOR_CHAOS_KILL_IN_CHECKPOINT");
   if (!env || ++writes != std::atoi(env)) return;
   LOG_WARN("chaos: killing this stage in the middle of writing ", path);
   if (FILE* f = std::fopen((path + ".tmp").c_str(), "wb")) {
-    std::fwrite(file.data(), 1, file.size() / 2, f);
+    std::fwrite(start.data(), 1, start.size(), f);
     std::fflush(f);
   }
   kill(getpid(), SIGKILL);
@@ -60,22 +60,24 @@ StatusOr<v1::CheckpointRecord> CheckpointFiles::Save(v1::CheckpointHeader header
   if (dir_.empty())
     return absl::FailedPreconditionError("this stage has no --checkpoint-dir, so it cannot write checkpoints");
   header.set_payload_bytes(static_cast<int64_t>(payload.size()));
+  // Magic, header length and header, then the payload as it is (it can be
+  // gigabytes: no copy of it), then the checksum of both.
+  std::string prefix(kMagic, kMagicBytes);
   const std::string head = header.SerializeAsString();
-  std::string file(kMagic, kMagicBytes);
-  PutU32(&file, static_cast<uint32_t>(head.size()));
-  file += head;
-  file += payload;
+  PutU32(&prefix, static_cast<uint32_t>(head.size()));
+  prefix += head;
   Sha256 sum;
-  sum.Update(file);
+  sum.Update(prefix);
+  sum.Update(payload);
   const std::string digest = sum.Final();
-  file += digest;
+  const std::vector<std::string_view> file{prefix, payload, digest};
   const std::string path = PathFor(header.job_id(), header.stage_index(), header.step());
-  MaybeDieMidWrite(path, file);
+  MaybeDieMidWrite(path, prefix);
   CONVEYOR_RETURN_IF_ERROR(WriteFileDurably(path, file));
   v1::CheckpointRecord record;
   record.set_step(header.step());
   record.set_path(path);
-  record.set_bytes(static_cast<int64_t>(file.size()));
+  record.set_bytes(static_cast<int64_t>(prefix.size() + payload.size() + digest.size()));
   record.set_sha256(HexString(digest));
   std::vector<int64_t> steps = Steps(header.job_id(), header.stage_index());
   for (std::size_t i = 0; i + keep < steps.size(); ++i) {
