@@ -82,17 +82,28 @@ Status JobRunner::BalancePartition() {
   return absl::OkStatus();
 }
 
+v1::JobRef JobRunner::Ref() const {
+  v1::JobRef ref;
+  ref.set_job_id(status_.job_id());
+  return ref;
+}
+
+StatusOr<std::vector<v1::StageInfo>> JobRunner::InfoAll() {
+  std::vector<v1::StageInfo> infos;
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
+    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
+    infos.push_back(std::move(*info));
+  }
+  return infos;
+}
+
 StatusOr<std::vector<v1::LinkSetup>> JobRunner::PlanLinks(bool ring) {
   const int p = static_cast<int>(stages_.size());
   std::vector<v1::LinkSetup> upstream(p);
   const v1::TransportKind want = spec_.transport() == v1::TRANSPORT_UNSPECIFIED ? v1::TRANSPORT_AUTO : spec_.transport();
   if (p == 1 || want == v1::TRANSPORT_GRPC) return upstream;
-  std::vector<v1::StageInfo> infos;
-  for (int s = 0; s < p; ++s) {
-    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
-    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
-    infos.push_back(*info);
-  }
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll());
   auto gpu = [](const std::string& device) { return device == "cuda" ? std::string("cuda:0") : device; };
   for (int s = 0; s < (ring ? p : p - 1); ++s) {
     const int d = (s + 1) % p;
@@ -112,8 +123,7 @@ StatusOr<std::vector<v1::LinkSetup>> JobRunner::PlanLinks(bool ring) {
       LOG_INFO("job ", status_.job_id(), ": link ", link, " uses gRPC (", why, ")");
       continue;
     }
-    v1::JobRef ref;
-    ref.set_job_id(status_.job_id());
+    v1::JobRef ref = Ref();
     auto setup = stages_[s]->PrepareLink(ref, kControlDeadlineS);
     if (!setup.ok()) return Annotate(setup.status(), "link " + link);
     upstream[d] = *setup;
@@ -130,10 +140,7 @@ Status JobRunner::Setup() {
   stages_.resize(p);
   // Every stage must answer before any is configured: a dead address fails
   // the job within stage_timeout instead of hanging it.
-  for (int s = 0; s < p; ++s) {
-    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
-    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
-  }
+  CONVEYOR_RETURN_IF_ERROR(InfoAll().status());
   CONVEYOR_RETURN_IF_ERROR(BalancePartition());
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
   const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
@@ -214,8 +221,7 @@ Status JobRunner::ConfigureAll() {
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links, PlanLinks(ring));
   for (int s = 0; s < p; ++s) {
-    v1::JobRef ref;
-    ref.set_job_id(status_.job_id());
+    v1::JobRef ref = Ref();
     *ref.mutable_upstream_link() = links[s];
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
     if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
@@ -458,8 +464,7 @@ Status JobRunner::Evaluate() {
 
 Status JobRunner::CollectDigest() {
   std::map<int, std::string> by_layer;  // model order, whatever stage holds a layer
-  v1::JobRef ref;
-  ref.set_job_id(status_.job_id());
+  v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
     if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
@@ -534,8 +539,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
   }
   Event("every stage answers again");
   // Drop what the survivors hold of the job; Deploy configures it anew.
-  v1::JobRef ref;
-  ref.set_job_id(status_.job_id());
+  v1::JobRef ref = Ref();
   for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
   return absl::OkStatus();
 }
@@ -579,8 +583,7 @@ v1::JobStatus JobRunner::Run() {
     if (!st.ok()) break;
   }
 
-  v1::JobRef ref;
-  ref.set_job_id(status_.job_id());
+  v1::JobRef ref = Ref();
   if (cancelled_) {
     status_.set_state(v1::JOB_STATE_CANCELLED);
     std::lock_guard<std::mutex> lock(reason_mu_);

@@ -77,6 +77,10 @@ class JobRunner {
   // RECOVERING: waits for every stage to answer within recovery_timeout.
   Status AwaitStages(const Status& failure);
   void Event(const std::string& text);
+  v1::JobRef Ref() const;  // this job's id, as stage calls take it
+  // Every stage's info, asked in order within stage_timeout; the first that
+  // does not answer is the error.
+  StatusOr<std::vector<v1::StageInfo>> InfoAll();
   // partition.balance params or time: profiles the model on stage 0 and sets
   // the boundaries that make the costliest chunk as cheap as possible.
   Status BalancePartition();
