@@ -10,7 +10,6 @@
 #include "cli/local_cluster.h"
 #include "common/device.h"
 #include "common/net.h"
-#include "common/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
@@ -101,19 +100,8 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.stages(0).transport(), GetParam());
-  std::vector<std::pair<std::string, at::Tensor>> params;
-  for (int s = 0; s < 2; ++s) {
-    auto stub = v1::StageControl::NewStub(MakeChannel((*cluster)->stage_addresses()[s]));
-    v1::JobRef ref;
-    ref.set_job_id(run.job_id());
-    v1::ParametersReply reply;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineAfter(60));
-    ASSERT_TRUE(stub->GetParameters(&ctx, ref, &reply).ok());
-    for (auto& p : *reply.mutable_parameters()) params.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
-  }
-  testing::SortByLayer(&params);
-  testing::ExpectMatchesReference(run, params, testing::Reference(yaml, "cuda:0"));
+  testing::ExpectMatchesReference(run, testing::ServerParameters((*cluster)->stage_addresses(), run.job_id()),
+                                  testing::Reference(yaml, "cuda:0"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks, ::testing::Values("nccl", "grpc"));

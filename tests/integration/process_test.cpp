@@ -11,7 +11,6 @@
 #include "cli/local_cluster.h"
 #include "common/job_spec.h"
 #include "common/net.h"
-#include "common/tensor_codec.h"
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"
 #include "coordinator/coordinator.h"
@@ -34,24 +33,6 @@ std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Parameters(const cli::LocalCluster& cluster, const std::string& job,
-                                                           int stages) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (int s = 0; s < stages; ++s) {
-    auto stub = v1::StageControl::NewStub(MakeChannel(cluster.stage_addresses()[s]));
-    v1::JobRef ref;
-    ref.set_job_id(job);
-    v1::ParametersReply reply;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineAfter(30));
-    grpc::Status st = stub->GetParameters(&ctx, ref, &reply);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    for (auto& p : *reply.mutable_parameters()) out.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
-  }
-  testing::SortByLayer(&out);
-  return out;
-}
-
 TEST(Processes, ToyOverThreeStageServersEqualsReference) {
   auto cluster = StartCluster(3);
   ASSERT_TRUE(cluster);
@@ -60,7 +41,8 @@ TEST(Processes, ToyOverThreeStageServersEqualsReference) {
       "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 11\n";
   v1::JobStatus run = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   EXPECT_EQ(run.stages(0).transport(), "grpc");
-  testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 3), testing::Reference(yaml));
+  testing::ExpectMatchesReference(run, testing::ServerParameters(cluster->stage_addresses(), run.job_id()),
+                                  testing::Reference(yaml));
 }
 
 class ProcessSchedules : public ::testing::TestWithParam<std::string> {};
@@ -75,7 +57,7 @@ TEST_P(ProcessSchedules, ConvNetOverFourStageServersEqualsReference) {
   if (GetParam() == "interleaved") yaml += "virtual_stages: 2\n";
   v1::JobStatus run = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   cli::ReferenceResult ref = testing::Reference(yaml);
-  testing::ExpectMatchesReference(run, Parameters(*cluster, run.job_id(), 4), ref);
+  testing::ExpectMatchesReference(run, testing::ServerParameters(cluster->stage_addresses(), run.job_id()), ref);
   EXPECT_NEAR(run.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
 }
 

@@ -11,7 +11,9 @@
 
 #include "common/job_spec.h"
 #include "common/net.h"
+#include "common/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
+#include "tests/support/in_process.h"
 
 namespace conveyor::testing {
 
@@ -147,6 +149,24 @@ v1::JobStatus Follow(const std::string& coordinator, const std::string& job_id,
   ctx.set_wait_for_ready(true);
   EXPECT_TRUE(stub->GetJob(&ctx, get, &status).ok());
   return status;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ServerParameters(const std::vector<std::string>& stages,
+                                                                 const std::string& job_id) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const std::string& address : stages) {
+    auto stub = v1::StageControl::NewStub(MakeChannel(address));
+    v1::JobRef ref;
+    ref.set_job_id(job_id);
+    v1::ParametersReply reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(60));
+    grpc::Status st = stub->GetParameters(&ctx, ref, &reply);
+    EXPECT_TRUE(st.ok()) << address << ": " << st.error_message();
+    for (auto& p : *reply.mutable_parameters()) out.emplace_back(p.name(), DecodeTensor(p.mutable_tensor()));
+  }
+  SortByLayer(&out);
+  return out;
 }
 
 }  // namespace conveyor::testing

@@ -40,6 +40,11 @@ CommandResult RunCommand(const std::vector<std::string>& argv);
 
 bool HaveFashionMnist();
 
+// The final parameters of `job_id`, in model order, read over gRPC from the
+// stage servers at `stages`.
+std::vector<std::pair<std::string, at::Tensor>> ServerParameters(const std::vector<std::string>& stages,
+                                                                 const std::string& job_id);
+
 // Submits `yaml` to the coordinator at `coordinator` over gRPC (EXPECTs it is
 // accepted) and returns the job id.
 std::string Submit(const std::string& coordinator, const std::string& yaml);
