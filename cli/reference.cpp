@@ -45,17 +45,18 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
   try {
     model->to(*device);
     auto optimizer = MakeOptimizer(spec.optimizer(), model->parameters());
+    BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
     model->train();
     auto start = Clock::now();
     auto steady_start = start;
     const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
     for (int64_t step = 0; step < total; ++step) {
-      at::Tensor x = ToModel(spec, data->Inputs(v1::PHASE_TRAIN, step), *device);
-      at::Tensor y = data->Labels(v1::PHASE_TRAIN, step).to(*device);
+      BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
       optimizer->zero_grad();
-      at::Tensor loss = ComputeLoss(spec, model->forward(x), y, 1.0);
+      at::Tensor loss = ComputeLoss(spec, model->forward(batch.inputs), batch.labels, 1.0);
       loss.backward();
       optimizer->step();
+      if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while the device works
       s.add_losses(loss.item<float>());
       s.set_loss(s.losses(s.losses_size() - 1));
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -77,10 +78,9 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
       model->eval();
       int64_t correct = 0, predictions = 0;
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
-        at::Tensor x = ToModel(spec, data->Inputs(v1::PHASE_EVAL, b), *device);
-        at::Tensor y = data->Labels(v1::PHASE_EVAL, b).to(*device);
-        correct += CountCorrect(model->forward(x), y);
-        predictions += y.numel();
+        BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
+        correct += CountCorrect(model->forward(batch.inputs), batch.labels);
+        predictions += batch.labels.numel();
       }
       s.set_has_eval(true);
       s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));

@@ -4,6 +4,8 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
+#include "common/dataset.h"
+
 namespace conveyor {
 
 at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
@@ -28,8 +30,45 @@ int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 at::Tensor ToModel(const v1::JobSpec& spec, const at::Tensor& inputs, const at::Device& device) {
-  if (!at::isFloatingType(inputs.scalar_type())) return inputs.to(device);
-  return inputs.to(device, spec.precision() == v1::PRECISION_BF16 ? at::kBFloat16 : at::kFloat);
+  // Moved first, converted on the device: a conversion on the way would be
+  // done by the host, into pageable memory.
+  const bool async = device.is_cuda() && inputs.is_pinned();
+  at::Tensor x = inputs.to(device, /*non_blocking=*/async);
+  if (!at::isFloatingType(x.scalar_type())) return x;
+  return x.to(spec.precision() == v1::PRECISION_BF16 ? at::kBFloat16 : at::kFloat);
+}
+
+BatchLoader::BatchLoader(const v1::JobSpec& spec, Dataset* data, const at::Device& device, bool inputs, bool labels)
+    : spec_(spec), data_(data), device_(device), inputs_(inputs), labels_(labels) {}
+
+BatchLoader::Batch BatchLoader::Gather(v1::Phase phase, int64_t step) const {
+  Batch b;
+  if (inputs_) b.inputs = data_->Inputs(phase, step);
+  if (labels_) b.labels = data_->Labels(phase, step);
+  if (device_.is_cuda()) {
+    if (b.inputs.defined()) b.inputs = b.inputs.pin_memory();
+    if (b.labels.defined()) b.labels = b.labels.pin_memory();
+  }
+  return b;
+}
+
+void BatchLoader::Prefetch(v1::Phase phase, int64_t step) {
+  if (!device_.is_cuda() || (phase == v1::PHASE_EVAL && step >= data_->EvalBatches())) return;
+  ahead_ = Ahead{phase, step, Gather(phase, step)};
+}
+
+BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
+  Batch host;
+  if (ahead_ && ahead_->phase == phase && ahead_->step == step) {
+    host = std::move(ahead_->batch);
+  } else {
+    host = Gather(phase, step);
+  }
+  ahead_.reset();
+  Batch b;
+  if (host.inputs.defined()) b.inputs = ToModel(spec_, host.inputs, device_);
+  if (host.labels.defined()) b.labels = host.labels.to(device_, /*non_blocking=*/device_.is_cuda());
+  return b;
 }
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec,

@@ -5,7 +5,11 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
+#include <c10/core/Device.h>
+
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "conveyor.pb.h"
@@ -23,6 +27,41 @@ int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
 
 // A batch of model inputs on `device`, floating inputs in the job's precision.
 at::Tensor ToModel(const v1::JobSpec& spec, const at::Tensor& inputs, const at::Device& device);
+
+class Dataset;
+
+// The mini-batches a stage (or the reference) reads, on its device. On a CUDA
+// device Prefetch() gathers a later step's batch into pinned host memory
+// while the device works on the current one, and Get() copies it over
+// asynchronously, so that the device does not wait for the host's gather and
+// a pageable copy at the start of every step. Same tensors, same order: only
+// when the host does the work changes.
+class BatchLoader {
+ public:
+  struct Batch {
+    at::Tensor inputs, labels;  // on the device; undefined when not read
+  };
+  // `data` is not owned and outlives the loader.
+  BatchLoader(const v1::JobSpec& spec, Dataset* data, const at::Device& device, bool inputs, bool labels);
+
+  Batch Get(v1::Phase phase, int64_t step);
+  // Gathers (phase, step) now, for a later Get(); a no-op off CUDA.
+  void Prefetch(v1::Phase phase, int64_t step);
+
+ private:
+  Batch Gather(v1::Phase phase, int64_t step) const;  // on the host
+
+  const v1::JobSpec& spec_;
+  Dataset* data_;
+  const at::Device device_;
+  const bool inputs_, labels_;
+  struct Ahead {
+    v1::Phase phase;
+    int64_t step;
+    Batch batch;
+  };
+  std::optional<Ahead> ahead_;
+};
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec,
                                                        std::vector<at::Tensor> params);

@@ -29,6 +29,7 @@ class DelayedTransport : public Transport {
     return absl::OkStatus();
   }
   std::string Name(Peer peer) const override { return inner_->Name(peer) + "+delay"; }
+  Status status() const override { return inner_->status(); }
   void Shutdown() override {
     {
       std::lock_guard<std::mutex> lock(mu_);

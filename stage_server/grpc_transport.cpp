@@ -5,9 +5,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/sync_stream.h>
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/logging.h"
@@ -19,6 +17,7 @@
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
 #include "stage_server/tensor_payload.h"
+#include "stage_server/work_queue.h"
 
 namespace conveyor {
 namespace {
@@ -37,13 +36,16 @@ grpc::Slice SliceOver(const char* data, int64_t n, const std::shared_ptr<void>& 
   return grpc::Slice(const_cast<char*>(data), static_cast<size_t>(n), &SliceOwner::Release, new SliceOwner{keep});
 }
 
+// How often a thread with NCCL operations in flight looks at them.
+constexpr std::chrono::microseconds kNcclPoll{100};
+
 // One stream to one neighbour, and the NCCL channel for the bytes this stage
 // sends on it when the link is set up for NCCL. Frames go in Send() order.
 class Link {
  public:
   Link(std::string address, std::string label, std::chrono::duration<double> timeout)
       : address_(std::move(address)), label_(std::move(label)),
-        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)) {}
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)), queue_("link to " + label_) {}
   ~Link() { Shutdown(); }
   Link(const Link&) = delete;
   Link& operator=(const Link&) = delete;
@@ -63,25 +65,17 @@ class Link {
 
   std::string Name() const { return nccl_ ? "nccl" : "grpc"; }
 
-  Status Send(Frame frame) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_.ok()) return error_;
-      if (closing_) return absl::CancelledError("link to " + label_ + " is closed");
-      queue_.push_back(std::move(frame));
-    }
-    cv_.notify_one();
-    return absl::OkStatus();
+  Status Send(Frame frame) { return queue_.Push(std::move(frame)); }
+
+  // OK while the link works.
+  Status status() const {
+    Status st = queue_.error();
+    if (st.ok() && nccl_) st = nccl_->status();
+    return st;
   }
 
   void Shutdown() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closing_) return;
-      closing_ = true;
-      queue_.clear();
-    }
-    cv_.notify_one();
+    if (!queue_.Close()) return;
     if (nccl_) nccl_->Abort();
     context_.TryCancel();
     if (thread_.joinable()) thread_.join();
@@ -90,25 +84,19 @@ class Link {
  private:
   void Loop() {
     for (;;) {
-      Frame frame;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
-        if (closing_) break;
-        frame = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      Status st = Write(std::move(frame));
+      std::optional<Frame> frame =
+          queue_.Pop(nccl_ && !nccl_->Idle() ? std::optional<std::chrono::microseconds>(kNcclPoll) : std::nullopt);
+      if (queue_.closed()) break;
+      Status st = nccl_ ? nccl_->Progress() : absl::OkStatus();
+      if (st.ok() && frame) st = Write(std::move(*frame));
       if (!st.ok()) {
-        if (absl::IsUnavailable(st)) {
+        if (stream_broken_) {  // the server's status says why
           Status end = FromGrpc(writer_->Finish());
           if (!end.ok()) st = end;
         }
         st = Annotate(st, "link to " + label_ + " at " + address_ + " broke");
         LOG_WARN(st.message());
-        std::lock_guard<std::mutex> lock(mu_);
-        error_ = st;
-        queue_.clear();
+        queue_.Fail(st);
         return;
       }
     }
@@ -118,13 +106,16 @@ class Link {
 
   Status WriteMessage(std::vector<grpc::Slice> slices) {
     grpc::ByteBuffer buffer(slices.data(), slices.size());
-    if (!writer_->Write(buffer)) return absl::UnavailableError("stream closed");
+    if (!writer_->Write(buffer)) {
+      stream_broken_ = true;
+      return absl::UnavailableError("stream closed");
+    }
     return absl::OkStatus();
   }
 
   Status Write(Frame frame) {
     auto* tensor = dynamic_cast<TensorPayload*>(frame.payload.get());
-    if (nccl_ && tensor) {  // the header here, the bytes over NCCL, in this order
+    if (nccl_ && tensor) {  // the header here, the bytes over NCCL, in this order; neither waits for the other
       frame.header.set_carrier(v1::CARRIER_NCCL);
       CONVEYOR_RETURN_IF_ERROR(WriteMessage({grpc::Slice(EncodeChunkPrefix(&frame.header, 0, true, 0))}));
       return nccl_->Send(tensor->tensor(), tensor->ready(), Clock::now() + timeout_);
@@ -166,48 +157,37 @@ class Link {
   grpc::ClientContext context_;
   grpc::ByteBuffer reply_;
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_;
-
-  std::mutex mu_;  // guards queue_, closing_, error_
-  std::condition_variable cv_;
-  std::deque<Frame> queue_;
-  bool closing_ = false;
-  Status error_;
+  bool stream_broken_ = false;  // a write failed; the loop's thread only
+  WorkQueue<Frame> queue_;
   std::thread thread_;
 };
 
 // Receives the bytes of one NCCL link's direction (rank 1) for the headers
-// the inbox hands it, in their order, on its own thread, and delivers the
-// whole frames. A failure (dead peer, timeout) fails the stage's step.
+// the inbox hands it, in their order, on its own thread. Each frame goes to
+// the inbox as soon as its receive is enqueued, with the event that fires
+// when its bytes are there. A failure (dead peer, timeout) fails the stage's
+// step; the channel's status() says so before its receives end.
 class NcclFetcher final : public PayloadFetcher {
  public:
   NcclFetcher(Inbox* inbox, v1::FrameKind kind, std::unique_ptr<NcclChannel> channel,
               std::chrono::duration<double> timeout)
       : inbox_(inbox), kind_(kind), channel_(std::move(channel)),
-        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)) {
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)), queue_("the NCCL link") {
     thread_ = std::thread([this] { Loop(); });
     inbox_->SetFetcher(kind_, this);
   }
   ~NcclFetcher() override { Shutdown(); }
 
-  Status Fetch(v1::TensorFrame header) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_.ok()) return error_;
-      if (closing_) return absl::CancelledError("the NCCL link is closed");
-      queue_.push_back(std::move(header));
-    }
-    cv_.notify_one();
-    return absl::OkStatus();
+  Status Fetch(v1::TensorFrame header) override { return queue_.Push(std::move(header)); }
+
+  Status status() const {
+    Status st = queue_.error();
+    return st.ok() ? channel_->status() : st;
   }
 
   void Shutdown() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (closing_) return;
-      closing_ = true;
-    }
+    if (!queue_.Close()) return;
     inbox_->SetFetcher(kind_, nullptr);  // no Fetch() after this
-    cv_.notify_one();
     channel_->Abort();
     if (thread_.joinable()) thread_.join();
   }
@@ -215,42 +195,38 @@ class NcclFetcher final : public PayloadFetcher {
  private:
   void Loop() {
     for (;;) {
-      v1::TensorFrame header;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return closing_ || !queue_.empty(); });
-        if (closing_) return;
-        header = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::vector<int64_t> shape(header.tensor().shape().begin(), header.tensor().shape().end());
-      auto tensor = channel_->Receive(shape, FromWireDType(header.tensor().dtype()), Clock::now() + timeout_);
-      if (!tensor.ok()) {
-        LOG_WARN(tensor.status().message());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          error_ = tensor.status();
-        }
-        inbox_->Fail(tensor.status());
+      std::optional<v1::TensorFrame> header =
+          queue_.Pop(channel_->Idle() ? std::nullopt : std::optional<std::chrono::microseconds>(kNcclPoll));
+      if (queue_.closed()) return;
+      Status st = channel_->Progress();
+      if (st.ok() && header) st = Post(std::move(*header));
+      if (!st.ok()) {
+        LOG_WARN(st.message());
+        queue_.Fail(st);
+        inbox_->Fail(st);
         return;
       }
-      Frame frame;
-      frame.header = std::move(header);
-      frame.payload = std::make_unique<TensorPayload>(std::move(*tensor));
-      Status st = inbox_->Deliver(std::move(frame));
-      if (!st.ok()) LOG_WARN("refused a tensor: ", st.message());
     }
+  }
+
+  Status Post(v1::TensorFrame header) {
+    std::vector<int64_t> shape(header.tensor().shape().begin(), header.tensor().shape().end());
+    CONVEYOR_ASSIGN_OR_RETURN(
+        NcclChannel::Received received,
+        channel_->Receive(shape, FromWireDType(header.tensor().dtype()), Clock::now() + timeout_));
+    Frame frame;
+    frame.header = std::move(header);
+    frame.payload = std::make_unique<TensorPayload>(std::move(received.tensor), std::move(received.ready));
+    Status st = inbox_->Deliver(std::move(frame));
+    if (!st.ok()) LOG_WARN("refused a tensor: ", st.message());
+    return absl::OkStatus();
   }
 
   Inbox* inbox_;
   const v1::FrameKind kind_;
   std::unique_ptr<NcclChannel> channel_;
   const Clock::duration timeout_;
-  std::mutex mu_;  // guards queue_, closing_, error_
-  std::condition_variable cv_;
-  std::deque<v1::TensorFrame> queue_;
-  bool closing_ = false;
-  Status error_;
+  WorkQueue<v1::TensorFrame> queue_;
   std::thread thread_;
 };
 
@@ -264,6 +240,12 @@ class GrpcTransport : public Transport {
   std::string Name(Peer peer) const override {
     const Link* link = peer == Peer::kUpstream ? up_.get() : down_.get();
     return link ? link->Name() : "grpc";
+  }
+  Status status() const override {
+    for (const auto& f : fetchers_) CONVEYOR_RETURN_IF_ERROR(f->status());
+    if (up_) CONVEYOR_RETURN_IF_ERROR(up_->status());
+    if (down_) CONVEYOR_RETURN_IF_ERROR(down_->status());
+    return absl::OkStatus();
   }
   void Shutdown() override {
     for (auto& f : fetchers_) f->Shutdown();

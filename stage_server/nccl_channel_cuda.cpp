@@ -1,10 +1,8 @@
 // NcclChannel over NCCL (built with CUDA LibTorch and NCCL; see nccl_channel.h).
 //
-// Every operation is enqueued on the channel's own CUDA stream and the
-// calling (transport) thread polls for its end: the event recorded after it
-// and ncclCommGetAsyncError, until the deadline. The compute stream never
-// waits on NCCL work that might not finish: a receiver hands a tensor on only
-// once it is complete, a sender's stream waits for the producer's event.
+// Every operation is enqueued on the channel's own CUDA stream, followed by
+// an event; the owner's Progress() polls those events and
+// ncclCommGetAsyncError. The host never blocks on a transfer.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -15,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -51,45 +50,81 @@ class NcclChannelImpl final : public NcclChannel {
   Status Send(const at::Tensor& t, const c10::Event* ready, Clock::time_point deadline) override {
     if (rank_ != 0) return absl::InternalError(label_ + ": only rank 0 sends");
     c10::cuda::CUDAGuard guard(device_.index());
-    CONVEYOR_RETURN_IF_ERROR(WaitIdle(deadline, "to connect"));
-    if (ready) ready->block(stream_.unwrap());
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
-    ncclResult_t r = ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm_, stream_.stream());
-    CONVEYOR_RETURN_IF_ERROR(Check(r, "send"));
-    return WaitDone(deadline, "to send " + std::to_string(bytes) + " bytes");
+    const std::string what = "to send " + std::to_string(bytes) + " bytes";
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    if (ready) ready->block(stream_.unwrap());
+    CONVEYOR_RETURN_IF_ERROR(Check(ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm_, stream_.stream()),
+                                   "send"));
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    InFlight& op = Push(deadline, what);
+    op.keep = t;  // the sender may drop it at once: ours until sent
+    return absl::OkStatus();
   }
 
-  StatusOr<at::Tensor> Receive(at::IntArrayRef shape, at::ScalarType dtype, Clock::time_point deadline) override {
+  StatusOr<Received> Receive(at::IntArrayRef shape, at::ScalarType dtype, Clock::time_point deadline) override {
     if (rank_ != 1) return absl::InternalError(label_ + ": only rank 1 receives");
     c10::cuda::CUDAGuard guard(device_.index());
-    CONVEYOR_RETURN_IF_ERROR(WaitIdle(deadline, "to connect"));
-    // Allocated on the device's current (compute) stream, written on ours:
-    // it is handed on only once written, so no stream needs recording. But
-    // the caching allocator may hand out a block that kernels still queued on
-    // the current stream read: our stream waits for them before writing.
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device_));
-    at::cuda::CUDAEvent allocated;
-    allocated.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    allocated.block(stream_);
+    at::Tensor t;
+    {
+      // Allocated from our stream's pool: the block is never one that
+      // kernels queued on the compute stream still use, and receives need
+      // not wait for the compute stream. The reader records its stream.
+      c10::cuda::CUDAStreamGuard on_ours(stream_);
+      t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device_));
+    }
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
-    ncclResult_t r = ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm_, stream_.stream());
-    CONVEYOR_RETURN_IF_ERROR(Check(r, "receive"));
-    CONVEYOR_RETURN_IF_ERROR(WaitDone(deadline, "to receive " + std::to_string(bytes) + " bytes"));
-    return t;
+    const std::string what = "to receive " + std::to_string(bytes) + " bytes";
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    CONVEYOR_RETURN_IF_ERROR(Check(ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm_, stream_.stream()),
+                                   "receive"));
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    Push(deadline, what);
+    c10::Event ready(c10::DeviceType::CUDA);
+    ready.record(stream_.unwrap());
+    return Received{std::move(t), std::move(ready)};
+  }
+
+  Status Progress() override {
+    while (!in_flight_.empty() && in_flight_.front().done.query()) in_flight_.pop_front();
+    if (in_flight_.empty()) return Healthy();
+    return Poll(in_flight_.front().deadline, in_flight_.front().what);
+  }
+
+  bool Idle() const override { return in_flight_.empty(); }
+
+  Status status() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_;
   }
 
   void Abort() override { aborted_ = true; }
 
  private:
+  struct InFlight {
+    at::cuda::CUDAEvent done;
+    Clock::time_point deadline;
+    std::string what;
+    at::Tensor keep;
+  };
+
+  InFlight& Push(Clock::time_point deadline, const std::string& what) {
+    in_flight_.emplace_back();
+    InFlight& op = in_flight_.back();
+    op.done.record(stream_);
+    op.deadline = deadline;
+    op.what = what;
+    return op;
+  }
+
   Status Check(ncclResult_t r, const char* what) {
     if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
-    AbortComm();
-    return absl::UnavailableError(label_ + ": NCCL " + what + " failed: " + NcclError(r));
+    return Break(absl::UnavailableError(label_ + ": NCCL " + what + " failed: " + NcclError(r)));
   }
 
   // Polls the communicator until it has nothing in progress (its start, or
-  // the enqueueing of an operation).
-  Status WaitIdle(Clock::time_point deadline, const std::string& what) {
+  // the enqueueing of an operation): only then is an operation on the stream.
+  Status WaitEnqueued(Clock::time_point deadline, const std::string& what) {
     for (int spins = 0;; ++spins) {
       CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
       ncclResult_t async = ncclSuccess;
@@ -99,38 +134,41 @@ class NcclChannelImpl final : public NcclChannel {
     }
   }
 
-  // Waits for the operation just enqueued on stream_ to finish.
-  Status WaitDone(Clock::time_point deadline, const std::string& what) {
-    CONVEYOR_RETURN_IF_ERROR(WaitIdle(deadline, what));
-    done_.record(stream_);
-    for (int spins = 0;; ++spins) {
-      if (done_.query()) return absl::OkStatus();
-      CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
-      Backoff(spins);
-    }
-  }
-
-  // An error when the channel was aborted, the communicator failed or the
-  // deadline passed; the communicator is aborted then.
+  // An error when the channel was aborted or broken, the communicator failed
+  // or the deadline passed; the channel breaks then.
   Status Poll(Clock::time_point deadline, const std::string& what) {
-    if (aborted_) {
-      AbortComm();
-      return absl::CancelledError(label_ + ": the NCCL link was closed");
-    }
-    if (!comm_) return absl::UnavailableError(label_ + ": the NCCL link is broken");
+    CONVEYOR_RETURN_IF_ERROR(Healthy());
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-      AbortComm();
-      return absl::UnavailableError(label_ + ": NCCL failed " + what + ": " +
-                                    NcclError(r != ncclSuccess ? r : async));
+      return Break(absl::UnavailableError(label_ + ": NCCL failed " + what + ": " +
+                                          NcclError(r != ncclSuccess ? r : async)));
     }
     if (Clock::now() > deadline) {
-      AbortComm();
-      return absl::DeadlineExceededError(label_ + ": NCCL took too long " + what +
-                                         " (the peer stage is gone or stuck); the link is aborted");
+      return Break(absl::DeadlineExceededError(label_ + ": NCCL took too long " + what +
+                                               " (the peer stage is gone or stuck); the link is aborted"));
     }
     return absl::OkStatus();
+  }
+
+  Status Healthy() {
+    if (aborted_) return Break(absl::CancelledError(label_ + ": the NCCL link was closed"));
+    Status st = status();
+    if (!st.ok()) return st;
+    if (!comm_) return Break(absl::UnavailableError(label_ + ": the NCCL link is broken"));
+    return absl::OkStatus();
+  }
+
+  // Records why the channel broke, then aborts the communicator (which ends
+  // the operations in flight); returns the reason.
+  Status Break(Status why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (broken_.ok()) broken_ = why;
+      why = broken_;
+    }
+    AbortComm();
+    return why;
   }
 
   static void Backoff(int spins) {
@@ -153,8 +191,10 @@ class NcclChannelImpl final : public NcclChannel {
   const at::Device device_;
   const std::string label_;
   c10::cuda::CUDAStream stream_;
-  at::cuda::CUDAEvent done_;
+  std::deque<InFlight> in_flight_;  // owner thread only, oldest first
   std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;  // guards broken_
+  Status broken_;
   std::mutex abort_mu_;  // guards comm_ against two aborts
   ncclComm_t comm_ = nullptr;
 };

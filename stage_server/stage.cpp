@@ -8,12 +8,14 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "common/dataset.h"
 #include "common/device.h"
@@ -122,6 +124,7 @@ class Stage::Impl {
     std::vector<Chunk> chunks;  // local chunk i holds model chunk i * P + stage
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<Dataset> data;
+    std::unique_ptr<BatchLoader> loader;  // over `data`
     std::unique_ptr<Transport> transport;
     v1::LinkSetup downstream_link;  // made by PrepareLink
     bool recompute = false;
@@ -178,6 +181,8 @@ class Stage::Impl {
   Status WeightPass(StepState& st, int local, int mb);
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
   Status RunActions(StepState& st);
+  // Waits for the step's work on the device, watching the links meanwhile.
+  Status FinishOnDevice(StepState& st);
   v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;
   // The job's parameters, buffers, optimizer state and CPU RNG as an archive.
   std::string SerializeState();
@@ -323,6 +328,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     auto data = Dataset::Open(a.spec(), reads_inputs, reads_labels);
     if (!data.ok()) return Annotate(data.status(), who);
     job->data = std::move(*data);
+    job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
+                                                reads_labels);
   }
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
 
@@ -593,6 +600,31 @@ Status Stage::Impl::RunActions(StepState& st) {
   return absl::OkStatus();
 }
 
+Status Stage::Impl::FinishOnDevice(StepState& st) {
+  // The device may wait for NCCL transfers that a broken link never ends:
+  // the host polls instead of blocking, so that it sees the link break (and
+  // the transfers end, aborted) rather than hang in a synchronize.
+  if (device_.is_cuda()) {
+    c10::Event done(device_.type());
+    done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    const auto deadline = Clock::now() + st.timeout;
+    for (int spins = 0; !done.query(); ++spins) {
+      if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
+      if (Clock::now() > deadline)
+        return absl::DeadlineExceededError(Who() + ": the device did not finish step " +
+                                           std::to_string(st.req->step()) + " within stage_timeout");
+      if (spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+  // A transfer that ended because its link broke ended early: check again.
+  if (job_->transport) return Annotate(job_->transport->status(), Who());
+  return absl::OkStatus();
+}
+
 StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
   const v1::JobSpec& spec = job_->spec();
@@ -611,6 +643,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
 
   inbox_.BeginStep(req.phase(), req.step());
+  if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
   auto start = Clock::now();
   v1::RunStepReply reply;
   StepState st;
@@ -623,14 +656,10 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   st.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
   Status status;
   try {
-    if (job_->data && job_->data->train_size() > 0) {
-      bool inputs = false, labels = false;
-      for (const Chunk& c : job_->chunks) {
-        inputs |= job_->IsFirst(c);
-        labels |= job_->IsLast(c);
-      }
-      if (inputs) st.inputs = ToModel(spec, job_->data->Inputs(req.phase(), req.step()), device_);
-      if (labels) st.labels = job_->data->Labels(req.phase(), req.step()).to(device_);
+    if (job_->loader && job_->data->train_size() > 0) {
+      BatchLoader::Batch batch = job_->loader->Get(req.phase(), req.step());
+      st.inputs = std::move(batch.inputs);
+      st.labels = std::move(batch.labels);
     }
     if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
         (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
@@ -645,6 +674,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       no_grad.emplace();
     }
     status = RunActions(st);
+    if (status.ok()) {
+      // The host gathers the next batch while the device works on this step.
+      if (job_->loader && job_->data->train_size() > 0) job_->loader->Prefetch(req.phase(), req.step() + 1);
+      status = FinishOnDevice(st);
+    }
     if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
   } catch (const c10::Error& e) {
     status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());

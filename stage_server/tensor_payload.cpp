@@ -33,7 +33,13 @@ std::unique_ptr<Payload> MakeTensorPayload(const at::Tensor& t) {
 at::Tensor TakeTensor(Frame& frame, const at::Device& device) {
   if (auto* tp = dynamic_cast<TensorPayload*>(frame.payload.get())) {
     at::Tensor t = tp->tensor();
-    if (tp->ready()) tp->ready()->block(CurrentStream(t.device()));
+    if (tp->ready()) {
+      const c10::Stream stream = CurrentStream(t.device());
+      tp->ready()->block(stream);
+      // Made on another stream (an NCCL receive's): its memory must not be
+      // reused before the work queued here on it is done.
+      if (t.is_cuda()) t.record_stream(stream);
+    }
     return t.device() == device ? t : t.to(device);
   }
   auto* host = dynamic_cast<HostPayload*>(frame.payload.get());

@@ -34,7 +34,8 @@ class TensorPayload final : public Payload {
 std::unique_ptr<Payload> MakeTensorPayload(const at::Tensor& t);
 
 // The tensor of a received, checked frame, on `device`: a TensorPayload's
-// (its ready event waited for on the current stream), or one over a
+// (its ready event waited for on the current stream, which is recorded on
+// the tensor for the caching allocator), or one over a
 // HostPayload's bytes; moved to `device` when it is elsewhere.
 at::Tensor TakeTensor(Frame& frame, const at::Device& device);
 

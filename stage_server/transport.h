@@ -31,6 +31,10 @@ class Transport {
   // thread of the caller) for its ready event before reading them. An error
   // means the link is broken (the neighbour went away); the frame is dropped.
   virtual Status Send(Peer peer, Frame frame) = 0;
+  // OK while every link works; why the first broken one broke otherwise. A
+  // link can break after the frames of a step were handed over (an NCCL
+  // transfer still in flight), so a stage asks again once its step is done.
+  virtual Status status() const { return absl::OkStatus(); }
   // What the link to `peer` uses: "grpc", "nccl", "inproc" (+"delay").
   virtual std::string Name(Peer peer) const = 0;
   // Closes the links, idempotent. Queued frames may be dropped.

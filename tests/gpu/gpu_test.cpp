@@ -8,8 +8,11 @@
 #include <cstdlib>
 
 #include "cli/local_cluster.h"
+#include "common/dataset.h"
 #include "common/device.h"
+#include "common/job_spec.h"
 #include "common/net.h"
+#include "common/training.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
@@ -83,11 +86,19 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
 
 // Stage server processes on two GPUs, each link's transport as the job asks:
 // NCCL (the link must report "nccl", never a fallback) and the chunked gRPC
-// stream through pinned staging. Equal to the GPU reference.
-class GpuLinks : public GpuTest, public ::testing::WithParamInterface<std::string> {};
+// stream through pinned staging. Equal to the GPU reference, under the
+// schedules whose transfers interleave differently (interleaved: two chunks
+// per GPU and a link back from the last stage to the first).
+struct LinkCase {
+  std::string transport, schedule;
+  int micro_batches;
+};
+
+class GpuLinks : public GpuTest, public ::testing::WithParamInterface<LinkCase> {};
 
 TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const LinkCase& c = GetParam();
   cli::LocalClusterOptions options;
   options.remove_run_dir = true;
   options.stages = 2;
@@ -95,16 +106,46 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   options.devices = {"cuda:0", "cuda:1"};
   auto cluster = cli::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  const std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\ntransport: " +
-                           GetParam() + "\n";
+  std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: " + std::to_string(c.micro_batches) +
+                     "\nschedule: " + c.schedule + "\ntransport: " + c.transport + "\n";
+  if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
   v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
-  EXPECT_EQ(run.stages(0).transport(), GetParam());
+  EXPECT_EQ(run.stages(0).transport(), c.transport);
   testing::ExpectMatchesReference(run, testing::ServerParameters((*cluster)->stage_addresses(), run.job_id()),
                                   testing::Reference(yaml, "cuda:0"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks, ::testing::Values("nccl", "grpc"));
+INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks,
+                         ::testing::Values(LinkCase{"nccl", "1f1b", 4}, LinkCase{"nccl", "interleaved", 8},
+                                           LinkCase{"nccl", "zero-bubble", 8}, LinkCase{"grpc", "1f1b", 4}),
+                         [](const ::testing::TestParamInfo<LinkCase>& info) {
+                           std::string name = info.param.transport + "_" + info.param.schedule + "_" +
+                                              std::to_string(info.param.micro_batches);
+                           for (char& ch : name)
+                             if (ch == '-') ch = '_';
+                           return name;
+                         });
+
+// The loader's prefetched batch (pinned host memory, copied asynchronously)
+// is the batch it gathers when nothing was prefetched, and a prefetch of
+// another step than the one asked for is not used.
+TEST_F(GpuTest, PrefetchedBatchesEqualGatheredOnes) {
+  auto spec = ParseJobYaml(kConvNet);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto data = Dataset::Open(*spec, true, true);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const at::Device gpu("cuda:0");
+  BatchLoader plain(*spec, data->get(), gpu, true, true), ahead(*spec, data->get(), gpu, true, true);
+  for (int64_t step : {0, 1, 2, 7, 3}) {
+    ahead.Prefetch(v1::PHASE_TRAIN, step == 7 ? 8 : step);  // step 7: a prefetch that does not match
+    BatchLoader::Batch a = ahead.Get(v1::PHASE_TRAIN, step), p = plain.Get(v1::PHASE_TRAIN, step);
+    ASSERT_TRUE(a.inputs.is_cuda());
+    EXPECT_TRUE(a.inputs.equal(p.inputs)) << "step " << step;
+    EXPECT_TRUE(a.labels.equal(p.labels)) << "step " << step;
+    EXPECT_TRUE(a.inputs.cpu().equal(ToModel(*spec, (*data)->Inputs(v1::PHASE_TRAIN, step), at::kCPU)));
+  }
+}
 
 }  // namespace
 }  // namespace conveyor
