@@ -110,7 +110,11 @@ def conveyor_command(args, v, job_path):
     exe = os.path.join(args.bin, "conveyor")
     if v["variant"] == "conveyor-1dev":
         return [exe, "train", job_path, "--reference", "--device", args.device, "--json"]
-    return [exe, "local", job_path, "--json"]
+    cmd = [exe, "local", job_path, "--json"]
+    if args.trace_dir:  # the last step's timeline (device times of the compute on GPUs)
+        os.makedirs(args.trace_dir, exist_ok=True)
+        cmd += ["--trace", os.path.join(args.trace_dir, "%s-%s" % (args.workload, v["variant"]))]
+    return cmd
 
 
 def run_conveyor(args, workload, v):
@@ -380,6 +384,7 @@ def main(argv):
     p.add_argument("--only", default=None, help="comma-separated patterns: run only variants matching one")
     p.add_argument("--skip", default=None, help="comma-separated patterns: leave out variants matching one")
     p.add_argument("--device", default="cuda:0", help="device of conveyor-1dev")
+    p.add_argument("--trace-dir", help="write each pipelined Conveyor run's last-step timeline (JSON, PNG) here")
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="the python3 that runs torch_pipelining.py")
     p.add_argument("--ranks", type=int, default=2, help="GPUs of PyTorch's 2-stage variants")

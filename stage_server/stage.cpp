@@ -30,6 +30,7 @@
 #include "common/training.h"
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
+#include "stage_server/device_clock.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
 #include "stage_server/schedule.h"
@@ -93,7 +94,7 @@ struct Held {
 class Stage::Impl {
  public:
   Impl(const StageOptions& options, at::Device device)
-      : options_(options), device_(device), checkpoints_(options.checkpoint_dir) {}
+      : options_(options), device_(device), checkpoints_(options.checkpoint_dir), clock_(DeviceClock::Create(device)) {}
 
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req);
@@ -146,13 +147,24 @@ class Stage::Impl {
     at::Tensor loss_total;  // last chunk: the step's loss so far, on the device
     int64_t correct = 0, predictions = 0;
     v1::RunStepReply* reply = nullptr;
+    DeviceClock* clock = nullptr;  // null: host times
+    int64_t origin_us = 0;         // host time of the clock's mark 0
+    struct DeviceSpan {
+      int event, start_mark, end_mark;
+    };
+    std::vector<DeviceSpan> device_spans;
   };
 
   // Records one action on the timeline; compute actions also count as busy.
+  // With a device clock, compute actions are timed on the device (marks that
+  // RunStep turns into times once the step's work is done).
   class Span {
    public:
     Span(StepState& st, v1::TraceEvent::Kind kind, int chunk, int mb)
-        : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()) {}
+        : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()),
+          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE) {
+      if (compute_ && st_.clock) start_mark_ = st_.clock->Mark();
+    }
     ~Span() {
       v1::TraceEvent* e = st_.reply->add_events();
       e->set_kind(kind_);
@@ -160,8 +172,11 @@ class Stage::Impl {
       e->set_micro_batch(mb_);
       e->set_start_us(start_);
       e->set_end_us(NowUs());
-      if (kind_ != v1::TraceEvent::SEND && kind_ != v1::TraceEvent::RECEIVE)
+      if (start_mark_ >= 0) {
+        st_.device_spans.push_back({st_.reply->events_size() - 1, start_mark_, st_.clock->Mark()});
+      } else if (compute_) {
         st_.busy += static_cast<double>(e->end_us() - e->start_us()) * 1e-6;
+      }
     }
 
    private:
@@ -169,6 +184,8 @@ class Stage::Impl {
     v1::TraceEvent::Kind kind_;
     int chunk_, mb_;
     int64_t start_;
+    bool compute_;
+    int start_mark_ = -1;
   };
 
   Status CheckJob(const std::string& job_id) const;
@@ -192,6 +209,7 @@ class Stage::Impl {
   const StageOptions options_;
   const at::Device device_;
   CheckpointFiles checkpoints_;
+  const std::unique_ptr<DeviceClock> clock_;  // null off CUDA
   SerialExecutor executor_;
   Inbox inbox_;
   std::unique_ptr<Job> job_;
@@ -654,6 +672,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   st.offsets = {0};
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
   st.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
+  if (clock_) {
+    st.clock = clock_.get();
+    st.origin_us = NowUs();
+    clock_->Begin();  // the device is idle here (the last step was waited for): mark 0 is about now
+  }
   Status status;
   try {
     if (job_->loader && job_->data->train_size() > 0) {
@@ -680,6 +703,15 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       status = FinishOnDevice(st);
     }
     if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
+    if (status.ok() && st.clock) {  // the device's own times for its compute spans
+      const std::vector<double> us = st.clock->ElapsedUs();
+      for (const auto& d : st.device_spans) {
+        v1::TraceEvent* e = reply.mutable_events(d.event);
+        e->set_start_us(st.origin_us + static_cast<int64_t>(us[d.start_mark]));
+        e->set_end_us(st.origin_us + static_cast<int64_t>(us[d.end_mark]));
+        st.busy += (us[d.end_mark] - us[d.start_mark]) * 1e-6;
+      }
+    }
   } catch (const c10::Error& e) {
     status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
   }

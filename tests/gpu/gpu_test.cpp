@@ -93,6 +93,9 @@ struct LinkCase {
   std::string transport, schedule;
   int micro_batches;
 };
+void PrintTo(const LinkCase& c, std::ostream* os) {
+  *os << c.transport << ", " << c.schedule << ", " << c.micro_batches << " micro-batches";
+}
 
 class GpuLinks : public GpuTest, public ::testing::WithParamInterface<LinkCase> {};
 
