@@ -89,14 +89,19 @@ def plan(args):
 
 # ---------------------------------------------------------------- Conveyor
 
-def job_text(workload, steps, schedule=None, micro_batches=None):
+def job_text(workload, steps, schedule=None, micro_batches=None, extra=()):
     text = open(os.path.join(ROOT, JOBS[workload])).read()
+    for kv in extra:  # --set KEY=VALUE: replaces the key or adds it
+        key, _, value = kv.partition("=")
+        line = "%s: %s" % (key.strip(), value.strip())
+        text, n = re.subn(r"(?m)^%s: .*$" % re.escape(key.strip()), line, text)
+        if not n:
+            text += line + "\n"
     text = re.sub(r"(?m)^steps: .*$", "steps: %d" % steps, text)
     if schedule:
         text = re.sub(r"(?m)^schedule: .*$", "schedule: %s" % schedule, text)
         if schedule == "interleaved":  # two model chunks per stage (GPU)
             text += "virtual_stages: 2\n"
-
     if micro_batches:
         text = re.sub(r"(?m)^(micro_batches|split_size): .*$", "micro_batches: %d" % micro_batches, text)
     return text
@@ -121,7 +126,7 @@ def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
     micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches))
+        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=args.set))
         path = f.name
     cmd = conveyor_command(args, v, path)
     log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
@@ -384,6 +389,8 @@ def main(argv):
     p.add_argument("--only", default=None, help="comma-separated patterns: run only variants matching one")
     p.add_argument("--skip", default=None, help="comma-separated patterns: leave out variants matching one")
     p.add_argument("--device", default="cuda:0", help="device of conveyor-1dev")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a top-level key to every Conveyor job (e.g. nccl_ctas=4); repeatable")
     p.add_argument("--trace-dir", help="write each pipelined Conveyor run's last-step timeline (JSON, PNG) here")
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="the python3 that runs torch_pipelining.py")

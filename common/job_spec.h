@@ -27,6 +27,8 @@ constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mn
 
 // Steps left out of steady_samples_per_second (CUDA and allocator start-up).
 constexpr int64_t kWarmupSteps = 2;
+// nccl_ctas when the job file does not say (see JobSpec.nccl_ctas).
+constexpr int kDefaultNcclCtas = 2;
 
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text);
 StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);

@@ -268,10 +268,11 @@ Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string
   const std::string& send_id = upstream_end ? setup.activation_nccl_id() : setup.gradient_nccl_id();
   const std::string& recv_id = upstream_end ? setup.gradient_nccl_id() : setup.activation_nccl_id();
   const std::string what = upstream_end ? "activations to " : "gradients to ";
-  CONVEYOR_ASSIGN_OR_RETURN(*send, NcclChannel::Join(send_id, 0, device, "NCCL link (" + what + peer + ")"));
+  CONVEYOR_ASSIGN_OR_RETURN(
+      *send, NcclChannel::Join(send_id, 0, device, options.nccl_ctas, "NCCL link (" + what + peer + ")"));
   CONVEYOR_ASSIGN_OR_RETURN(
       std::unique_ptr<NcclChannel> receive,
-      NcclChannel::Join(recv_id, 1, device,
+      NcclChannel::Join(recv_id, 1, device, options.nccl_ctas,
                         std::string("NCCL link (") + (upstream_end ? "gradients from " : "activations from ") + peer + ")"));
   t->fetchers_.push_back(std::make_unique<NcclFetcher>(
       options.inbox, upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION, std::move(receive), options.timeout));

@@ -46,9 +46,10 @@ class NcclChannel {
   };
 
   // Starts joining the communicator of `id` as `rank` on `device` and returns
-  // at once (nonblocking); the first Send or Receive waits for it.
+  // at once (nonblocking); the first Send or Receive waits for it. `max_ctas`
+  // bounds the thread blocks (so SMs) its kernels take; 0: NCCL's default.
   static StatusOr<std::unique_ptr<NcclChannel>> Join(const std::string& id, int rank, const at::Device& device,
-                                                     std::string label);
+                                                     int max_ctas, std::string label);
   virtual ~NcclChannel() = default;
 
   // Rank 0: enqueues sending `t` (contiguous, on the channel's device) after

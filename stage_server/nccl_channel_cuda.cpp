@@ -33,13 +33,17 @@ class NcclChannelImpl final : public NcclChannel {
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())) {}
   ~NcclChannelImpl() override { AbortComm(); }
 
-  Status Init(const std::string& id) {
+  Status Init(const std::string& id, int max_ctas) {
     ncclUniqueId uid;
     if (id.size() != sizeof(uid.internal)) return absl::InvalidArgumentError(label_ + ": bad NCCL id");
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
     c10::cuda::CUDAGuard guard(device_.index());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    if (max_ctas > 0) {
+      config.minCTAs = 1;
+      config.maxCTAs = max_ctas;
+    }
     ncclResult_t r = ncclCommInitRankConfig(&comm_, 2, uid, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       return absl::UnavailableError(label_ + ": cannot join the NCCL communicator: " + NcclError(r));
@@ -212,12 +216,12 @@ StatusOr<std::string> NewNcclUniqueId() {
 }
 
 StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Join(const std::string& id, int rank, const at::Device& device,
-                                                         std::string label) {
+                                                         int max_ctas, std::string label) {
   if (!device.is_cuda()) return absl::FailedPreconditionError(label + ": NCCL needs a CUDA device, not " + device.str());
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   at::Device d = device.has_index() ? device : at::Device(at::kCUDA, c10::cuda::current_device());
   auto channel = std::make_unique<NcclChannelImpl>(rank, d, std::move(label));
-  CONVEYOR_RETURN_IF_ERROR(channel->Init(id));
+  CONVEYOR_RETURN_IF_ERROR(channel->Init(id, max_ctas));
   return std::unique_ptr<NcclChannel>(std::move(channel));
 }
 

@@ -9,7 +9,7 @@ StatusOr<std::string> NewNcclUniqueId() {
   return absl::FailedPreconditionError("this stage server was built without NCCL");
 }
 
-StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Join(const std::string&, int, const at::Device&, std::string label) {
+StatusOr<std::unique_ptr<NcclChannel>> NcclChannel::Join(const std::string&, int, const at::Device&, int, std::string label) {
   return absl::FailedPreconditionError(label + ": this stage server was built without NCCL");
 }
 

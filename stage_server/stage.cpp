@@ -419,6 +419,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   links.device = device_.str();
   links.inbox = &inbox_;
   links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
+  links.nccl_ctas = job_->spec().nccl_ctas();
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);

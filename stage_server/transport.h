@@ -48,6 +48,7 @@ struct LinkOptions {
   std::string device;        // this stage's device ("cpu", "cuda:N")
   Inbox* inbox = nullptr;    // where payloads fetched apart (NCCL) are delivered
   std::chrono::duration<double> timeout{10};  // the job's stage_timeout
+  int nccl_ctas = 0;                          // the job's nccl_ctas (0: NCCL's default)
 };
 
 // Creates a stage's links to its neighbours (addresses in the assignment).

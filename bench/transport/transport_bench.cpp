@@ -92,6 +92,9 @@ v1::StageAssignment Assignment(int index, const std::string& neighbour) {
 
 // The receiving stage: serves StageData into its inbox, takes each round's
 // frames onto its device and reports when the last one is there.
+// --nccl-ctas, set before the fork: both processes read it.
+int nccl_ctas = 0;
+
 [[noreturn]] void Receiver(int cmd_fd, int ack_fd, const std::string& device) {
   Inbox inbox;
   StageDataService data(&inbox, device);
@@ -116,6 +119,7 @@ v1::StageAssignment Assignment(int index, const std::string& neighbour) {
       links.device = device;
       links.inbox = &inbox;
       links.timeout = std::chrono::seconds(60);
+      links.nccl_ctas = nccl_ctas;
       auto t = factory.Connect(Assignment(1, "127.0.0.1:" + std::to_string(sender_port)), links,
                                Clock::now() + std::chrono::seconds(30));
       Check(t.status(), "receiver NCCL link");
@@ -195,6 +199,7 @@ class Sender {
     links.device = device_;
     links.inbox = &inbox_;
     links.timeout = std::chrono::seconds(60);
+    links.nccl_ctas = nccl_ctas;
     if (name == "nccl") {
       Command cmd{Command::kNccl};
       links.downstream.set_transport(v1::TRANSPORT_NCCL);
@@ -314,6 +319,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu or cuda (sender cuda:0, receiver cuda:1)")->capture_default_str();
   app.add_option("--rounds", rounds, "timed rounds per measurement")->capture_default_str();
   app.add_option("--csv", csv, "also write the table here");
+  app.add_option("--nccl-ctas", nccl_ctas, "thread blocks per NCCL communicator (a job's nccl_ctas; 0: NCCL's default)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   ConfigureLogging("warn", "bench");
 
@@ -367,10 +374,10 @@ int main(int argc, char** argv) {
   waitpid(child, nullptr, 0);
   if (!csv.empty()) {
     std::ofstream out(csv);
-    out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device\n";
+    out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device,nccl_ctas\n";
     for (const Row& r : rows)
       out << r.transport << "," << r.bytes << "," << r.frames << "," << r.gbps << "," << r.latency_us << ","
-          << (cuda ? "cuda" : "cpu") << "\n";
+          << (cuda ? "cuda" : "cpu") << "," << nccl_ctas << "\n";
   }
   // Skip static destructors (see cli/conveyor_main.cpp).
   std::fflush(nullptr);

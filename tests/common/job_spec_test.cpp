@@ -60,6 +60,7 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_DOUBLE_EQ(spec->stage_timeout_s(), 10);
   EXPECT_EQ(spec->checkpoint_every(), 0);
   EXPECT_EQ(spec->keep_checkpoints(), 3);
+  EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
@@ -116,6 +117,8 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
       {"model: toy\ncheckpoint_every: -1\n", "checkpoint_every"},
       {"model: toy\nkeep_checkpoints: 1\n", "keep_checkpoints"},
+      {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
+      {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
       {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
       {"- just\n- a list\n", "expected a mapping"},
       {"model: {name: toy\n", "not valid YAML"},
