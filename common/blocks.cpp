@@ -53,7 +53,10 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t width, int64_t heads, int64_t mlp_wid
 at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), w = x.size(2);
   // [B, T, 3W] -> 3 x [B, heads, T, W / heads]
-  auto qkv = qkv_->forward(norm1_->forward(x)).view({b, t, 3, heads_, w / heads_}).permute({2, 0, 3, 1, 4});
+  // unbind, not three selects: its backward writes the gradient once
+  // instead of zero-filling and summing three full-size copies.
+  std::vector<at::Tensor> qkv =
+      qkv_->forward(norm1_->forward(x)).view({b, t, 3, heads_, w / heads_}).permute({2, 0, 3, 1, 4}).unbind(0);
   at::Tensor attn = CausalAttention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape({b, t, w});
   at::Tensor h = x + proj_->forward(attn);
   return h + fc2_->forward(at::gelu(fc1_->forward(norm2_->forward(h))));

@@ -265,7 +265,11 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   v1::ProfileReply reply;
   try {
     at::Tensor x = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
-    for (int i = 0; i < NumLayers(spec.model()); ++i) {
+    std::vector<int64_t> label_shape{rows};
+    for (int64_t d : LabelSampleShape(spec)) label_shape.push_back(d);
+    const at::Tensor labels = at::zeros(label_shape, at::TensorOptions().device(device_).dtype(at::kLong));
+    const int layers = NumLayers(spec.model());
+    for (int i = 0; i < layers; ++i) {
       CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layer, BuildLayers(spec, i, i + 1, /*init=*/false));
       layer->to(device_);
       v1::LayerCost* cost = reply.add_layers();
@@ -274,7 +278,14 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       auto run = [&] {  // forward and backward, waiting for the device at the end
         at::Tensor input = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
         out = layer->forward(input);
-        if (out.requires_grad()) out.backward(at::ones_like(out));
+        if (i + 1 == layers) {
+          // The last layer's stage also computes the loss (for a language
+          // model, over logits as large as the vocabulary): it counts here.
+          at::Tensor loss = ComputeLoss(spec, out, labels, 1.0);
+          if (loss.requires_grad()) loss.backward();
+        } else if (out.requires_grad()) {
+          out.backward(at::ones_like(out));
+        }
         return out.sum().item<double>();
       };
       if (req.time()) {
