@@ -33,7 +33,7 @@ def main(src, dst):
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
     stages = sorted({e["tid"] for e in events})
     idle = meta.get("idle_fraction", [])
-    fig, ax = plt.subplots(figsize=(12, 0.6 + 0.55 * len(stages)))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.55 * len(stages)))
     for e in events:
         cat = e["cat"]
         if cat not in COLOURS:
@@ -61,10 +61,11 @@ def main(src, dst):
         title += ", %d chunks per stage" % meta["virtual_stages"]
     if "theoretical_idle_fraction" in meta:
         title += " (bubble in theory %.0f%%)" % (100 * meta["theoretical_idle_fraction"])
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=10, pad=20)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
-    ax.legend(handles, COLOURS.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / len(stages)),
-              ncol=len(COLOURS), fontsize=8, frameon=False)
+    # Between the title and the bars: below them it would cover the axis label.
+    ax.legend(handles, COLOURS.keys(), loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(COLOURS), fontsize=8,
+              frameon=False, borderaxespad=0.2)
     fig.tight_layout()
     fig.savefig(dst, dpi=130)
 
