@@ -13,8 +13,10 @@ other on this machine:
                             <sched> one of gpipe, 1f1b, interleaved (2 stages per process)
   Conveyor (--bin: the folder holding `conveyor`)
     conveyor-1dev           `conveyor train --reference`: Conveyor's single device
-    naive-mp                2 stage servers, one micro-batch per step (plain model parallel)
-    <sched>-m<M>            2 stage servers with each schedule over a sweep of micro-batch counts
+    naive-mp                stage servers, one micro-batch per step (plain model parallel)
+    <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
+  The pipelined variants use --ranks GPUs (default 2), one stage each (interleaved: 2 chunks
+  per GPU).
 
 It prints a table (with each row's throughput against PyTorch's single GPU,
 against the best PyTorch variant of the run, and against Conveyor's single
@@ -89,8 +91,10 @@ def plan(args):
 
 # ---------------------------------------------------------------- Conveyor
 
-def job_text(workload, steps, schedule=None, micro_batches=None, extra=()):
+def job_text(workload, steps, schedule=None, micro_batches=None, extra=(), stages=2):
     text = open(os.path.join(ROOT, JOBS[workload])).read()
+    if stages != 2:  # the examples cut the model in two
+        text = re.sub(r"(?m)^(partition: \{stages: )2", r"\g<1>%d" % stages, text)
     for kv in extra:  # --set KEY=VALUE: replaces the key or adds it
         key, _, value = kv.partition("=")
         line = "%s: %s" % (key.strip(), value.strip())
@@ -126,7 +130,8 @@ def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
     micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=args.set))
+        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=args.set,
+                         stages=args.ranks))
         path = f.name
     cmd = conveyor_command(args, v, path)
     log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
@@ -394,7 +399,8 @@ def main(argv):
     p.add_argument("--trace-dir", help="write each pipelined Conveyor run's last-step timeline (JSON, PNG) here")
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="the python3 that runs torch_pipelining.py")
-    p.add_argument("--ranks", type=int, default=2, help="GPUs of PyTorch's 2-stage variants")
+    p.add_argument("--ranks", type=int, default=2,
+                   help="stages (one per GPU) of the pipelined variants, PyTorch's and Conveyor's")
     p.add_argument("--no-pytorch", action="store_true", help="leave out every PyTorch variant")
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")

@@ -25,6 +25,7 @@ class ProgressPrinter {
   bool tty_;
   bool line_open_ = false;
   bool recovering_ = false;
+  int epochs_printed_ = 0;
   std::chrono::steady_clock::time_point last_;
 };
 

@@ -50,6 +50,22 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
     auto start = Clock::now();
     auto steady_start = start;
     const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
+    // The test accuracy, as the coordinator's Evaluate() counts it.
+    auto evaluate = [&] {
+      at::NoGradGuard no_grad;
+      model->eval();
+      int64_t correct = 0, predictions = 0;
+      for (int64_t b = 0; b < data->EvalBatches(); ++b) {
+        BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
+        correct += CountCorrect(model->forward(batch.inputs), batch.labels);
+        predictions += batch.labels.numel();
+      }
+      model->train();
+      s.set_has_eval(true);
+      s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
+    };
+    const bool by_epochs = spec.steps() == 0;
+    auto epoch_start = Clock::now();
     for (int64_t step = 0; step < total; ++step) {
       BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
       optimizer->zero_grad();
@@ -71,20 +87,25 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
         const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
         s.set_steady_samples_per_second(static_cast<double>((step + 1 - warmup) * spec.batch_size()) / steady);
       }
+      if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
+        v1::EpochReport* e = s.add_epochs();
+        e->set_epoch(static_cast<int>((step + 1) / per_epoch));
+        double sum = 0;
+        for (int64_t i = step + 1 - per_epoch; i <= step; ++i) sum += s.losses(static_cast<int>(i));
+        e->set_mean_loss(static_cast<float>(sum / static_cast<double>(per_epoch)));
+        const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        e->set_train_seconds(seconds);
+        e->set_samples_per_second(static_cast<double>(per_epoch * spec.batch_size()) / seconds);
+        if (spec.eval()) {
+          evaluate();
+          e->set_has_eval(true);
+          e->set_eval_accuracy(s.eval_accuracy());
+        }
+        epoch_start = Clock::now();
+      }
       if (options.progress) options.progress(s);
     }
-    if (spec.eval()) {
-      at::NoGradGuard no_grad;
-      model->eval();
-      int64_t correct = 0, predictions = 0;
-      for (int64_t b = 0; b < data->EvalBatches(); ++b) {
-        BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
-        correct += CountCorrect(model->forward(batch.inputs), batch.labels);
-        predictions += batch.labels.numel();
-      }
-      s.set_has_eval(true);
-      s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
-    }
+    if (spec.eval() && !by_epochs) evaluate();
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());
   }

@@ -382,6 +382,11 @@ Status JobRunner::Train() {
   auto last_publish = Clock::time_point();
   std::vector<v1::RunStepReply> replies;
   started_ = true;
+  // Epochs that a resumed run trains again are reported again.
+  auto* epochs = status_.mutable_epochs();
+  while (!epochs->empty() && epochs->rbegin()->epoch() * steps_per_epoch_ > first) epochs->RemoveLast();
+  auto epoch_start = Clock::now();
+  int64_t epoch_first_step = first;
   for (int64_t step = first; step < total; ++step) {
     if (cancelled_) return absl::CancelledError("cancelled");
     v1::RunStepRequest req;
@@ -436,7 +441,35 @@ Status JobRunner::Train() {
       LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", last.loss_sum(), " ",
                static_cast<int64_t>(status_.samples_per_second()), " samples/s");
     }
+    if (ByEpochs() && done % steps_per_epoch_ == 0) {
+      CONVEYOR_RETURN_IF_ERROR(EndEpoch(epoch_first_step, done, Clock::now() - epoch_start));
+      epoch_start = Clock::now();
+      epoch_first_step = done;
+    }
   }
+  return absl::OkStatus();
+}
+
+Status JobRunner::EndEpoch(int64_t first_step, int64_t done, Clock::duration took) {
+  v1::EpochReport* e = status_.add_epochs();
+  e->set_epoch(static_cast<int>(done / steps_per_epoch_));
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t s = done - steps_per_epoch_; s < done && s < status_.losses_size(); ++s, ++n) sum += status_.losses(s);
+  e->set_mean_loss(n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+  const double seconds = std::chrono::duration<double>(took).count();
+  e->set_train_seconds(seconds);
+  e->set_samples_per_second(seconds > 0 ? static_cast<double>((done - first_step) * spec_.batch_size()) / seconds : 0);
+  if (spec_.eval()) {
+    CONVEYOR_RETURN_IF_ERROR(Evaluate());
+    // Evaluate() may have published; `e` is still this epoch's report.
+    e = status_.mutable_epochs(status_.epochs_size() - 1);
+    e->set_has_eval(true);
+    e->set_eval_accuracy(status_.eval_accuracy());
+  }
+  LOG_INFO("job ", status_.job_id(), " epoch ", e->epoch(), ": mean loss ", e->mean_loss(), ", ", seconds, " s",
+           e->has_eval() ? ", test accuracy " + std::to_string(e->eval_accuracy()) : "");
+  Publish();
   return absl::OkStatus();
 }
 
@@ -576,7 +609,8 @@ v1::JobStatus JobRunner::Run() {
       Publish();
       st = Train();
     }
-    if (st.ok() && spec_.eval()) st = Evaluate();
+    // Jobs given in epochs were evaluated after each (the last included).
+    if (st.ok() && spec_.eval() && !ByEpochs()) st = Evaluate();
     if (st.ok()) st = CollectDigest();
     if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
     st = AwaitStages(st);

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -91,7 +92,11 @@ class JobRunner {
   // link that cannot use it.
   StatusOr<std::vector<v1::LinkSetup>> PlanLinks(bool ring);
   Status Train();
+  // Reports the epoch that step `done` ended, evaluating after it with eval.
+  Status EndEpoch(int64_t first_step, int64_t done, std::chrono::steady_clock::duration took);
   Status Evaluate();
+  // Whether the job trains for epochs (not a number of steps).
+  bool ByEpochs() const { return spec_.steps() == 0 && steps_per_epoch_ > 0; }
   Status CollectDigest();
   // Runs `req` on every stage at once; replies in stage order.
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);

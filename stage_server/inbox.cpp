@@ -19,6 +19,7 @@ void Inbox::Open(InboxExpectations expect) {
   open_ = true;
   phase_ = v1::PHASE_TRAIN;
   step_ = -1;
+  train_step_ = -1;
   failure_ = absl::OkStatus();
   frames_.clear();
 }
@@ -35,6 +36,7 @@ void Inbox::BeginStep(v1::Phase phase, int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   phase_ = phase;
   step_ = step;
+  if (phase == v1::PHASE_TRAIN) train_step_ = step;
   failure_ = absl::OkStatus();
   for (auto it = frames_.begin(); it != frames_.end();) {
     bool current = std::get<0>(it->first) == phase && std::get<1>(it->first) >= step;
@@ -59,7 +61,11 @@ Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
     return absl::FailedPreconditionError(who + " runs job '" + expect_.job_id + "', not '" + f.job_id() + "'");
   if (f.phase() != v1::PHASE_TRAIN && f.phase() != v1::PHASE_EVAL)
     return absl::InvalidArgumentError(who + ": frame has no phase");
-  bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + 1) : f.step() == 0;
+  // A neighbour may start the next step (or the evaluation's first batch, or
+  // the training step after an evaluation) before this stage does.
+  bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + 1)
+                 : f.phase() == v1::PHASE_EVAL ? f.step() == 0
+                                                : f.step() == train_step_ + 1;
   if (!step_ok) {
     return absl::FailedPreconditionError(who + " does not expect tensors of step " + std::to_string(f.step()) +
                                          " (it is at step " + std::to_string(step_) + ")");

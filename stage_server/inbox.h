@@ -88,6 +88,7 @@ class Inbox {
   InboxExpectations expect_;
   v1::Phase phase_ = v1::PHASE_TRAIN;
   int64_t step_ = -1;
+  int64_t train_step_ = -1;  // the last training step begun (evaluations come between)
   Status failure_;
   std::map<Key, Frame> frames_;
   PayloadFetcher* activation_fetcher_ = nullptr;

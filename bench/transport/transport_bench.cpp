@@ -1,12 +1,14 @@
 // transport_bench: GB/s and one-way latency per transport and tensor size,
-// between two processes on loopback (fork; the sender is stage 0 on cuda:0 or
-// the CPU, the receiver stage 1 on cuda:1 or the CPU), through the stage
+// between two processes on loopback (fork; the sender is stage 0 on a GPU
+// (--gpus, default cuda:0) or the CPU, the receiver stage 1 on another GPU
+// (default cuda:1) or the CPU), through the stage
 // server's own code: its StageData service and Inbox on the receiving side,
 // its transports on the sending side. The baseline is a plain protobuf
 // stream (StageData.Push, the tensor copied into a `bytes` field).
 //
 //   transport_bench [--sizes 1K,1M,16M] [--transports proto,grpc,nccl]
-//                   [--device cpu|cuda] [--rounds 5] [--csv out.csv]
+//                   [--device cpu|cuda] [--gpus 0,1] [--nccl-ctas N] [--rounds 5]
+//                   [--csv out.csv]
 //
 // A round sends M frames of one size and ends when the receiver has taken
 // the last one onto its device (it reports the time, CLOCK_MONOTONIC is
@@ -316,7 +318,9 @@ int main(int argc, char** argv) {
   int rounds = 5;
   app.add_option("--sizes", sizes, "tensor sizes (K, M, G suffixes)")->capture_default_str();
   app.add_option("--transports", transports, "proto (baseline), grpc, nccl")->capture_default_str();
-  app.add_option("--device", device, "auto, cpu or cuda (sender cuda:0, receiver cuda:1)")->capture_default_str();
+  app.add_option("--device", device, "auto, cpu or cuda (two GPUs, see --gpus)")->capture_default_str();
+  std::string pair = "0,1";
+  app.add_option("--gpus", pair, "with cuda: the sender's and the receiver's GPU")->capture_default_str();
   app.add_option("--rounds", rounds, "timed rounds per measurement")->capture_default_str();
   app.add_option("--csv", csv, "also write the table here");
   app.add_option("--nccl-ctas", nccl_ctas, "thread blocks per NCCL communicator (a job's nccl_ctas; 0: NCCL's default)")
@@ -343,6 +347,14 @@ int main(int argc, char** argv) {
     std::cerr << "--device cuda needs 2 GPUs, found " << gpus << std::endl;
     return 1;
   }
+  int send_gpu = 0, recv_gpu = 1;
+  if (std::sscanf(pair.c_str(), "%d,%d", &send_gpu, &recv_gpu) != 2 || send_gpu < 0 || recv_gpu < 0 ||
+      send_gpu == recv_gpu || (cuda && std::max(send_gpu, recv_gpu) >= gpus)) {
+    std::cerr << "--gpus wants two different GPUs of the " << gpus << " here, like 0,1" << std::endl;
+    return 1;
+  }
+  const std::string sender_device = cuda ? "cuda:" + std::to_string(send_gpu) : "cpu";
+  const std::string receiver_device = cuda ? "cuda:" + std::to_string(recv_gpu) : "cpu";
   std::vector<std::string> names;
   std::stringstream ts(transports);
   for (std::string t; std::getline(ts, t, ',');)
@@ -351,13 +363,13 @@ int main(int argc, char** argv) {
   int cmd[2], ack[2];
   if (pipe(cmd) != 0 || pipe(ack) != 0) return 1;
   pid_t child = fork();
-  if (child == 0) Receiver(cmd[0], ack[1], cuda ? "cuda:1" : "cpu");
+  if (child == 0) Receiver(cmd[0], ack[1], receiver_device);
 
   std::vector<Row> rows;
   {
-    Sender sender(cmd[1], ack[0], cuda ? "cuda:0" : "cpu", rounds);
-    std::printf("%s -> %s, two processes on loopback, median of %d rounds\n", cuda ? "cuda:0" : "cpu",
-                cuda ? "cuda:1" : "cpu", rounds);
+    Sender sender(cmd[1], ack[0], sender_device, rounds);
+    std::printf("%s -> %s, two processes on loopback, median of %d rounds\n", sender_device.c_str(),
+                receiver_device.c_str(), rounds);
     std::printf("%-6s %10s %7s %12s %14s\n", "link", "size", "frames", "GB/s", "latency (us)");
     for (const std::string& name : names) {
       sender.Connect(name);
@@ -374,10 +386,10 @@ int main(int argc, char** argv) {
   waitpid(child, nullptr, 0);
   if (!csv.empty()) {
     std::ofstream out(csv);
-    out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device,nccl_ctas\n";
+    out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device,nccl_ctas,sender,receiver\n";
     for (const Row& r : rows)
       out << r.transport << "," << r.bytes << "," << r.frames << "," << r.gbps << "," << r.latency_us << ","
-          << (cuda ? "cuda" : "cpu") << "," << nccl_ctas << "\n";
+          << (cuda ? "cuda" : "cpu") << "," << nccl_ctas << "," << sender_device << "," << receiver_device << "\n";
   }
   // Skip static destructors (see cli/conveyor_main.cpp).
   std::fflush(nullptr);

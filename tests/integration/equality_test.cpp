@@ -105,6 +105,38 @@ INSTANTIATE_TEST_SUITE_P(ConvNetInterleaved, EqualityTest,
                                             ::testing::Values(4, 8), ::testing::Values("interleaved")),
                          Name);
 
+// A job given in epochs reports each: its mean training loss (of the losses
+// it reported per step), its time and, evaluated after it, its test accuracy,
+// as the reference does; the last epoch's accuracy is the job's.
+TEST(Equality, EachEpochIsReportedAndEvaluatedAsByTheReference) {
+  at::set_num_threads(1);
+  const std::string yaml =
+      "model: convnet\ndata: {name: synthetic, train_samples: 64, test_samples: 48}\nbatch_size: 16\n"
+      "eval_batch_size: 32\noptimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nepochs: 3\neval: true\nseed: 5\n"
+      "partition: {stages: 2}\nmicro_batches: 2\nschedule: 1f1b\n";
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, yaml);
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  const cli::ReferenceResult ref = Reference(yaml);
+  ASSERT_EQ(run.epochs_size(), 3);
+  ASSERT_EQ(ref.status.epochs_size(), 3);
+  ASSERT_EQ(run.losses_size(), 12);
+  for (int i = 0; i < 3; ++i) {
+    const v1::EpochReport& e = run.epochs(i);
+    EXPECT_EQ(e.epoch(), i + 1);
+    double sum = 0;
+    for (int s = 4 * i; s < 4 * i + 4; ++s) sum += run.losses(s);
+    EXPECT_FLOAT_EQ(e.mean_loss(), static_cast<float>(sum / 4));
+    EXPECT_NEAR(e.mean_loss(), ref.status.epochs(i).mean_loss(), 1e-4);
+    EXPECT_GT(e.train_seconds(), 0);
+    ASSERT_TRUE(e.has_eval());
+    EXPECT_DOUBLE_EQ(e.eval_accuracy(), ref.status.epochs(i).eval_accuracy()) << "epoch " << i + 1;
+  }
+  EXPECT_DOUBLE_EQ(run.eval_accuracy(), run.epochs(2).eval_accuracy());
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), ref);
+}
+
 // BatchNorm normalises over whatever batch it sees, so ResNet50 equals the
 // full-batch reference with one micro-batch per step (the pipeline of the
 // seed's naive model parallel).

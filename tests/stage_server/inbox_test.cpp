@@ -62,6 +62,26 @@ TEST(Inbox, DeliversWhatTheStageWaitsFor) {
   EXPECT_THAT(std::string(stale.message()), HasSubstr("does not expect tensors of step 0"));
 }
 
+// Evaluations between epochs: a neighbour may start the evaluation, or the
+// training step after it, before this stage does.
+TEST(Inbox, FramesOfTheNextPhaseMayComeEarly) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 4);
+  v1::TensorFrame eval0 = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  eval0.set_phase(v1::PHASE_EVAL);
+  EXPECT_TRUE(inbox.Deliver(eval0).ok());
+  inbox.BeginStep(v1::PHASE_EVAL, 0);
+  inbox.BeginStep(v1::PHASE_EVAL, 1);
+  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 5, 0, {2, 3})).ok());
+  Status later = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 6, 0, {2, 3}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(later)) << later;
+  inbox.BeginStep(v1::PHASE_TRAIN, 5);
+  auto frame = inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now() + std::chrono::seconds(30));
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->header.step(), 5);
+}
+
 TEST(Inbox, RefusesBadFramesWithTheReason) {
   Inbox inbox;
   inbox.Open(Expect());
