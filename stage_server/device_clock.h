@@ -26,6 +26,9 @@ class DeviceClock {
   virtual void Begin() = 0;
   // Records a mark now on the device's current stream; its index.
   virtual int Mark() = 0;
+  // How many marks, from the first, the device has passed so far (never
+  // waits): progress, for a host that waits for a long queue of work.
+  virtual int Passed() = 0;
   // Once the device has done everything marked: each mark's microseconds
   // after mark 0.
   virtual std::vector<double> ElapsedUs() = 0;

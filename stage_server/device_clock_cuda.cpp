@@ -17,7 +17,13 @@ class CudaClock final : public DeviceClock {
 
   void Begin() override {
     used_ = 0;
+    passed_ = 0;
     Mark();
+  }
+
+  int Passed() override {
+    while (passed_ < used_ && events_[passed_].query()) ++passed_;
+    return static_cast<int>(passed_);
   }
 
   int Mark() override {
@@ -37,6 +43,7 @@ class CudaClock final : public DeviceClock {
   const c10::DeviceIndex device_;
   std::deque<at::cuda::CUDAEvent> events_;  // reused step after step
   std::size_t used_ = 0;
+  std::size_t passed_ = 0;  // marks known passed, of used_
 };
 
 }  // namespace

@@ -637,11 +637,19 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
   if (device_.is_cuda()) {
     c10::Event done(device_.type());
     done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
-    const auto deadline = Clock::now() + st.timeout;
+    // The host may have queued the whole step: stage_timeout bounds the wait
+    // for the device's next action, not for all of them.
+    auto last_progress = Clock::now();
+    int passed = 0;
     for (int spins = 0; !done.query(); ++spins) {
       if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
-      if (Clock::now() > deadline)
-        return absl::DeadlineExceededError(Who() + ": the device did not finish step " +
+      const int now_passed = st.clock ? st.clock->Passed() : 0;
+      if (now_passed > passed) {
+        passed = now_passed;
+        last_progress = Clock::now();
+      }
+      if (Clock::now() - last_progress > st.timeout)
+        return absl::DeadlineExceededError(Who() + ": the device made no progress on step " +
                                            std::to_string(st.req->step()) + " within stage_timeout");
       if (spins < 1000) {
         std::this_thread::yield();
