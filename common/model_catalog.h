@@ -45,4 +45,12 @@ StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 // first layer of ranges 2..parts. REQUIRES: 1 <= parts <= costs.size().
 std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts);
 
+// The same cut for `parts` chunks dealt round-robin to `stages` stages (chunk
+// c on stage c % stages, interleaved schedules): the costliest *stage* (the
+// sum of its chunks) costs as little as possible, and among such cuts the
+// costliest chunk. A search bounded to a few million cuts, started from
+// BalancedBoundaries' cut, so never worse than that one by either measure.
+// REQUIRES: 1 <= stages, stages divides parts, parts <= costs.size().
+std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts, int stages);
+
 }  // namespace conveyor

@@ -74,7 +74,7 @@ Status JobRunner::BalancePartition() {
     costs.push_back(req.time() ? layer.seconds() : static_cast<double>(layer.parameters()));
   if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
   std::string cut;
-  for (int b : BalancedBoundaries(costs, chunks)) {
+  for (int b : BalancedBoundaries(costs, chunks, part->stages())) {
     part->add_boundaries(b);
     cut += (cut.empty() ? "" : ", ") + std::to_string(b);
   }

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -191,6 +192,51 @@ TEST(ModelCatalog, BalancedBoundariesMinimiseTheCostliestRange) {
     for (std::size_t i = 0; i < cuts.size(); ++i) EXPECT_GT(cuts[i], i == 0 ? 0 : cuts[i - 1]);
     EXPECT_EQ(cost_of(cuts), best) << "trial " << trial;
   }
+}
+
+// Interleaved: chunk c runs on stage c % stages, so what must be even is
+// each stage's sum of chunks. Against every cut of random costs.
+TEST(ModelCatalog, InterleavedBoundariesBalanceTheStages) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int stages = 2 + static_cast<int>(rng() % 2), parts = 2 * stages;
+    std::vector<double> costs(static_cast<std::size_t>(parts + static_cast<int>(rng() % 5)));
+    for (double& c : costs) c = static_cast<double>(1 + rng() % 50);
+    const int n = static_cast<int>(costs.size());
+    auto score = [&](const std::vector<int>& cuts) {  // (costliest stage, costliest chunk)
+      std::vector<double> sums(static_cast<std::size_t>(stages), 0);
+      double chunk = 0;
+      for (int c = 0, begin = 0; c < parts; ++c) {
+        const int end = c + 1 < parts ? cuts[static_cast<std::size_t>(c)] : n;
+        double cost = 0;
+        for (int i = begin; i < end; ++i) cost += costs[static_cast<std::size_t>(i)];
+        sums[static_cast<std::size_t>(c % stages)] += cost;
+        chunk = std::max(chunk, cost);
+        begin = end;
+      }
+      return std::make_pair(*std::max_element(sums.begin(), sums.end()), chunk);
+    };
+    std::pair<double, double> best{std::numeric_limits<double>::infinity(), 0};
+    std::vector<int> cuts(static_cast<std::size_t>(parts - 1));
+    std::function<void(int, int)> all = [&](int c, int begin) {  // every cut
+      if (c == parts - 1) {
+        best = std::min(best, score(cuts));
+        return;
+      }
+      for (int end = begin + 1; end <= n - (parts - 1 - c); ++end) {
+        cuts[static_cast<std::size_t>(c)] = end;
+        all(c + 1, end);
+      }
+    };
+    all(0, 0);
+    std::vector<int> got = BalancedBoundaries(costs, parts, stages);
+    ASSERT_EQ(static_cast<int>(got.size()), parts - 1);
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_GT(got[i], i == 0 ? 0 : got[i - 1]);
+    EXPECT_EQ(score(got), best) << "trial " << trial;
+    EXPECT_LE(score(got).first, score(BalancedBoundaries(costs, parts)).first);
+  }
+  // One chunk per stage: the plain cut.
+  EXPECT_EQ(BalancedBoundaries({1, 2, 3, 4, 5}, 3, 3), BalancedBoundaries({1, 2, 3, 4, 5}, 3));
 }
 
 TEST(JobSpec, PartitionBalance) {
