@@ -42,8 +42,12 @@ std::string EpochLine(const v1::EpochReport& e, int total_epochs) {
   line << "epoch " << e.epoch() << "/" << total_epochs << ": loss " << std::fixed << std::setprecision(4)
        << e.mean_loss();
   if (e.has_eval()) line << ", test accuracy " << std::setprecision(2) << 100 * e.eval_accuracy() << "%";
-  line << ", " << FormatDuration(e.train_seconds()) << " (" << std::setprecision(0) << e.samples_per_second()
-       << " samples/s)";
+  if (e.train_seconds() > 0) {
+    line << ", " << FormatDuration(e.train_seconds()) << " (" << std::setprecision(0) << e.samples_per_second()
+         << " samples/s)";
+  } else {
+    line << ", time not measured (resumed from a checkpoint at its end)";
+  }
   return line.str();
 }
 

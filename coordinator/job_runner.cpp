@@ -382,9 +382,15 @@ Status JobRunner::Train() {
   auto last_publish = Clock::time_point();
   std::vector<v1::RunStepReply> replies;
   started_ = true;
-  // Epochs that a resumed run trains again are reported again.
+  // Epochs that a resumed run trains again are reported again; one that
+  // ended where it resumes (a checkpoint at its end, a failure while it was
+  // evaluated) is reported now, its time unknown.
   auto* epochs = status_.mutable_epochs();
   while (!epochs->empty() && epochs->rbegin()->epoch() * steps_per_epoch_ > first) epochs->RemoveLast();
+  if (ByEpochs() && first > 0 && first % steps_per_epoch_ == 0 &&
+      (epochs->empty() || epochs->rbegin()->epoch() * steps_per_epoch_ < first)) {
+    CONVEYOR_RETURN_IF_ERROR(EndEpoch(first, first, Clock::duration::zero()));
+  }
   auto epoch_start = Clock::now();
   int64_t epoch_first_step = first;
   for (int64_t step = first; step < total; ++step) {
@@ -451,24 +457,23 @@ Status JobRunner::Train() {
 }
 
 Status JobRunner::EndEpoch(int64_t first_step, int64_t done, Clock::duration took) {
-  v1::EpochReport* e = status_.add_epochs();
-  e->set_epoch(static_cast<int>(done / steps_per_epoch_));
+  v1::EpochReport e;
+  e.set_epoch(static_cast<int>(done / steps_per_epoch_));
   double sum = 0;
   int64_t n = 0;
   for (int64_t s = done - steps_per_epoch_; s < done && s < status_.losses_size(); ++s, ++n) sum += status_.losses(s);
-  e->set_mean_loss(n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+  e.set_mean_loss(n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
   const double seconds = std::chrono::duration<double>(took).count();
-  e->set_train_seconds(seconds);
-  e->set_samples_per_second(seconds > 0 ? static_cast<double>((done - first_step) * spec_.batch_size()) / seconds : 0);
-  if (spec_.eval()) {
+  e.set_train_seconds(seconds);
+  e.set_samples_per_second(seconds > 0 ? static_cast<double>((done - first_step) * spec_.batch_size()) / seconds : 0);
+  if (spec_.eval()) {  // reported once evaluated: a failure here evaluates it again after the recovery
     CONVEYOR_RETURN_IF_ERROR(Evaluate());
-    // Evaluate() may have published; `e` is still this epoch's report.
-    e = status_.mutable_epochs(status_.epochs_size() - 1);
-    e->set_has_eval(true);
-    e->set_eval_accuracy(status_.eval_accuracy());
+    e.set_has_eval(true);
+    e.set_eval_accuracy(status_.eval_accuracy());
   }
-  LOG_INFO("job ", status_.job_id(), " epoch ", e->epoch(), ": mean loss ", e->mean_loss(), ", ", seconds, " s",
-           e->has_eval() ? ", test accuracy " + std::to_string(e->eval_accuracy()) : "");
+  LOG_INFO("job ", status_.job_id(), " epoch ", e.epoch(), ": mean loss ", e.mean_loss(), ", ", seconds, " s",
+           e.has_eval() ? ", test accuracy " + std::to_string(e.eval_accuracy()) : "");
+  *status_.add_epochs() = std::move(e);
   Publish();
   return absl::OkStatus();
 }

@@ -90,6 +90,46 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
   EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step"));
 }
 
+// A job given in epochs, evaluated after each, whose coordinator dies once
+// the first epoch is reported: it resumes from the checkpoint at that epoch's
+// end and reports every epoch once, with the uninterrupted run's accuracies.
+TEST(Recovery, EpochsAreReportedOnceAcrossACoordinatorRestart) {
+  const std::string job =
+      "name: epochs\nmodel: {name: mlp, input_dim: 32, hidden: [64, 32]}\npartition: {stages: 4}\n"
+      "data: {name: synthetic, train_samples: 640, test_samples: 256}\nbatch_size: 32\nmicro_batches: 4\n"
+      "schedule: 1f1b\noptimizer: {name: adam, lr: 0.001}\nseed: 5\nstage_timeout: 10\nepochs: 3\neval: true\n"
+      "checkpoint_every: 20\n";
+  v1::JobStatus clean;
+  {
+    auto cluster = StartCluster(false);
+    ASSERT_TRUE(cluster);
+    clean = testing::SubmitAndWait(cluster->coordinator_address(), job);
+    ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  }
+  auto cluster = StartCluster(false);
+  ASSERT_TRUE(cluster);
+  const std::string id = testing::Submit(cluster->coordinator_address(), job);
+  bool killed = false;
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!killed && s.epochs_size() >= 1) {
+      killed = true;
+      cluster->Signal(-1, SIGKILL);
+      ASSERT_TRUE(cluster->RestartCoordinator().ok());
+    }
+  });
+  ASSERT_TRUE(killed);
+  ASSERT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  ASSERT_EQ(clean.epochs_size(), 3);
+  ASSERT_EQ(end.epochs_size(), 3) << Events(end);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(end.epochs(i).epoch(), i + 1);
+    ASSERT_TRUE(end.epochs(i).has_eval()) << "epoch " << i + 1;
+    EXPECT_EQ(end.epochs(i).eval_accuracy(), clean.epochs(i).eval_accuracy()) << "epoch " << i + 1;
+    EXPECT_EQ(end.epochs(i).mean_loss(), clean.epochs(i).mean_loss()) << "epoch " << i + 1;
+  }
+  EXPECT_EQ(end.param_digest(), clean.param_digest());
+}
+
 TEST(Recovery, AStageThatDoesNotComeBackFailsTheJobNamingIt) {
   auto cluster = StartCluster(/*restart_stages=*/false);
   ASSERT_TRUE(cluster);
