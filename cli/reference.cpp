@@ -88,14 +88,9 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
         s.set_steady_samples_per_second(static_cast<double>((step + 1 - warmup) * spec.batch_size()) / steady);
       }
       if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
-        v1::EpochReport* e = s.add_epochs();
-        e->set_epoch(static_cast<int>((step + 1) / per_epoch));
-        double sum = 0;
-        for (int64_t i = step + 1 - per_epoch; i <= step; ++i) sum += s.losses(static_cast<int>(i));
-        e->set_mean_loss(static_cast<float>(sum / static_cast<double>(per_epoch)));
         const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        e->set_train_seconds(seconds);
-        e->set_samples_per_second(static_cast<double>(per_epoch * spec.batch_size()) / seconds);
+        v1::EpochReport* e = s.add_epochs();
+        *e = EpochSummary(s.losses(), step + 1, per_epoch, per_epoch, spec.batch_size(), seconds);
         if (spec.eval()) {
           evaluate();
           e->set_has_eval(true);

@@ -547,6 +547,19 @@ std::string JobStateName(v1::JobState state) {
   }
 }
 
+v1::EpochReport EpochSummary(const google::protobuf::RepeatedField<float>& losses, int64_t done,
+                             int64_t steps_per_epoch, int64_t timed_steps, int64_t batch_size, double seconds) {
+  v1::EpochReport e;
+  e.set_epoch(static_cast<int>(done / steps_per_epoch));
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t s = done - steps_per_epoch; s < done && s < losses.size(); ++s, ++n) sum += losses.Get(static_cast<int>(s));
+  e.set_mean_loss(n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
+  e.set_train_seconds(seconds);
+  e.set_samples_per_second(seconds > 0 ? static_cast<double>(timed_steps * batch_size) / seconds : 0);
+  return e;
+}
+
 double TheoreticalIdleFraction(const v1::JobSpec& spec) {
   const double p = spec.partition().stages();
   const double m = static_cast<double>(MicroBatchSizes(spec, spec.batch_size()).size());

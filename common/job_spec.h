@@ -56,4 +56,10 @@ double TheoreticalIdleFraction(const v1::JobSpec& spec);
 // Whether `stage` recomputes its forwards during backward.
 bool RecomputeOn(const v1::JobSpec& spec, int stage);
 
+// The report of the epoch that training step `done` (a multiple of
+// `steps_per_epoch`) ended: its number and the mean of its steps' `losses`;
+// `timed_steps` of them took `seconds` (0: not measured). No evaluation.
+v1::EpochReport EpochSummary(const google::protobuf::RepeatedField<float>& losses, int64_t done,
+                             int64_t steps_per_epoch, int64_t timed_steps, int64_t batch_size, double seconds);
+
 }  // namespace conveyor

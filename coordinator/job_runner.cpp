@@ -457,15 +457,9 @@ Status JobRunner::Train() {
 }
 
 Status JobRunner::EndEpoch(int64_t first_step, int64_t done, Clock::duration took) {
-  v1::EpochReport e;
-  e.set_epoch(static_cast<int>(done / steps_per_epoch_));
-  double sum = 0;
-  int64_t n = 0;
-  for (int64_t s = done - steps_per_epoch_; s < done && s < status_.losses_size(); ++s, ++n) sum += status_.losses(s);
-  e.set_mean_loss(n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
   const double seconds = std::chrono::duration<double>(took).count();
-  e.set_train_seconds(seconds);
-  e.set_samples_per_second(seconds > 0 ? static_cast<double>((done - first_step) * spec_.batch_size()) / seconds : 0);
+  v1::EpochReport e =
+      EpochSummary(status_.losses(), done, steps_per_epoch_, done - first_step, spec_.batch_size(), seconds);
   if (spec_.eval()) {  // reported once evaluated: a failure here evaluates it again after the recovery
     CONVEYOR_RETURN_IF_ERROR(Evaluate());
     e.set_has_eval(true);

@@ -54,6 +54,21 @@ std::string Events(const v1::JobStatus& s) {
   return out;
 }
 
+// Follows job `id` to its end; the first time `when` holds for its status,
+// kills the coordinator (SIGKILL) and starts it again. `killed` says whether
+// that happened.
+v1::JobStatus FollowKillingTheCoordinator(cli::LocalCluster& cluster, const std::string& id,
+                                          const std::function<bool(const v1::JobStatus&)>& when, bool* killed) {
+  *killed = false;
+  return testing::Follow(cluster.coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!*killed && when(s)) {
+      *killed = true;
+      cluster.Signal(-1, SIGKILL);
+      ASSERT_TRUE(cluster.RestartCoordinator().ok());
+    }
+  });
+}
+
 // One run of the job with nothing going wrong: what every other run must end at.
 const v1::JobStatus& Uninterrupted(int steps, int checkpoint_every) {
   static std::map<std::pair<int, int>, v1::JobStatus> runs;
@@ -73,13 +88,8 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
   ASSERT_TRUE(cluster);
   const std::string id = testing::Submit(cluster->coordinator_address(), Job(80, 10));
   bool killed = false;
-  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
-    if (!killed && s.checkpoint_step() >= 20) {
-      killed = true;
-      cluster->Signal(-1, SIGKILL);
-      ASSERT_TRUE(cluster->RestartCoordinator().ok());
-    }
-  });
+  v1::JobStatus end = FollowKillingTheCoordinator(
+      *cluster, id, [](const v1::JobStatus& s) { return s.checkpoint_step() >= 20; }, &killed);
   ASSERT_TRUE(killed);
   EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
   EXPECT_EQ(end.param_digest(), clean.param_digest());
@@ -110,13 +120,8 @@ TEST(Recovery, EpochsAreReportedOnceAcrossACoordinatorRestart) {
   ASSERT_TRUE(cluster);
   const std::string id = testing::Submit(cluster->coordinator_address(), job);
   bool killed = false;
-  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
-    if (!killed && s.epochs_size() >= 1) {
-      killed = true;
-      cluster->Signal(-1, SIGKILL);
-      ASSERT_TRUE(cluster->RestartCoordinator().ok());
-    }
-  });
+  v1::JobStatus end = FollowKillingTheCoordinator(
+      *cluster, id, [](const v1::JobStatus& s) { return s.epochs_size() >= 1; }, &killed);
   ASSERT_TRUE(killed);
   ASSERT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
   ASSERT_EQ(clean.epochs_size(), 3);

@@ -48,6 +48,20 @@ std::vector<Span> Split(const std::string& m, std::size_t split) {
   return spans;
 }
 
+// Stage 1 of 2 in step 0 of job-1, taking activations of `sample` values per
+// sample into chunk 1.
+void OpenForActivations(Inbox& inbox, int64_t sample, int max_micro_batches, int64_t max_micro_batch_size) {
+  InboxExpectations e;
+  e.job_id = "job-1";
+  e.stage_index = 1;
+  e.num_stages = 2;
+  e.activation_shapes[1] = {sample};
+  e.max_micro_batches = max_micro_batches;
+  e.max_micro_batch_size = max_micro_batch_size;
+  inbox.Open(e);
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+}
+
 TEST(Chunks, PrefixIsTheProtobufEncodingOfATensorChunk) {
   const v1::TensorFrame h = Header({2, 3});
   const std::string data(24, 'x');
@@ -76,15 +90,7 @@ TEST(Chunks, ParseAcrossAnySplitOfBuffers) {
 
 TEST(Chunks, FramesReassembleIntoTheInbox) {
   Inbox inbox;
-  InboxExpectations e;
-  e.job_id = "job-1";
-  e.stage_index = 1;
-  e.num_stages = 2;
-  e.activation_shapes[1] = {1000};
-  e.max_micro_batches = 2;
-  e.max_micro_batch_size = 4;
-  inbox.Open(e);
-  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  OpenForActivations(inbox, 1000, 2, 4);
   ChunkReceiver receiver(&inbox, "cpu");
   at::Tensor t = at::randn({4, 1000});
   const std::string data(static_cast<const char*>(t.data_ptr()), 16000);
@@ -137,15 +143,7 @@ TEST(Chunks, CorruptOrOversizedInputIsRefusedWithTheReason) {
 
 TEST(Chunks, AHeaderTheInboxRefusesIsRefusedBeforeItsBytes) {
   Inbox inbox;
-  InboxExpectations e;
-  e.job_id = "job-1";
-  e.stage_index = 1;
-  e.num_stages = 2;
-  e.activation_shapes[1] = {3};
-  e.max_micro_batches = 1;
-  e.max_micro_batch_size = 2;
-  inbox.Open(e);
-  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  OpenForActivations(inbox, 3, 1, 2);
   ChunkReceiver receiver(&inbox, "cpu");
   v1::TensorFrame h = Header({2, 4});
   Status st = receiver.OnMessage(Split(EncodeChunkPrefix(&h, 0, false, 8) + std::string(8, 'x'), 64));
