@@ -117,9 +117,12 @@ def batch_size(workload):
 
 def conveyor_command(args, v, job_path):
     exe = os.path.join(args.bin, "conveyor")
+    profile = []
+    if args.profile_dir:  # a folder per run: each local cluster numbers its jobs from 1
+        profile = ["--profile-dir", os.path.abspath(os.path.join(args.profile_dir, "%s-%s" % (args.workload, v["variant"])))]
     if v["variant"] == "conveyor-1dev":
-        return [exe, "train", job_path, "--reference", "--device", args.device, "--json"]
-    cmd = [exe, "local", job_path, "--json"]
+        return [exe, "train", job_path, "--reference", "--device", args.device, "--json"] + profile
+    cmd = [exe, "local", job_path, "--json"] + profile
     if args.trace_dir:  # the last step's timeline (device times of the compute on GPUs)
         os.makedirs(args.trace_dir, exist_ok=True)
         cmd += ["--trace", os.path.join(args.trace_dir, "%s-%s" % (args.workload, v["variant"]))]
@@ -130,7 +133,9 @@ def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
     micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=args.set,
+        # The last warm-up step is the one profiled: it is not timed.
+        extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
+        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
                          stages=args.ranks))
         path = f.name
     cmd = conveyor_command(args, v, path)
@@ -191,6 +196,8 @@ def torch_command(args, workload, schedules, mbs):
     mbs = sorted(set(m for m in mbs if m))
     if mbs:
         cmd += ["--micro-batches", ",".join(str(m) for m in mbs)]
+    if args.profile_dir:
+        cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
     return cmd
 
 
@@ -397,6 +404,9 @@ def main(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="add a top-level key to every Conveyor job (e.g. nccl_ctas=4); repeatable")
     p.add_argument("--trace-dir", help="write each pipelined Conveyor run's last-step timeline (JSON, PNG) here")
+    p.add_argument("--profile-dir", help="write operator profiles (Chrome traces) of one step of each run here: "
+                   "Conveyor's of its last warm-up step (profile_step), PyTorch's of one step after the timed ones; "
+                   "bench/profile_summary.py tabulates them")
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="the python3 that runs torch_pipelining.py")
     p.add_argument("--ranks", type=int, default=2,

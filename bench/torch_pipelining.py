@@ -289,6 +289,20 @@ def timed(step, devices, opts):
     return times[opts.warmup:]
 
 
+def profile_step(step, devices, opts, name):
+    """With --profile-dir: one more step under torch.profiler, as NAME.json (Chrome trace)."""
+    if not opts.profile_dir:
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    os.makedirs(opts.profile_dir, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        for d in devices:
+            torch.cuda.synchronize(d)
+    prof.export_chrome_trace(os.path.join(opts.profile_dir, name + ".json"))
+
+
 def peak_gib(devices):
     import torch
     return [round(torch.cuda.max_memory_allocated(d) / 2 ** 30, 2) for d in devices]
@@ -355,6 +369,7 @@ def local_worker(_index, opts, configs):
             for d in devices:
                 torch.cuda.reset_peak_memory_stats(d)
             times = timed(step, devices, opts)
+            profile_step(step, devices, opts, variant_name(schedule, m))
             emit(result(opts, schedule, m, stages, times, loss=round(float(last["loss"].detach()), 5),
                         peak_gib=peak_gib(devices)))
         except torch.cuda.OutOfMemoryError as e:
@@ -414,6 +429,7 @@ def pp_worker(rank, opts, configs, port):
             torch.cuda.reset_peak_memory_stats(dev)
             dist.barrier()
             times = timed(step, [dev], opts)
+            profile_step(step, [dev], opts, "%s-rank%d" % (variant_name(schedule, m), rank))
             t = torch.tensor(times, device=dev, dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
             loss = torch.tensor([float(sum(l.detach().float() for l in losses) / len(losses)) if losses else 0.0],
@@ -475,6 +491,8 @@ def main():
                         "(w1: 18 units, w2: 26 units)")
     p.add_argument("--timeout", type=int, default=540, help="seconds for the whole run; workers are killed then")
     p.add_argument("--nccl-timeout", type=int, default=300)
+    p.add_argument("--profile-dir", default=None,
+                   help="after the timed steps, profile one more with torch.profiler: DIR/VARIANT[-rankR].json")
     p.add_argument("--list", action="store_true", help="print the configurations and exit (needs no torch)")
     opts = p.parse_args()
     opts.schedules = [s for s in opts.schedules.split(",") if s]

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -187,7 +188,8 @@ int CmdCancel(const Common& c, const std::string& job_id) {
   return 0;
 }
 
-int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads) {
+int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads,
+             const std::string& profile_dir) {
   if (!reference) {
     return Fail(absl::InvalidArgumentError(
         "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
@@ -198,6 +200,7 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   ProgressPrinter progress(true);
   ReferenceOptions options;
   options.device = device;
+  options.profile_dir = profile_dir;
   options.progress = [&](const v1::JobStatus& s) { progress.Update(s); };
   auto result = TrainReference(*spec, options);
   progress.Finish();
@@ -295,7 +298,7 @@ class InterruptWatcher {
 };
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
-             const std::string& trace_prefix) {
+             const std::string& trace_prefix, const std::string& profile_dir) {
   auto yaml = ReadText(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
@@ -312,6 +315,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   options.threads_per_stage = std::max(1, cores / options.stages);
   options.tls = c.tls;
   options.auth_token = BearerToken();
+  if (spec->profile_step() > 0) options.profile_dir = std::filesystem::absolute(profile_dir).string();
 
   BlockTerminationSignals();
   InterruptWatcher interrupts;
@@ -355,7 +359,7 @@ int Main(int argc, char** argv) {
   app.add_option("--token-file", common.token_file,
                  "file holding the coordinator's token, for submit and cancel (default: $CONVEYOR_TOKEN)");
 
-  std::string file, job_id, device = "cpu", address, trace_prefix;
+  std::string file, job_id, device = "cpu", address, trace_prefix, profile_dir = ".";
   bool wait = false, reference = false;
   int stages = 0, threads = 0;
 
@@ -380,6 +384,7 @@ int Main(int argc, char** argv) {
   train->add_flag("--json", common.json, "print the result as one JSON object on stdout");
   train->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
   train->add_option("--threads", threads, "LibTorch intra-op threads (0: LibTorch's default)");
+  train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
 
   std::string local_device = "auto";
   auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
@@ -389,6 +394,8 @@ int Main(int argc, char** argv) {
   local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
 
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
+  local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
+      ->capture_default_str();
 
   int64_t step = -1;
   auto* trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");
@@ -413,8 +420,8 @@ int Main(int argc, char** argv) {
   if (*status) return CmdStatus(common, job_id);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
-  if (*train) return CmdTrain(common, file, reference, device, threads);
-  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix);
+  if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir);
+  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address);
   return 2;

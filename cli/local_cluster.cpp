@@ -186,6 +186,10 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
                                  std::string("--checkpoint-dir"), c->run_dir_ + "/" + child.name + "/checkpoints",
                                  std::string("--log-level"), options.log_level})
       child.args.push_back(a);
+    if (!options.profile_dir.empty()) {
+      child.args.push_back("--profile-dir");
+      child.args.push_back(options.profile_dir);
+    }
     child.args.insert(child.args.end(), tls.begin(), tls.end());
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)

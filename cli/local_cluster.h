@@ -45,6 +45,7 @@ struct LocalClusterOptions {
   std::vector<std::pair<int, std::string>> first_start_env;
   TlsFiles tls;            // given to every child; none: no TLS
   std::string auth_token;  // the coordinator requires it for SubmitJob and CancelJob; empty: none
+  std::string profile_dir;  // the stages' --profile-dir (absolute); empty: their checkpoint folders
 };
 
 class LocalCluster {

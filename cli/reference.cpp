@@ -13,6 +13,7 @@
 #include "common/job_spec.h"
 #include "common/model_catalog.h"
 #include "common/models.h"
+#include "common/op_profile.h"
 #include "common/training.h"
 
 namespace conveyor::cli {
@@ -67,13 +68,20 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
     const bool by_epochs = spec.steps() == 0;
     auto epoch_start = Clock::now();
     for (int64_t step = 0; step < total; ++step) {
+      std::unique_ptr<OpProfile> profile;
+      if (spec.profile_step() == step + 1) {
+        CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
+      }
       BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
       optimizer->zero_grad();
       at::Tensor loss = ComputeLoss(spec, model->forward(batch.inputs), batch.labels, 1.0);
       loss.backward();
       optimizer->step();
       if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while the device works
-      s.add_losses(loss.item<float>());
+      s.add_losses(loss.item<float>());  // waits for the device
+      if (profile) {
+        CONVEYOR_RETURN_IF_ERROR(profile->Finish(ProfilePath(options.profile_dir, "reference", step + 1, "reference")));
+      }
       s.set_loss(s.losses(s.losses_size() - 1));
       const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
       s.set_step(step + 1);

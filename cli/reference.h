@@ -20,6 +20,8 @@ struct ReferenceOptions {
   std::string device = "cpu";
   // Called after every step with the status so far (state RUNNING).
   std::function<void(const v1::JobStatus&)> progress;
+  // Where the job's profile_step writes its trace.
+  std::string profile_dir = ".";
 };
 
 struct ReferenceResult {

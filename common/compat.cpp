@@ -1,6 +1,7 @@
 #include "common/compat.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/version.h>
 
 #include <cmath>
@@ -17,6 +18,14 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
   at::Tensor future = at::ones({t, t}, q.options().dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   return at::matmul(at::softmax(scores, -1), v);
+#endif
+}
+
+std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEvent& e) {
+#if TORCH_VERSION_MAJOR >= 2
+  return {static_cast<double>(e.startNs()) * 1e-3, static_cast<double>(e.durationNs()) * 1e-3};
+#else
+  return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
 #endif
 }
 

@@ -4,11 +4,21 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
+namespace torch::autograd::profiler {
+struct KinetoEvent;
+}
+
 namespace conveyor {
 
 // Causal self-attention over [batch, heads, tokens, head_dim]: the fused
 // scaled_dot_product_attention on LibTorch 2.x, a plain one on 1.13.
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// A profiled event's start and duration in microseconds (1.13 counts in
+// microseconds, 2.x in nanoseconds).
+std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEvent& e);
 
 // "1.13.1", "2.11.0", ...
 const char* TorchVersion();

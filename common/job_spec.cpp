@@ -367,6 +367,8 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_nccl_ctas(kDefaultNcclCtas);
   CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_ctas", &i32, "an integer", &present));
   if (present) spec->set_nccl_ctas(i32);
+  CONVEYOR_RETURN_IF_ERROR(f.Get("profile_step", &i64, "an integer", &present));
+  if (present) spec->set_profile_step(i64);
   spec->set_virtual_stages(1);
   CONVEYOR_RETURN_IF_ERROR(f.Get("virtual_stages", &i32, "an integer", &present));
   if (present) spec->set_virtual_stages(i32);
@@ -501,6 +503,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!(spec.recovery_timeout_s() >= 0)) return Invalid("recovery_timeout: must be 0 or a positive number of seconds");
   if (spec.nccl_ctas() < 0 || spec.nccl_ctas() > 64)
     return Invalid("nccl_ctas: must be between 0 (NCCL's default) and 64, got " + std::to_string(spec.nccl_ctas()));
+  if (spec.profile_step() < 0) return Invalid("profile_step: must be 0 (none) or a training step, from 1");
   if (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > 1000)
     return Invalid("keep_checkpoints: must be between 2 and 1000, got " + std::to_string(spec.keep_checkpoints()));
   if (spec.virtual_stages() < 1 || spec.virtual_stages() > 64)

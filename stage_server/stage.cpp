@@ -26,6 +26,7 @@
 #include "common/logging.h"
 #include "common/model_catalog.h"
 #include "common/models.h"
+#include "common/op_profile.h"
 #include "common/tensor_codec.h"
 #include "common/training.h"
 #include "common/wire.h"
@@ -190,6 +191,12 @@ class Stage::Impl {
 
   Status CheckJob(const std::string& job_id) const;
   void DropJob();
+  // The job's profile_step, when this is it and there is a folder for it.
+  std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
+  void FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step);
+  const std::string& ProfileDir() const {
+    return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
+  }
   std::string Who() const { return "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1); }
   StatusOr<at::Tensor> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
   Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t);
@@ -663,6 +670,33 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
   return absl::OkStatus();
 }
 
+std::unique_ptr<OpProfile> Stage::Impl::MaybeStartProfile(const v1::RunStepRequest& req) {
+  if (req.phase() != v1::PHASE_TRAIN || job_->spec().profile_step() != req.step() + 1) return nullptr;
+  if (ProfileDir().empty()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), ": profile_step ", req.step() + 1,
+             " asked, but this stage server has neither --profile-dir nor --checkpoint-dir: not profiled");
+    return nullptr;
+  }
+  auto profile = OpProfile::Start(device_.is_cuda());
+  if (!profile.ok()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), ": not profiled: ", profile.status().message());
+    return nullptr;
+  }
+  return std::move(*profile);
+}
+
+// A profile is a diagnosis: failing to write it is logged, and the step goes on.
+void Stage::Impl::FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step) {
+  const std::string path = ProfilePath(ProfileDir(), job_->assignment.job_id(), step,
+                                       "stage" + std::to_string(job_->assignment.stage_index()));
+  Status st = profile->Finish(path);
+  if (st.ok()) {
+    LOG_INFO("job ", job_->assignment.job_id(), " ", Who(), ": profile of step ", step, " written to ", path);
+  } else {
+    LOG_WARN("job ", job_->assignment.job_id(), " ", Who(), ": ", st.message());
+  }
+}
+
 StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
   const v1::JobSpec& spec = job_->spec();
@@ -716,12 +750,14 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     } else {
       no_grad.emplace();
     }
+    std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
     status = RunActions(st);
     if (status.ok()) {
       // The host gathers the next batch while the device works on this step.
       if (job_->loader && job_->data->train_size() > 0) job_->loader->Prefetch(req.phase(), req.step() + 1);
       status = FinishOnDevice(st);
     }
+    if (profile) FinishProfile(std::move(profile), req.step() + 1);
     if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
     if (status.ok() && st.clock) {  // the device's own times for its compute spans
       const std::vector<double> us = st.clock->ElapsedUs();

@@ -25,6 +25,8 @@ struct StageOptions {
   TransportFactory* transports = nullptr;
   // Where this stage keeps its checkpoints; "" cannot checkpoint.
   std::string checkpoint_dir;
+  // Where a job's profile_step writes this stage's trace; "" : checkpoint_dir.
+  std::string profile_dir;
 };
 
 class Stage {

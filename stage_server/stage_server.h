@@ -15,6 +15,7 @@ struct StageServerOptions {
   std::string device = "cpu";
   int threads = 0;
   std::string checkpoint_dir;  // "" : cannot checkpoint
+  std::string profile_dir;     // "" : checkpoint_dir
 };
 
 class StageServer {

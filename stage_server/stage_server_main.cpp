@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "folder for this stage's checkpoints (jobs with checkpoint_every need one)");
+  app.add_option("--profile-dir", options.profile_dir,
+                 "folder for the traces of jobs with profile_step (default: the checkpoint folder)");
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   conveyor::TlsFiles tls;
   conveyor::AddTlsFlags(app, &tls);

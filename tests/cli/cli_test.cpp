@@ -13,8 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
 
 #include "cli/local_cluster.h"
+#include "common/files.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {
@@ -57,6 +60,47 @@ TEST(Cli, LocalRunMatchesTheReference) {
   }
   EXPECT_EQ(a["eval_accuracy"], b["eval_accuracy"]);
   EXPECT_THAT(local.err, HasSubstr("test accuracy"));  // the summary
+}
+
+// The named operators of a trace that profile_step wrote, by category.
+std::map<std::string, std::set<std::string>> TraceOperators(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "no trace at " << path;
+  std::map<std::string, std::set<std::string>> ops;
+  if (!in.good()) return ops;
+  nlohmann::json trace = nlohmann::json::parse(in);
+  for (const auto& e : trace["traceEvents"]) ops[e["cat"].get<std::string>()].insert(e["name"].get<std::string>());
+  return ops;
+}
+
+TEST(Cli, ProfileStepWritesATraceOfThatStepPerStageAndForTheReference) {
+  const std::string dir = testing::MakeTempDir("profile");
+  const std::string job = dir + "/toy.yaml";
+  {
+    std::ifstream in(Example("toy.yaml"));
+    std::ofstream out(job);
+    out << in.rdbuf() << "profile_step: 3\nsteps: 4\n";
+  }
+  auto ref = RunCommand({Binary("conveyor"), "train", job, "--reference", "--json", "--profile-dir", dir + "/ref"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  auto local = RunCommand(
+      {Binary("conveyor"), "local", job, "--json", "--device", "cpu", "--profile-dir", dir + "/local"});
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  // The toy's layers: Linear | ReLU | Linear, one per stage. Only step 3 is there.
+  auto reference = TraceOperators(dir + "/ref/reference-step3-reference.json");
+  EXPECT_TRUE(reference["cpu_op"].count("aten::addmm"));
+  EXPECT_TRUE(reference["cpu_op"].count("aten::relu"));
+  auto first = TraceOperators(dir + "/local/job-1-step3-stage0.json");
+  auto middle = TraceOperators(dir + "/local/job-1-step3-stage1.json");
+  EXPECT_TRUE(first["cpu_op"].count("aten::addmm"));
+  EXPECT_FALSE(first["cpu_op"].count("aten::relu"));
+  EXPECT_TRUE(middle["cpu_op"].count("aten::relu"));
+  EXPECT_FALSE(middle["cpu_op"].count("aten::addmm"));
+  std::vector<std::string> names = ListDir(dir + "/local");
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"job-1-step3-stage0.json", "job-1-step3-stage1.json",
+                                             "job-1-step3-stage2.json"}));
+  RemoveTree(dir);
 }
 
 TEST(Cli, JobCommandsAgainstARunningCoordinator) {

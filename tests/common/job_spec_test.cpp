@@ -121,6 +121,7 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
       {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
       {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
+      {"model: toy\nprofile_step: -1\n", "profile_step"},
       {"- just\n- a list\n", "expected a mapping"},
       {"model: {name: toy\n", "not valid YAML"},
   };
