@@ -8,6 +8,8 @@ namespace conveyor {
 
 namespace nn = torch::nn;
 
+at::Tensor DenseImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
 BottleneckImpl::BottleneckImpl(int64_t in_planes, int64_t planes, int64_t stride) {
   const int64_t out = planes * 4;
   conv1_ = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in_planes, planes, 1).bias(false)));
@@ -43,11 +45,11 @@ at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& tokens) {
 
 DecoderBlockImpl::DecoderBlockImpl(int64_t width, int64_t heads, int64_t mlp_width) : heads_(heads) {
   norm1_ = register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({width})));
-  qkv_ = register_module("qkv", nn::Linear(width, 3 * width));
-  proj_ = register_module("proj", nn::Linear(width, width));
+  qkv_ = register_module("qkv", Dense(width, 3 * width));
+  proj_ = register_module("proj", Dense(width, width));
   norm2_ = register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({width})));
-  fc1_ = register_module("fc1", nn::Linear(width, mlp_width));
-  fc2_ = register_module("fc2", nn::Linear(mlp_width, width));
+  fc1_ = register_module("fc1", Dense(width, mlp_width));
+  fc2_ = register_module("fc2", Dense(mlp_width, width));
 }
 
 at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {

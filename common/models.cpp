@@ -26,9 +26,9 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
   switch (m.kind()) {
     case v1::MODEL_TOY: {
       switch (index) {
-        case 0: return nn::AnyModule(nn::Linear(10, 10));
+        case 0: return nn::AnyModule(Dense(10, 10));
         case 1: return nn::AnyModule(nn::ReLU());
-        default: return nn::AnyModule(nn::Linear(10, 5));
+        default: return nn::AnyModule(Dense(10, 5));
       }
     }
     case v1::MODEL_CONVNET: {
@@ -38,9 +38,9 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
         case 1: case 4: case 8: case 10: return nn::AnyModule(nn::ReLU());
         case 2: case 5: return nn::AnyModule(nn::MaxPool2d(nn::MaxPool2dOptions(2)));
         case 6: return nn::AnyModule(nn::Flatten());
-        case 7: return nn::AnyModule(nn::Linear(16 * 4 * 4, 120));
-        case 9: return nn::AnyModule(nn::Linear(120, 84));
-        default: return nn::AnyModule(nn::Linear(84, NumClasses(m)));
+        case 7: return nn::AnyModule(Dense(16 * 4 * 4, 120));
+        case 9: return nn::AnyModule(Dense(120, 84));
+        default: return nn::AnyModule(Dense(84, NumClasses(m)));
       }
     }
     case v1::MODEL_RESNET50: {
@@ -61,13 +61,13 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
       }
       if (k == 0) return nn::AnyModule(nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions(1)));
       if (k == 1) return nn::AnyModule(nn::Flatten());
-      return nn::AnyModule(nn::Linear(2048, NumClasses(m)));
+      return nn::AnyModule(Dense(2048, NumClasses(m)));
     }
     case v1::MODEL_GPT: {
       if (index == 0) return nn::AnyModule(TokenEmbedding(m.vocab(), m.width(), m.seq_len()));
       if (index <= m.blocks()) return nn::AnyModule(DecoderBlock(m.width(), m.heads(), m.mlp_width()));
       if (index == m.blocks() + 1) return nn::AnyModule(nn::LayerNorm(nn::LayerNormOptions({m.width()})));
-      return nn::AnyModule(nn::Linear(m.width(), m.vocab()));
+      return nn::AnyModule(Dense(m.width(), m.vocab()));
     }
     case v1::MODEL_MLP: {
       if (index == 0) return nn::AnyModule(nn::Flatten());
@@ -75,7 +75,7 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
       if (k % 2 == 1) return nn::AnyModule(nn::ReLU());
       int in = k == 0 ? (m.input_dim() > 0 ? m.input_dim() : 784) : m.hidden(k / 2 - 1);
       int out = k / 2 < m.hidden_size() ? m.hidden(k / 2) : NumClasses(m);
-      return nn::AnyModule(nn::Linear(in, out));
+      return nn::AnyModule(Dense(in, out));
     }
     default:
       TORCH_CHECK(false, "unknown model");
