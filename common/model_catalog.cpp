@@ -1,8 +1,13 @@
 #include "common/model_catalog.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
+
+#include "common/job_spec.h"
+#include "common/schedule.h"
 
 namespace conveyor {
 
@@ -126,84 +131,75 @@ std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts)
 }
 
 namespace {
-
-// Depth-first search over the cuts for the stage-aware balance.
-class StageBalanceSearch {
- public:
-  StageBalanceSearch(const std::vector<double>& costs, int parts, int stages)
-      : n_(static_cast<int>(costs.size())), parts_(parts), stages_(stages), prefix_(costs.size() + 1, 0),
-        sums_(static_cast<std::size_t>(stages), 0), cut_(static_cast<std::size_t>(parts) - 1) {
-    for (std::size_t i = 0; i < costs.size(); ++i) prefix_[i + 1] = prefix_[i] + costs[i];
-  }
-
-  // Starts from `cuts` as the best known.
-  std::vector<int> Run(std::vector<int> cuts) {
-    best_ = cuts;
-    Score(cuts, &best_stage_, &best_chunk_);
-    Visit(0, 0, 0);
-    return best_;
-  }
-
- private:
-  static constexpr long kBudget = 4'000'000;  // nodes visited at most
-
-  void Score(const std::vector<int>& cuts, double* stage, double* chunk) const {
-    std::vector<double> sums(static_cast<std::size_t>(stages_), 0);
-    *chunk = 0;
-    for (int c = 0, begin = 0; c < parts_; ++c) {
-      const int end = c + 1 < parts_ ? cuts[static_cast<std::size_t>(c)] : n_;
-      const double cost = prefix_[end] - prefix_[begin];
-      sums[static_cast<std::size_t>(c % stages_)] += cost;
-      *chunk = std::max(*chunk, cost);
-      begin = end;
-    }
-    *stage = *std::max_element(sums.begin(), sums.end());
-  }
-
-  // Chunk `c` starts at layer `begin`; `chunk_max` so far.
-  void Visit(int c, int begin, double chunk_max) {
-    if (++visited_ > kBudget) return;
-    const std::size_t s = static_cast<std::size_t>(c % stages_);
-    const int last_end = n_ - (parts_ - c - 1);  // leave a layer for each later chunk
-    for (int end = c + 1 < parts_ ? begin + 1 : n_; end <= last_end; ++end) {
-      const double cost = prefix_[end] - prefix_[begin];
-      const double stage = sums_[s] + cost;
-      // Costs only grow with `end`: once past the best, later ends are too.
-      if (stage > best_stage_ + kSlack || (stage >= best_stage_ - kSlack && std::max(chunk_max, cost) >= best_chunk_))
-        break;
-      sums_[s] = stage;
-      if (c + 1 == parts_) {
-        const double worst = *std::max_element(sums_.begin(), sums_.end());
-        const double chunk = std::max(chunk_max, cost);
-        if (worst < best_stage_ - kSlack || (worst <= best_stage_ + kSlack && chunk < best_chunk_)) {
-          best_stage_ = worst;
-          best_chunk_ = chunk;
-          best_ = cut_;
-        }
-      } else {
-        cut_[static_cast<std::size_t>(c)] = end;
-        Visit(c + 1, end, std::max(chunk_max, cost));
-      }
-      sums_[s] -= cost;
-    }
-  }
-
-  static constexpr double kSlack = 1e-12;
-  const int n_, parts_, stages_;
-  std::vector<double> prefix_;
-  std::vector<double> sums_;  // per stage, of the chunks placed so far
-  std::vector<int> cut_;      // the cut being built
-  std::vector<int> best_;
-  double best_stage_ = 0, best_chunk_ = 0;
-  long visited_ = 0;
-};
-
+constexpr double kExhaustiveCuts = 200'000;  // about a second of simulations at most
 }  // namespace
 
-std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts, int stages) {
+std::vector<int> ScheduledBoundaries(const std::vector<double>& costs, v1::ScheduleKind kind, int stages,
+                                     int micro_batches, int virtual_stages) {
+  const int parts = stages * virtual_stages, n = static_cast<int>(costs.size());
   std::vector<int> cuts = BalancedBoundaries(costs, parts);
-  if (stages >= parts || stages < 1) return cuts;  // one chunk per stage: the same thing
-  return StageBalanceSearch(costs, parts, stages).Run(std::move(cuts));
+  if (parts < 2) return cuts;
+  std::vector<double> prefix(costs.size() + 1, 0);
+  for (std::size_t i = 0; i < costs.size(); ++i) prefix[i + 1] = prefix[i] + costs[i];
+  // A layer's forward is taken as a third of its cost, its backward two.
+  std::vector<double> forward(static_cast<std::size_t>(parts)), backward(forward);
+  auto step = [&](const std::vector<int>& c) {
+    for (int k = 0, begin = 0; k < parts; ++k) {
+      const int end = k + 1 < parts ? c[static_cast<std::size_t>(k)] : n;
+      const double cost = prefix[static_cast<std::size_t>(end)] - prefix[static_cast<std::size_t>(begin)];
+      forward[static_cast<std::size_t>(k)] = cost / 3;
+      backward[static_cast<std::size_t>(k)] = cost * 2 / 3;
+      begin = end;
+    }
+    auto t = SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward);
+    return t.ok() ? *t : std::numeric_limits<double>::infinity();
+  };
+  double best = step(cuts);
+  if (!std::isfinite(best)) return cuts;  // a schedule that cannot run this job: its own check says why
+  // Every cut, where there are few enough (W2's 27 layers in 4 chunks: 2,600).
+  double count = 1;
+  for (int k = 1; k < parts; ++k) count = count * (n - k) / k;  // C(n - 1, parts - 1)
+  if (count <= kExhaustiveCuts) {
+    std::vector<int> trial(cuts.size());
+    std::function<void(std::size_t, int)> visit = [&](std::size_t i, int begin) {
+      if (i == trial.size()) {
+        const double t = step(trial);
+        if (t < best * (1 - 1e-9)) {
+          best = t;
+          cuts = trial;
+        }
+        return;
+      }
+      const int last = n - static_cast<int>(trial.size() - i);
+      for (int b = begin + 1; b <= last; ++b) {
+        trial[i] = b;
+        visit(i + 1, b);
+      }
+    };
+    visit(0, 0);
+    return cuts;
+  }
+  // Else coordinate descent: each boundary in turn to its best place between
+  // its neighbours, until no move shortens the step.
+  for (int round = 0; round < 100; ++round) {
+    bool moved = false;
+    for (std::size_t i = 0; i < cuts.size(); ++i) {
+      const int lo = i == 0 ? 1 : cuts[i - 1] + 1;
+      const int hi = i + 1 == cuts.size() ? n - 1 : cuts[i + 1] - 1;
+      std::vector<int> trial = cuts;
+      for (int b = lo; b <= hi; ++b) {
+        trial[i] = b;
+        const double t = step(trial);
+        if (t < best * (1 - 1e-9)) {
+          best = t;
+          cuts = trial;
+          moved = true;
+        }
+      }
+    }
+    if (!moved) break;
+  }
+  return cuts;
 }
 
 }  // namespace conveyor

@@ -45,12 +45,16 @@ StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 // first layer of ranges 2..parts. REQUIRES: 1 <= parts <= costs.size().
 std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts);
 
-// The same cut for `parts` chunks dealt round-robin to `stages` stages (chunk
-// c on stage c % stages, interleaved schedules): the costliest *stage* (the
-// sum of its chunks) costs as little as possible, and among such cuts the
-// costliest chunk. A search bounded to a few million cuts, started from
-// BalancedBoundaries' cut, so never worse than that one by either measure.
-// REQUIRES: 1 <= stages, stages divides parts, parts <= costs.size().
-std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts, int stages);
+// The cut into stages * virtual_stages chunks (chunk c on stage c % stages)
+// whose step under `kind` with `micro_batches` is shortest by SimulateStep
+// (common/schedule.h), each layer's cost being a third forward and two thirds
+// backward: what the bubbles and an interleaved schedule's order make of
+// uneven chunks, which neither the costliest chunk nor the costliest stage's
+// sum says alone. Every cut where there are at most 200,000, else coordinate
+// descent started from BalancedBoundaries' cut; never slower than that cut in
+// the simulation.
+// REQUIRES: stages * virtual_stages <= costs.size().
+std::vector<int> ScheduledBoundaries(const std::vector<double>& costs, v1::ScheduleKind kind, int stages,
+                                     int micro_batches, int virtual_stages);
 
 }  // namespace conveyor

@@ -74,7 +74,9 @@ Status JobRunner::BalancePartition() {
     costs.push_back(req.time() ? layer.seconds() : static_cast<double>(layer.parameters()));
   if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
   std::string cut;
-  for (int b : BalancedBoundaries(costs, chunks, part->stages())) {
+  const int micro_batches = static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size());
+  for (int b : ScheduledBoundaries(costs, spec_.schedule(), part->stages(), micro_batches,
+                                   std::max(1, spec_.virtual_stages()))) {
     part->add_boundaries(b);
     cut += (cut.empty() ? "" : ", ") + std::to_string(b);
   }

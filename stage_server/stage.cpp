@@ -34,7 +34,7 @@
 #include "stage_server/device_clock.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
-#include "stage_server/schedule.h"
+#include "common/schedule.h"
 #include "stage_server/tensor_payload.h"
 
 namespace conveyor {

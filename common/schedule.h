@@ -50,6 +50,15 @@ StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, in
 // Eval: every micro-batch through every local chunk, in chain order.
 std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 
+// How long one step takes when each stage runs its list in order, an action
+// starts once its stage is free and its input has arrived (transfers take no
+// time), and every action of model chunk c costs forward[c] or backward[c]
+// (under zero-bubble the input-gradient and weight passes half of backward[c]
+// each). The partitioner uses it to compare cuts. INVALID_ARGUMENT for what
+// BuildSchedule refuses, or costs not one per model chunk.
+StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
+                              const std::vector<double>& forward, const std::vector<double>& backward);
+
 // "F0 F1 B0 ..." ("F1.0" for chunk 1, micro-batch 0 when v > 1) for logs and tests.
 std::string ToString(const std::vector<Action>& actions);
 

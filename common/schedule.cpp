@@ -1,4 +1,4 @@
-#include "stage_server/schedule.h"
+#include "common/schedule.h"
 
 #include <algorithm>
 
@@ -89,6 +89,55 @@ StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, in
     }
     default: return absl::InvalidArgumentError("schedule: unknown kind");
   }
+}
+
+StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
+                              const std::vector<double>& forward, const std::vector<double>& backward) {
+  const int chunks = stages * virtual_stages;
+  if (static_cast<int>(forward.size()) != chunks || static_cast<int>(backward.size()) != chunks)
+    return absl::InvalidArgumentError("simulation: one forward and one backward cost per chunk");
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < stages; ++s) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<Action> list, BuildSchedule(kind, s, stages, micro_batches, virtual_stages));
+    lists.push_back(std::move(list));
+  }
+  const bool split = kind == v1::SCHEDULE_ZERO_BUBBLE;
+  constexpr double kNotYet = -1;
+  // When each (model chunk, micro-batch)'s forward and (input-gradient) backward ended.
+  std::vector<std::vector<double>> forwarded(chunks, std::vector<double>(micro_batches, kNotYet));
+  std::vector<std::vector<double>> backwarded = forwarded;
+  std::vector<std::size_t> next(stages, 0);
+  std::vector<double> free(stages, 0);
+  double end = 0;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < stages; ++s) {
+      for (; next[s] < lists[s].size(); ++next[s]) {
+        const Action& a = lists[s][next[s]];
+        const int c = a.chunk * stages + s, mb = a.micro_batch;
+        double ready = free[s], cost = 0;
+        if (a.type == ActionType::kForward) {
+          if (c > 0 && forwarded[c - 1][mb] == kNotYet) break;
+          if (c > 0) ready = std::max(ready, forwarded[c - 1][mb]);
+          cost = forward[c];
+        } else if (a.type == ActionType::kBackward) {
+          if (c + 1 < chunks && backwarded[c + 1][mb] == kNotYet) break;
+          if (c + 1 < chunks) ready = std::max(ready, backwarded[c + 1][mb]);
+          cost = split ? backward[c] / 2 : backward[c];
+        } else {
+          cost = backward[c] / 2;
+        }
+        free[s] = ready + cost;
+        end = std::max(end, free[s]);
+        if (a.type == ActionType::kForward) forwarded[c][mb] = free[s];
+        if (a.type == ActionType::kBackward) backwarded[c][mb] = free[s];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < stages; ++s)
+    if (next[s] != lists[s].size()) return absl::InternalError("simulation: the schedule deadlocks");
+  return end;
 }
 
 std::string ToString(const std::vector<Action>& actions) {

@@ -1,4 +1,4 @@
-#include "stage_server/schedule.h"
+#include "common/schedule.h"
 
 #include "common/job_spec.h"
 
@@ -148,6 +148,45 @@ TEST(Schedule, InterleavedIsDeadlockFree) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+// With equal chunks (forward 1, backward 2) and free transfers a step lasts
+// the textbook (M + P - 1)(f + b) for GPipe and 1F1B, (vM + P - 1)(f + b)/v
+// interleaved; zero-bubble (input-gradient and weight passes half a backward
+// each) is no slower than 1F1B.
+TEST(Schedule, SimulatedStepsHaveTheTextbookBubbles) {
+  for (int p : {1, 2, 4}) {
+    for (int m : {4, 8}) {
+      std::vector<double> f(p, 1.0), b(p, 2.0);
+      for (v1::ScheduleKind kind : {v1::SCHEDULE_GPIPE, v1::SCHEDULE_1F1B}) {
+        auto t = SimulateStep(kind, p, m, 1, f, b);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EXPECT_DOUBLE_EQ(*t, (m + p - 1) * 3.0) << ScheduleName(kind) << " P=" << p << " M=" << m;
+      }
+      auto zb = SimulateStep(v1::SCHEDULE_ZERO_BUBBLE, p, m, 1, f, b);
+      ASSERT_TRUE(zb.ok()) << zb.status();
+      EXPECT_GE(*zb, m * 3.0);
+      EXPECT_LE(*zb, (m + p - 1) * 3.0) << "P=" << p << " M=" << m;
+      if (p > 1) {
+        std::vector<double> f2(2 * p, 0.5), b2(2 * p, 1.0);
+        auto t = SimulateStep(v1::SCHEDULE_INTERLEAVED, p, m, 2, f2, b2);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EXPECT_DOUBLE_EQ(*t, (2 * m + p - 1) * 1.5) << "interleaved P=" << p << " M=" << m;
+      }
+    }
+  }
+  // A stage twice as slow sets the pace: 1F1B, P=2, M=4, stage 1 at 2 + 4.
+  auto t = SimulateStep(v1::SCHEDULE_1F1B, 2, 4, 1, {1, 2}, {2, 4});
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(*t, 1 + 4 * 6.0 + 2);
+  EXPECT_TRUE(absl::IsInvalidArgument(SimulateStep(v1::SCHEDULE_1F1B, 2, 4, 1, {1}, {2}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(SimulateStep(v1::SCHEDULE_INTERLEAVED, 2, 3, 2, {1, 1, 1, 1}, {2, 2, 2, 2}).status()));
 }
 
 }  // namespace
