@@ -76,6 +76,19 @@ foreach(dir ${TORCH_INCLUDE_DIRS})
   endif()
 endforeach()
 
+# LibTorch 2.7 and later can size matmuls to leave SMs to a communication
+# kernel running beside them (Context::_setSMCarveout_EXPERIMENTAL).
+set(CONVEYOR_HAS_SM_CARVEOUT OFF)
+foreach(dir ${TORCH_INCLUDE_DIRS})
+  if(EXISTS "${dir}/ATen/Context.h")
+    file(STRINGS "${dir}/ATen/Context.h" carveout REGEX "_setSMCarveout_EXPERIMENTAL")
+    if(carveout)
+      set(CONVEYOR_HAS_SM_CARVEOUT ON)
+    endif()
+  endif()
+endforeach()
+message(STATUS "Conveyor: matmul SM carveout ${CONVEYOR_HAS_SM_CARVEOUT}")
+
 # LibTorch's imported flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) reach every target
 # that links it through TORCH_LIBRARIES; TORCH_CXX_FLAGS carries the rest.
 set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")

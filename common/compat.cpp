@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <optional>
 #include <limits>
 
 namespace conveyor {
@@ -26,6 +27,15 @@ std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEve
   return {static_cast<double>(e.startNs()) * 1e-3, static_cast<double>(e.durationNs()) * 1e-3};
 #else
   return {static_cast<double>(e.startUs()), static_cast<double>(e.durationUs())};
+#endif
+}
+
+bool SetMatmulSmCarveout(int sms) {
+#ifdef CONVEYOR_HAS_SM_CARVEOUT
+  at::globalContext()._setSMCarveout_EXPERIMENTAL(sms > 0 ? std::optional<int32_t>(sms) : std::nullopt);
+  return true;
+#else
+  return sms == 0;
 #endif
 }
 

@@ -20,6 +20,12 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 // microseconds, 2.x in nanoseconds).
 std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEvent& e);
 
+// Makes later matmuls on CUDA leave `sms` of the device's SMs free (0: use
+// them all), for the NCCL kernels that run beside them: a matmul sized for
+// every SM otherwise waits for the SMs they hold, up to twice as long.
+// False where this LibTorch cannot (before 2.7).
+bool SetMatmulSmCarveout(int sms);
+
 // "1.13.1", "2.11.0", ...
 const char* TorchVersion();
 

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -367,6 +368,17 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_nccl_ctas(kDefaultNcclCtas);
   CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_ctas", &i32, "an integer", &present));
   if (present) spec->set_nccl_ctas(i32);
+  word = "auto";
+  CONVEYOR_RETURN_IF_ERROR(f.Get("matmul_sm_carveout", &word, "auto, off or a number of SMs"));
+  if (word == "off") {
+    spec->set_matmul_sm_carveout(-1);
+  } else if (word != "auto") {
+    char* end = nullptr;
+    const long sms = std::strtol(word.c_str(), &end, 10);
+    if (word.empty() || *end != '\0' || sms < 1 || sms > 64)
+      return Invalid("matmul_sm_carveout: expected auto, off or a number of SMs from 1 to 64, got '" + word + "'");
+    spec->set_matmul_sm_carveout(static_cast<int32_t>(sms));
+  }
   CONVEYOR_RETURN_IF_ERROR(f.Get("profile_step", &i64, "an integer", &present));
   if (present) spec->set_profile_step(i64);
   spec->set_virtual_stages(1);
@@ -503,6 +515,8 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!(spec.recovery_timeout_s() >= 0)) return Invalid("recovery_timeout: must be 0 or a positive number of seconds");
   if (spec.nccl_ctas() < 0 || spec.nccl_ctas() > 64)
     return Invalid("nccl_ctas: must be between 0 (NCCL's default) and 64, got " + std::to_string(spec.nccl_ctas()));
+  if (spec.matmul_sm_carveout() < -1 || spec.matmul_sm_carveout() > 64)
+    return Invalid("matmul_sm_carveout: must be -1 (off), 0 (auto) or 1 to 64 SMs");
   if (spec.profile_step() < 0) return Invalid("profile_step: must be 0 (none) or a training step, from 1");
   if (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > 1000)
     return Invalid("keep_checkpoints: must be between 2 and 1000, got " + std::to_string(spec.keep_checkpoints()));

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/compat.h"
 #include "common/dataset.h"
 #include "common/device.h"
 #include "common/digest.h"
@@ -192,6 +193,9 @@ class Stage::Impl {
 
   Status CheckJob(const std::string& job_id) const;
   void DropJob();
+  // Sizes matmuls to leave the SMs this stage's NCCL kernels use (see
+  // JobSpec.matmul_sm_carveout); none without NCCL links.
+  void ReserveSmsForNccl();
   // The job's profile_step, when this is it and there is a folder for it.
   std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
   void FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step);
@@ -236,7 +240,25 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
   return absl::OkStatus();
 }
 
+void Stage::Impl::ReserveSmsForNccl() {
+  const v1::JobSpec& spec = job_->spec();
+  int sms = spec.matmul_sm_carveout();
+  if (sms == 0) {  // auto: what this stage's NCCL kernels may hold at once
+    int links = 0;
+    if (!job_->assignment.upstream().empty() && job_->transport->Name(Peer::kUpstream) == "nccl") ++links;
+    if (!job_->assignment.downstream().empty() && job_->transport->Name(Peer::kDownstream) == "nccl") ++links;
+    sms = spec.nccl_ctas() * 2 * links;  // a communicator each way per link
+  }
+  sms = std::max(0, sms);
+  if (!SetMatmulSmCarveout(sms)) {
+    LOG_WARN(Who(), ": this LibTorch cannot leave SMs to NCCL (matmul_sm_carveout ", sms, " ignored)");
+  } else if (sms > 0) {
+    LOG_INFO(Who(), ": matmuls leave ", sms, " SMs to the NCCL kernels");
+  }
+}
+
 void Stage::Impl::DropJob() {
+  SetMatmulSmCarveout(0);
   inbox_.Close();
   if (job_ && job_->transport) job_->transport->Shutdown();
   job_.reset();
@@ -454,6 +476,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
+  ReserveSmsForNccl();
   // The link this stage reports is the one to its next stage (the last stage: from its previous one).
   reply.set_transport(job_->transport->Name(job_->assignment.downstream().empty() ? Peer::kUpstream : Peer::kDownstream));
   return reply;

@@ -64,6 +64,7 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->checkpoint_every(), 0);
   EXPECT_EQ(spec->keep_checkpoints(), 3);
   EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
+  EXPECT_EQ(spec->matmul_sm_carveout(), 0);  // auto
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
@@ -124,6 +125,8 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
       {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
       {"model: toy\nprofile_step: -1\n", "profile_step"},
+      {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
+      {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
       {"- just\n- a list\n", "expected a mapping"},
       {"model: {name: toy\n", "not valid YAML"},
   };
