@@ -368,11 +368,11 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_nccl_ctas(kDefaultNcclCtas);
   CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_ctas", &i32, "an integer", &present));
   if (present) spec->set_nccl_ctas(i32);
-  word = "auto";
+  word = "off";
   CONVEYOR_RETURN_IF_ERROR(f.Get("matmul_sm_carveout", &word, "auto, off or a number of SMs"));
-  if (word == "off") {
+  if (word == "auto") {
     spec->set_matmul_sm_carveout(-1);
-  } else if (word != "auto") {
+  } else if (word != "off") {
     char* end = nullptr;
     const long sms = std::strtol(word.c_str(), &end, 10);
     if (word.empty() || *end != '\0' || sms < 1 || sms > 64)
@@ -516,7 +516,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.nccl_ctas() < 0 || spec.nccl_ctas() > 64)
     return Invalid("nccl_ctas: must be between 0 (NCCL's default) and 64, got " + std::to_string(spec.nccl_ctas()));
   if (spec.matmul_sm_carveout() < -1 || spec.matmul_sm_carveout() > 64)
-    return Invalid("matmul_sm_carveout: must be -1 (off), 0 (auto) or 1 to 64 SMs");
+    return Invalid("matmul_sm_carveout: must be 0 (off), -1 (auto) or 1 to 64 SMs");
   if (spec.profile_step() < 0) return Invalid("profile_step: must be 0 (none) or a training step, from 1");
   if (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > 1000)
     return Invalid("keep_checkpoints: must be between 2 and 1000, got " + std::to_string(spec.keep_checkpoints()));

@@ -193,8 +193,8 @@ class Stage::Impl {
 
   Status CheckJob(const std::string& job_id) const;
   void DropJob();
-  // Sizes matmuls to leave the SMs this stage's NCCL kernels use (see
-  // JobSpec.matmul_sm_carveout); none without NCCL links.
+  // Sizes matmuls to leave SMs to this stage's NCCL kernels, as the job's
+  // matmul_sm_carveout says (auto: none without NCCL links).
   void ReserveSmsForNccl();
   // The job's profile_step, when this is it and there is a folder for it.
   std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
@@ -243,13 +243,12 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
 void Stage::Impl::ReserveSmsForNccl() {
   const v1::JobSpec& spec = job_->spec();
   int sms = spec.matmul_sm_carveout();
-  if (sms == 0) {  // auto: what this stage's NCCL kernels may hold at once
+  if (sms < 0) {  // auto: what this stage's NCCL kernels may hold at once
     int links = 0;
     if (!job_->assignment.upstream().empty() && job_->transport->Name(Peer::kUpstream) == "nccl") ++links;
     if (!job_->assignment.downstream().empty() && job_->transport->Name(Peer::kDownstream) == "nccl") ++links;
     sms = spec.nccl_ctas() * 2 * links;  // a communicator each way per link
   }
-  sms = std::max(0, sms);
   if (!SetMatmulSmCarveout(sms)) {
     LOG_WARN(Who(), ": this LibTorch cannot leave SMs to NCCL (matmul_sm_carveout ", sms, " ignored)");
   } else if (sms > 0) {

@@ -64,7 +64,7 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->checkpoint_every(), 0);
   EXPECT_EQ(spec->keep_checkpoints(), 3);
   EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
-  EXPECT_EQ(spec->matmul_sm_carveout(), 0);  // auto
+  EXPECT_EQ(spec->matmul_sm_carveout(), 0);  // off
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
