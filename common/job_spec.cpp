@@ -518,6 +518,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.matmul_sm_carveout() < -1 || spec.matmul_sm_carveout() > 64)
     return Invalid("matmul_sm_carveout: must be 0 (off), -1 (auto) or 1 to 64 SMs");
   if (spec.profile_step() < 0) return Invalid("profile_step: must be 0 (none) or a training step, from 1");
+  if (spec.steps() > 0 && spec.profile_step() > spec.steps())
+    return Invalid("profile_step: " + std::to_string(spec.profile_step()) + " is past the job's last step (" +
+                   std::to_string(spec.steps()) + ")");
   if (spec.keep_checkpoints() < 2 || spec.keep_checkpoints() > 1000)
     return Invalid("keep_checkpoints: must be between 2 and 1000, got " + std::to_string(spec.keep_checkpoints()));
   if (spec.virtual_stages() < 1 || spec.virtual_stages() > 64)

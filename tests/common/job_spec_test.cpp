@@ -125,6 +125,7 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
       {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
       {"model: toy\nprofile_step: -1\n", "profile_step"},
+      {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
       {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
       {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
       {"- just\n- a list\n", "expected a mapping"},
