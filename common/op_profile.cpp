@@ -1,9 +1,7 @@
 #include "common/op_profile.h"
 
-#include <sys/stat.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
-#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
