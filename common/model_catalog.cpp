@@ -134,24 +134,28 @@ namespace {
 constexpr double kExhaustiveCuts = 200'000;  // about a second of simulations at most
 }  // namespace
 
+StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
+                             int stages, int micro_batches, int virtual_stages) {
+  std::vector<double> forward, backward;
+  for (std::size_t c = 0, begin = 0; c <= cuts.size(); ++c) {
+    const std::size_t end = c < cuts.size() ? static_cast<std::size_t>(cuts[c]) : costs.size();
+    if (end <= begin || end > costs.size()) return absl::InvalidArgumentError("simulation: a cut out of order");
+    double cost = 0;
+    for (std::size_t i = begin; i < end; ++i) cost += costs[i];
+    forward.push_back(cost / 3);
+    backward.push_back(cost * 2 / 3);
+    begin = end;
+  }
+  return SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward);
+}
+
 std::vector<int> ScheduledBoundaries(const std::vector<double>& costs, v1::ScheduleKind kind, int stages,
                                      int micro_batches, int virtual_stages) {
   const int parts = stages * virtual_stages, n = static_cast<int>(costs.size());
   std::vector<int> cuts = BalancedBoundaries(costs, parts);
   if (parts < 2) return cuts;
-  std::vector<double> prefix(costs.size() + 1, 0);
-  for (std::size_t i = 0; i < costs.size(); ++i) prefix[i + 1] = prefix[i] + costs[i];
-  // A layer's forward is taken as a third of its cost, its backward two.
-  std::vector<double> forward(static_cast<std::size_t>(parts)), backward(forward);
   auto step = [&](const std::vector<int>& c) {
-    for (int k = 0, begin = 0; k < parts; ++k) {
-      const int end = k + 1 < parts ? c[static_cast<std::size_t>(k)] : n;
-      const double cost = prefix[static_cast<std::size_t>(end)] - prefix[static_cast<std::size_t>(begin)];
-      forward[static_cast<std::size_t>(k)] = cost / 3;
-      backward[static_cast<std::size_t>(k)] = cost * 2 / 3;
-      begin = end;
-    }
-    auto t = SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward);
+    auto t = SimulateCut(costs, c, kind, stages, micro_batches, virtual_stages);
     return t.ok() ? *t : std::numeric_limits<double>::infinity();
   };
   double best = step(cuts);

@@ -45,6 +45,12 @@ StatusOr<std::vector<LayerRange>> PartitionLayers(const v1::JobSpec& spec);
 // first layer of ranges 2..parts. REQUIRES: 1 <= parts <= costs.size().
 std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts);
 
+// The step SimulateStep (common/schedule.h) gives the cut `cuts` (first layers
+// of chunks 2..) of layers costing `costs`, each layer a third forward and two
+// thirds backward: how ScheduledBoundaries compares cuts.
+StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
+                             int stages, int micro_batches, int virtual_stages);
+
 // The cut into stages * virtual_stages chunks (chunk c on stage c % stages)
 // whose step under `kind` with `micro_batches` is shortest by SimulateStep
 // (common/schedule.h), each layer's cost being a third forward and two thirds

@@ -201,19 +201,10 @@ TEST(ModelCatalog, BalancedBoundariesMinimiseTheCostliestRange) {
   }
 }
 
-// Each cut's step as SimulateStep has it (a third of a layer's cost forward).
+// SimulateCut's step for a cut the search returned (which must simulate).
 double SimulatedStep(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
                      int stages, int m, int v) {
-  std::vector<double> f, b;
-  for (std::size_t c = 0, begin = 0; c <= cuts.size(); ++c) {
-    const std::size_t end = c < cuts.size() ? static_cast<std::size_t>(cuts[c]) : costs.size();
-    double cost = 0;
-    for (std::size_t i = begin; i < end; ++i) cost += costs[i];
-    f.push_back(cost / 3);
-    b.push_back(cost * 2 / 3);
-    begin = end;
-  }
-  auto t = SimulateStep(kind, stages, m, v, f, b);
+  auto t = SimulateCut(costs, cuts, kind, stages, m, v);
   EXPECT_TRUE(t.ok()) << t.status();
   return t.ok() ? *t : 0;
 }
