@@ -73,11 +73,11 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
         CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
       }
       BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
+      if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while this step is launched
       optimizer->zero_grad();
       at::Tensor loss = ComputeLoss(spec, model->forward(batch.inputs), batch.labels, 1.0);
       loss.backward();
       optimizer->step();
-      if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while the device works
       s.add_losses(loss.item<float>());  // waits for the device
       if (profile) {
         CONVEYOR_RETURN_IF_ERROR(profile->Finish(ProfilePath(options.profile_dir, "reference", step + 1, "reference")));

@@ -182,16 +182,29 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
   return perm.slice(0, pos * b, pos * b + b);
 }
 
-at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step) {
-  at::Tensor x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
-  at::Tensor batch = x.index_select(0, Indices(phase, step));
-  if (batch.scalar_type() == at::kByte) batch = batch.to(at::kFloat).div_(255.0);
-  return batch;
+namespace {
+
+// x's rows `idx`, in a new tensor of `dtype` (pinned if asked): one pass
+// over the rows when no conversion is needed.
+at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType dtype, bool pinned) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[0] = idx.numel();
+  at::Tensor out = at::empty(sizes, x.options().dtype(dtype).pinned_memory(pinned));
+  if (dtype == x.scalar_type()) return at::index_select_out(out, x, 0, idx);
+  return out.copy_(x.index_select(0, idx));
 }
 
-at::Tensor Dataset::Labels(v1::Phase phase, int64_t step) {
-  at::Tensor y = phase == v1::PHASE_TRAIN ? train_y_ : test_y_;
-  return y.index_select(0, Indices(phase, step));
+}  // namespace
+
+at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
+  const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
+  if (x.scalar_type() != at::kByte) return GatherRows(x, Indices(phase, step), x.scalar_type(), pinned);
+  return GatherRows(x, Indices(phase, step), at::kFloat, pinned).div_(255.0);
+}
+
+at::Tensor Dataset::Labels(v1::Phase phase, int64_t step, bool pinned) {
+  const at::Tensor& y = phase == v1::PHASE_TRAIN ? train_y_ : test_y_;
+  return GatherRows(y, Indices(phase, step), y.scalar_type(), pinned);
 }
 
 }  // namespace conveyor

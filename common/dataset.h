@@ -31,8 +31,10 @@ class Dataset {
   int64_t BatchSize(v1::Phase phase, int64_t step) const;
 
   // Float inputs [B, ...] and int64 labels [B] of one mini-batch.
-  at::Tensor Inputs(v1::Phase phase, int64_t step);
-  at::Tensor Labels(v1::Phase phase, int64_t step);
+  // A batch's inputs and labels, gathered straight into pinned memory when
+  // `pinned` (a CUDA LibTorch only), ready for an asynchronous copy.
+  at::Tensor Inputs(v1::Phase phase, int64_t step, bool pinned = false);
+  at::Tensor Labels(v1::Phase phase, int64_t step, bool pinned = false);
 
  private:
   Dataset() = default;

@@ -41,27 +41,30 @@ at::Tensor ToModel(const v1::JobSpec& spec, const at::Tensor& inputs, const at::
 BatchLoader::BatchLoader(const v1::JobSpec& spec, Dataset* data, const at::Device& device, bool inputs, bool labels)
     : spec_(spec), data_(data), device_(device), inputs_(inputs), labels_(labels) {}
 
+BatchLoader::~BatchLoader() {
+  if (ahead_) ahead_->batch.wait();  // the gather reads *data_
+}
+
 BatchLoader::Batch BatchLoader::Gather(v1::Phase phase, int64_t step) const {
   Batch b;
-  if (inputs_) b.inputs = data_->Inputs(phase, step);
-  if (labels_) b.labels = data_->Labels(phase, step);
-  if (device_.is_cuda()) {
-    if (b.inputs.defined()) b.inputs = b.inputs.pin_memory();
-    if (b.labels.defined()) b.labels = b.labels.pin_memory();
-  }
+  const bool pinned = device_.is_cuda();
+  if (inputs_) b.inputs = data_->Inputs(phase, step, pinned);
+  if (labels_) b.labels = data_->Labels(phase, step, pinned);
   return b;
 }
 
 void BatchLoader::Prefetch(v1::Phase phase, int64_t step) {
   if (!device_.is_cuda() || (phase == v1::PHASE_EVAL && step >= data_->EvalBatches())) return;
-  ahead_ = Ahead{phase, step, Gather(phase, step)};
+  if (ahead_) ahead_->batch.wait();
+  ahead_ = Ahead{phase, step, std::async(std::launch::async, [this, phase, step] { return Gather(phase, step); })};
 }
 
 BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
   Batch host;
   if (ahead_ && ahead_->phase == phase && ahead_->step == step) {
-    host = std::move(ahead_->batch);
+    host = ahead_->batch.get();  // rethrows what the gather threw
   } else {
+    if (ahead_) ahead_->batch.wait();
     host = Gather(phase, step);
   }
   ahead_.reset();

@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -31,11 +32,11 @@ at::Tensor ToModel(const v1::JobSpec& spec, const at::Tensor& inputs, const at::
 class Dataset;
 
 // The mini-batches a stage (or the reference) reads, on its device. On a CUDA
-// device Prefetch() gathers a later step's batch into pinned host memory
-// while the device works on the current one, and Get() copies it over
-// asynchronously, so that the device does not wait for the host's gather and
-// a pageable copy at the start of every step. Same tensors, same order: only
-// when the host does the work changes.
+// device Prefetch() starts gathering a later step's batch into pinned host
+// memory on a thread of its own, while this thread launches the current
+// step, and Get() copies it over asynchronously: neither the device nor the
+// launching thread waits for the host's gather or a pageable copy. Same
+// tensors, same order: only when and where the host does the work changes.
 class BatchLoader {
  public:
   struct Batch {
@@ -45,8 +46,9 @@ class BatchLoader {
   BatchLoader(const v1::JobSpec& spec, Dataset* data, const at::Device& device, bool inputs, bool labels);
 
   Batch Get(v1::Phase phase, int64_t step);
-  // Gathers (phase, step) now, for a later Get(); a no-op off CUDA.
+  // Starts gathering (phase, step) for a later Get(); a no-op off CUDA.
   void Prefetch(v1::Phase phase, int64_t step);
+  ~BatchLoader();
 
  private:
   Batch Gather(v1::Phase phase, int64_t step) const;  // on the host
@@ -58,7 +60,7 @@ class BatchLoader {
   struct Ahead {
     v1::Phase phase;
     int64_t step;
-    Batch batch;
+    std::future<Batch> batch;
   };
   std::optional<Ahead> ahead_;
 };

@@ -772,6 +772,8 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       BatchLoader::Batch batch = job_->loader->Get(req.phase(), req.step());
       st.inputs = std::move(batch.inputs);
       st.labels = std::move(batch.labels);
+      // The next batch is gathered on the host while this step is launched.
+      job_->loader->Prefetch(req.phase(), req.step() + 1);
     }
     if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
         (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
@@ -787,11 +789,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     }
     std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
     status = RunActions(st);
-    if (status.ok()) {
-      // The host gathers the next batch while the device works on this step.
-      if (job_->loader && job_->data->train_size() > 0) job_->loader->Prefetch(req.phase(), req.step() + 1);
-      status = FinishOnDevice(st);
-    }
+    if (status.ok()) status = FinishOnDevice(st);
     if (profile) FinishProfile(std::move(profile), req.step() + 1);
     if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
     if (status.ok() && st.clock) {  // the device's own times for its compute spans
