@@ -15,6 +15,8 @@ other on this machine:
     conveyor-1dev           `conveyor train --reference`: Conveyor's single device
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
     <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
+    (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
+    conveyor-1stage-graphs  one stage server holding the whole model, with cuda_graphs
   The pipelined variants use --ranks GPUs (default 2), one stage each (interleaved: 2 chunks
   per GPU).
 
@@ -82,6 +84,11 @@ def plan(args):
     for s in args.schedules:
         for m in mbs:
             out.append({"variant": "%s-m%d" % (s, m), "impl": "conveyor", "schedule": s, "m": m})
+    if args.graphs:  # the same stage servers replaying CUDA graphs
+        out += [dict(v, variant=v["variant"] + "-graphs", graphs=True) for v in out
+                if v["impl"] == "conveyor" and v["variant"] != "conveyor-1dev"]
+        out.append({"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
+                    "graphs": True, "stages": 1})
     only = [p for p in (args.only or "").split(",") if p]
     skip = [p for p in (args.skip or "").split(",") if p]
     match = lambda name, patterns: any(fnmatch.fnmatch(name, p) for p in patterns)
@@ -135,8 +142,9 @@ def run_conveyor(args, workload, v):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         # The last warm-up step is the one profiled: it is not timed.
         extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
+        extra += ["cuda_graphs=true"] if v.get("graphs") else []
         f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
-                         stages=args.ranks))
+                         stages=v.get("stages", args.ranks)))
         path = f.name
     cmd = conveyor_command(args, v, path)
     log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
@@ -319,8 +327,8 @@ def plot(out_dir, workload, rows):
             label = "torch.distributed.pipelining %s" % r["schedule"]
         elif r["impl"] == "pytorch" and r["schedule"] == "tutorial":
             label = "PyTorch tutorial's pipelined class"
-        elif r["impl"] == "conveyor" and r["schedule"] not in ("", "naive"):
-            label = "Conveyor %s" % r["schedule"]
+        elif r["impl"] == "conveyor" and r["schedule"] not in ("", "naive") and r["variant"] != "conveyor-1stage-graphs":
+            label = "Conveyor %s%s" % (r["schedule"], ", CUDA graphs" if r["variant"].endswith("-graphs") else "")
         else:
             continue
         series.setdefault((r["impl"], label), []).append((m, float(r["ms_per_step"])))
@@ -412,6 +420,9 @@ def main(argv):
     p.add_argument("--ranks", type=int, default=2,
                    help="stages (one per GPU) of the pipelined variants, PyTorch's and Conveyor's")
     p.add_argument("--no-pytorch", action="store_true", help="leave out every PyTorch variant")
+    p.add_argument("--graphs", action="store_true",
+                   help="add each stage-server variant again with cuda_graphs: true (<variant>-graphs), "
+                        "and conveyor-1stage-graphs")
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)

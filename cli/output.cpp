@@ -134,6 +134,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                       {"peak_activation_bytes", st.peak_activation_bytes()},
                       {"busy_fraction", st.busy_fraction()},
                       {"idle_fraction", st.idle_fraction()},
+                      {"graphed_steps", st.graphed_steps()},
                       {"chunks", std::vector<int>(st.chunks().begin(), st.chunks().end())}});
   }
   j["stages"] = stages;
@@ -176,6 +177,7 @@ std::string Summary(const v1::JobStatus& s) {
         << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak " << st.peak_activations()
         << " micro-batches held (" << FormatBytes(st.peak_activation_bytes()) << ")";
     if (!st.transport().empty()) out << ", " << st.transport() << " to next";
+    if (st.graphed_steps() > 0) out << ", " << st.graphed_steps() << " steps as CUDA graphs";
     out << "\n";
   }
   if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";

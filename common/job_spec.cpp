@@ -379,6 +379,9 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
       return Invalid("matmul_sm_carveout: expected auto, off or a number of SMs from 1 to 64, got '" + word + "'");
     spec->set_matmul_sm_carveout(static_cast<int32_t>(sms));
   }
+  bool graphs = false;
+  CONVEYOR_RETURN_IF_ERROR(f.Get("cuda_graphs", &graphs, "true or false"));
+  spec->set_cuda_graphs(graphs);
   CONVEYOR_RETURN_IF_ERROR(f.Get("profile_step", &i64, "an integer", &present));
   if (present) spec->set_profile_step(i64);
   spec->set_virtual_stages(1);
@@ -535,6 +538,10 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   } else if (spec.virtual_stages() != 1) {
     return Invalid("virtual_stages: only the interleaved schedule hosts several chunks per stage");
   }
+  if (spec.cuda_graphs() && (spec.recompute() || spec.recompute_stages_size() > 0))
+    return Invalid("cuda_graphs: cannot be combined with recompute (a graph replays the forward that backward reads)");
+  if (spec.cuda_graphs() && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
+    return Invalid("cuda_graphs: cannot be combined with the zero-bubble schedule (its backward is split in two passes)");
   for (int s : spec.recompute_stages())
     if (s < 0 || s >= spec.partition().stages())
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");

@@ -412,6 +412,7 @@ Status JobRunner::Train() {
       wall_[s] += replies[s].step_seconds();
       v1::StageReport* r = status_.mutable_stages(static_cast<int>(s));
       r->set_peak_activations(std::max(r->peak_activations(), replies[s].peak_activations()));
+      if (replies[s].graphed()) r->set_graphed_steps(r->graphed_steps() + 1);
       r->set_peak_activation_bytes(std::max(r->peak_activation_bytes(), replies[s].peak_activation_bytes()));
       r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
       r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);

@@ -34,6 +34,7 @@
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
+#include "stage_server/graphed_passes.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
 #include "common/schedule.h"
@@ -132,6 +133,10 @@ class Stage::Impl {
     std::unique_ptr<Transport> transport;
     v1::LinkSetup downstream_link;  // made by PrepareLink
     bool recompute = false;
+    std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
+    std::vector<at::Tensor> params;         // every chunk's
+    int64_t eager_train_steps = 0;          // steps run without graphs
+    bool graphs_recorded = false;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -141,6 +146,7 @@ class Stage::Impl {
   struct StepState {
     const v1::RunStepRequest* req = nullptr;
     bool train = true;
+    bool graphed = false;  // forwards and backwards replayed as CUDA graphs
     std::vector<int64_t> sizes, offsets;
     at::Tensor inputs, labels;
     Clock::duration timeout;
@@ -198,6 +204,8 @@ class Stage::Impl {
   void ReserveSmsForNccl();
   // The job's profile_step, when this is it and there is a folder for it.
   std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
+  // Whether this training step replays (or first records) CUDA graphs.
+  bool UseGraphs(const v1::RunStepRequest& req) const;
   void FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step);
   const std::string& ProfileDir() const {
     return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
@@ -402,6 +410,14 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
                                                 reads_labels);
   }
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
+  job->params = all_params;
+  if (a.spec().cuda_graphs()) {
+    if (GraphedPasses::Available(device_)) {
+      job->graphs = std::make_unique<GraphedPasses>(device_);
+    } else {
+      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
+    }
+  }
 
   const v1::JobSpec& spec = a.spec();
   std::vector<int64_t> train_mbs = MicroBatchSizes(spec, spec.batch_size());
@@ -432,7 +448,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     ranges += (ranges.empty() ? "" : ", ") + std::string("[") + std::to_string(ca.layer_begin()) + ", " +
               std::to_string(ca.layer_end()) + ")";
   LOG_INFO("job ", a.job_id(), " ", who, ": layers ", ranges, ", ", num_params, " parameters on ", device_.str(),
-           job->recompute ? ", recomputing forwards" : "");
+           job->recompute ? ", recomputing forwards" : "", job->graphs ? ", as CUDA graphs from the second step" : "");
   job_ = std::move(job);
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_ = a.job_id();
@@ -533,7 +549,26 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
   h.input = x;
   h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size());
   at::Tensor out;
-  {
+  if (st.graphed) {
+    Span span(st, v1::TraceEvent::FORWARD, local, mb);
+    GraphedPasses::Head head;
+    at::Tensor labels;
+    if (last) {
+      labels = st.labels.narrow(0, st.offsets[mb], rows);
+      const double scale = h.scale;
+      head = [this, scale](const at::Tensor& o, const at::Tensor& l) { return ComputeLoss(job_->spec(), o, l, scale); };
+    }
+    auto f = job_->graphs->Forward(local, mb, c.layers, x, !first, labels, head);
+    if (!f.ok()) return Annotate(f.status(), Who());
+    h.input = f->input;
+    h.output = f->output;
+    if (last) {
+      at::Tensor l = f->output.detach().to(at::kDouble);
+      st.loss_total = st.loss_total.defined() ? st.loss_total + l : l;
+    } else {
+      out = f->output;
+    }
+  } else {
     Span span(st, v1::TraceEvent::FORWARD, local, mb);
     // Recomputing stages keep only the chunk's input; the forward runs again in backward.
     std::optional<at::NoGradGuard> no_grad;
@@ -590,7 +625,11 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
   at::Tensor input_grad;
   {
     Span span(st, v1::TraceEvent::BACKWARD, local, mb);
-    if (h.output.requires_grad()) {
+    if (h.output.requires_grad() && st.graphed) {
+      auto g = job_->graphs->Backward(local, mb, grad, c.params);
+      if (!g.ok()) return Annotate(g.status(), Who());
+      input_grad = *g;
+    } else if (h.output.requires_grad()) {
       std::vector<at::Tensor> grads;
       if (grad.defined()) grads.push_back(grad);
       if (input_grad_only) {
@@ -705,6 +744,14 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
   return absl::OkStatus();
 }
 
+bool Stage::Impl::UseGraphs(const v1::RunStepRequest& req) const {
+  if (!job_->graphs || req.batch_size() != job_->spec().batch_size()) return false;
+  // One step first runs as it is (lazy initialisation, kernel choices, the
+  // allocator's pools), and a profiled step is not the one that records.
+  if (job_->graphs_recorded) return true;
+  return job_->eager_train_steps >= 1 && job_->spec().profile_step() != req.step() + 1;
+}
+
 std::unique_ptr<OpProfile> Stage::Impl::MaybeStartProfile(const v1::RunStepRequest& req) {
   if (req.phase() != v1::PHASE_TRAIN || job_->spec().profile_step() != req.step() + 1) return nullptr;
   if (ProfileDir().empty()) {
@@ -783,13 +830,23 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     std::optional<at::NoGradGuard> no_grad;
     for (Chunk& c : job_->chunks) st.train ? c.layers->train() : c.layers->eval();
     if (st.train) {
-      if (job_->optimizer) job_->optimizer->zero_grad();
+      // Recorded graphs accumulate into the gradients they saw: zeroed in place.
+      if (job_->graphs) {
+        GraphedPasses::ZeroGrads(job_->params);
+      } else if (job_->optimizer) {
+        job_->optimizer->zero_grad();
+      }
+      st.graphed = UseGraphs(req);
     } else {
       no_grad.emplace();
     }
     std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
     status = RunActions(st);
     if (status.ok()) status = FinishOnDevice(st);
+    if (status.ok() && st.train) {
+      st.graphed ? void(job_->graphs_recorded = true) : void(++job_->eager_train_steps);
+      reply.set_graphed(st.graphed);
+    }
     if (profile) FinishProfile(std::move(profile), req.step() + 1);
     if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
     if (status.ok() && st.clock) {  // the device's own times for its compute spans

@@ -65,6 +65,7 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->keep_checkpoints(), 3);
   EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
   EXPECT_EQ(spec->matmul_sm_carveout(), 0);  // off
+  EXPECT_FALSE(spec->cuda_graphs());
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
@@ -128,6 +129,10 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
       {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
       {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
+      {"model: toy\ncuda_graphs: maybe\n", "cuda_graphs"},
+      {"model: toy\ncuda_graphs: true\nrecompute: true\n", "cuda_graphs: cannot be combined with recompute"},
+      {"model: toy\ncuda_graphs: true\nrecompute: [0]\n", "cuda_graphs: cannot be combined with recompute"},
+      {"model: toy\ncuda_graphs: true\nschedule: zero-bubble\n", "cuda_graphs: cannot be combined with the zero-bubble"},
       {"- just\n- a list\n", "expected a mapping"},
       {"model: {name: toy\n", "not valid YAML"},
   };

@@ -75,6 +75,26 @@ TEST_F(GpuTest, GptOnGpuStagesEqualsTheGpuReference) {
   }
 }
 
+// Every training step after the first replays CUDA graphs, and the result is
+// the eager reference's: BatchNorm's running statistics (one micro-batch, as
+// above), the loss on the last stage, micro-batches in flight under 1F1B and
+// two chunks per GPU interleaved.
+TEST_F(GpuTest, CudaGraphsEqualTheGpuReference) {
+  const std::vector<std::string> jobs = {
+      std::string(kConvNet) + "partition: {stages: 2}\nmicro_batches: 1\nschedule: gpipe\n",
+      std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\n",
+      std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: 4\nschedule: interleaved\nvirtual_stages: 2\n",
+  };
+  for (const std::string& yaml : jobs) {
+    testing::InProcessCluster cluster(2, nullptr, Devices(2));
+    auto coordinator = cluster.StartCoordinator();
+    v1::JobStatus run = testing::RunToEnd(*coordinator, yaml + "cuda_graphs: true\n");
+    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error() << "\n" << yaml;
+    for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), 19) << stage.index() << "\n" << yaml;
+    testing::ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), testing::Reference(yaml, "cuda:0"));
+  }
+}
+
 TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   const std::string yaml = std::string(kGpt) + "precision: bf16\npartition: {stages: 2}\nmicro_batches: 4\n";
   testing::InProcessCluster cluster(2, nullptr, Devices(2));
@@ -92,9 +112,11 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
 struct LinkCase {
   std::string transport, schedule;
   int micro_batches;
+  bool graphs = false;  // cuda_graphs
 };
 void PrintTo(const LinkCase& c, std::ostream* os) {
-  *os << c.transport << ", " << c.schedule << ", " << c.micro_batches << " micro-batches";
+  *os << c.transport << ", " << c.schedule << ", " << c.micro_batches << " micro-batches"
+      << (c.graphs ? ", CUDA graphs" : "");
 }
 
 class GpuLinks : public GpuTest, public ::testing::WithParamInterface<LinkCase> {};
@@ -112,19 +134,23 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
   std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: " + std::to_string(c.micro_batches) +
                      "\nschedule: " + c.schedule + "\ntransport: " + c.transport + "\n";
   if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
+  if (c.graphs) yaml += "cuda_graphs: true\n";
   v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.stages(0).transport(), c.transport);
+  for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), c.graphs ? 19 : 0) << stage.index();
   testing::ExpectMatchesReference(run, testing::ServerParameters((*cluster)->stage_addresses(), run.job_id()),
                                   testing::Reference(yaml, "cuda:0"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks,
                          ::testing::Values(LinkCase{"nccl", "1f1b", 4}, LinkCase{"nccl", "interleaved", 8},
-                                           LinkCase{"nccl", "zero-bubble", 8}, LinkCase{"grpc", "1f1b", 4}),
+                                           LinkCase{"nccl", "zero-bubble", 8}, LinkCase{"grpc", "1f1b", 4},
+                                           LinkCase{"nccl", "1f1b", 4, true}, LinkCase{"grpc", "gpipe", 4, true}),
                          [](const ::testing::TestParamInfo<LinkCase>& info) {
                            std::string name = info.param.transport + "_" + info.param.schedule + "_" +
-                                              std::to_string(info.param.micro_batches);
+                                              std::to_string(info.param.micro_batches) +
+                                              (info.param.graphs ? "_graphs" : "");
                            for (char& ch : name)
                              if (ch == '-') ch = '_';
                            return name;

@@ -182,6 +182,17 @@ TEST(Equality, BalancedPartitions) {
   EXPECT_GT(run.stages(1).layer_begin(), 0);
 }
 
+// cuda_graphs is a GPU setting: CPU stages run as they are, nothing recorded.
+TEST(Equality, CudaGraphsAreIgnoredOnTheCpu) {
+  at::set_num_threads(1);
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, kModels.at("convnet") + "partition: {stages: 2}\nmicro_batches: 4\n"
+                                                                     "schedule: 1f1b\ncuda_graphs: true\n");
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), CachedReference("convnet"));
+  for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), 0) << stage.index();
+}
+
 TEST(Equality, RecomputationGivesTheSameResultWithLessMemory) {
   at::set_num_threads(1);
   const std::string base = kModels.at("convnet") + "partition: {stages: 4}\nmicro_batches: 8\nschedule: gpipe\n";
