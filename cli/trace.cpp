@@ -42,6 +42,12 @@ std::pair<int64_t, int64_t> Span(const v1::StepTrace& trace) {
   return {lo, hi};
 }
 
+std::vector<int64_t> StageStepUs(const v1::StepTrace& trace) {
+  std::vector<int64_t> out;
+  for (const auto& st : trace.stages()) out.push_back(st.step_us());
+  return out;
+}
+
 // The plotting script: $CONVEYOR_PLOT_SCRIPT, else next to the sources.
 std::string PlotScript() {
   if (const char* env = std::getenv("CONVEYOR_PLOT_SCRIPT"); env && *env) return env;
@@ -120,6 +126,11 @@ nlohmann::json TraceToChrome(const v1::StepTrace& trace, double theoretical_idle
                          {"micro_batches", trace.micro_batches()},
                          {"virtual_stages", trace.virtual_stages()},
                          {"step_us", hi - lo},
+                         // Against the stages' and the coordinator's clocks: the
+                         // time a step takes outside the actions traced.
+                         {"stage_step_us", StageStepUs(trace)},
+                         {"coordinator_step_us", trace.wall_us()},
+                         {"between_steps_us", trace.since_previous_us()},
                          {"idle_fraction", idle},
                          {"theoretical_idle_fraction", theoretical_idle}};
   return {{"traceEvents", events}, {"displayTimeUnit", "ms"}, {"metadata", meta}};

@@ -286,8 +286,11 @@ Status JobRunner::Restore() {
   return absl::OkStatus();
 }
 
-void JobRunner::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies) {
+void JobRunner::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies, int64_t wall_us,
+                          int64_t since_previous_us) {
   v1::StepTrace trace;
+  trace.set_wall_us(wall_us);
+  trace.set_since_previous_us(since_previous_us);
   trace.set_job_id(status_.job_id());
   trace.set_step(step);
   trace.set_schedule(ScheduleName(spec_.schedule()));
@@ -296,6 +299,7 @@ void JobRunner::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& rep
   for (std::size_t s = 0; s < replies.size(); ++s) {
     v1::StageTrace* st = trace.add_stages();
     st->set_stage(static_cast<int>(s));
+    st->set_step_us(static_cast<int64_t>(replies[s].step_seconds() * 1e6));
     *st->mutable_events() = replies[s].events();
   }
   std::lock_guard<std::mutex> lock(trace_mu_);
@@ -395,6 +399,7 @@ Status JobRunner::Train() {
   }
   auto epoch_start = Clock::now();
   int64_t epoch_first_step = first;
+  auto previous_step_end = Clock::now();
   for (int64_t step = first; step < total; ++step) {
     if (cancelled_) return absl::CancelledError("cancelled");
     v1::RunStepRequest req;
@@ -403,7 +408,9 @@ Status JobRunner::Train() {
     req.set_step(step);
     req.set_batch_size(batch);
     req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total));
+    const auto step_start = Clock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
+    const auto step_end = Clock::now();
     const v1::RunStepReply& last = replies.back();
     status_.add_losses(static_cast<float>(last.loss_sum()));
     status_.set_loss(static_cast<float>(last.loss_sum()));
@@ -417,7 +424,9 @@ Status JobRunner::Train() {
       r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
       r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);
     }
-    KeepTrace(step, replies);
+    auto us = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+    KeepTrace(step, replies, us(step_end - step_start), step > first ? us(step_start - previous_step_end) : 0);
+    previous_step_end = step_end;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const int64_t done = step + 1;
     status_.set_step(done);

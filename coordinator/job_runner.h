@@ -102,7 +102,8 @@ class JobRunner {
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   void AbortAll(const std::string& reason);
   void Publish();
-  void KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies);
+  void KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies, int64_t wall_us,
+                 int64_t since_previous_us);
 
   v1::JobStatus status_;
   v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()

@@ -13,8 +13,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   conveyor::Inbox inbox;
   conveyor::fuzz::OpenFuzzInbox(&inbox);
   const auto kind = frame.kind();
+  const auto phase = frame.phase();
+  const int64_t step = frame.step();
   const int chunk = frame.chunk(), mb = frame.micro_batch();
   if (inbox.Deliver(std::move(frame)).ok()) {
+    // The inbox also holds frames a neighbour sent ahead: the next step's, or
+    // the first evaluation batch's. They are taken once that step begins.
+    inbox.BeginStep(phase, step);
     auto taken = inbox.Take(kind, chunk, mb, conveyor::Inbox::Clock::now());
     if (!taken.ok()) __builtin_trap();  // delivered frames must be there to take
   }
