@@ -198,8 +198,9 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType
 
 at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
   const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
-  if (x.scalar_type() != at::kByte) return GatherRows(x, Indices(phase, step), x.scalar_type(), pinned);
-  return GatherRows(x, Indices(phase, step), at::kFloat, pinned).div_(255.0);
+  const at::Tensor idx = Indices(phase, step);
+  if (x.scalar_type() != at::kByte) return GatherRows(x, idx, x.scalar_type(), pinned);
+  return GatherRows(x, idx, at::kFloat, pinned).div_(255.0);
 }
 
 at::Tensor Dataset::Labels(v1::Phase phase, int64_t step, bool pinned) {

@@ -13,9 +13,9 @@ std::string Name(const char* pass, int chunk, int mb) {
 }
 
 // Copies `from` into the graph's tensor `into`, which must have its shape.
-Status CopyInto(at::Tensor& into, const at::Tensor& from, const std::string& what) {
+Status CopyInto(at::Tensor& into, const at::Tensor& from, const char* what) {
   if (into.sizes() != from.sizes() || into.scalar_type() != from.scalar_type()) {
-    return absl::InvalidArgumentError(what + ": recorded for " + std::string(c10::toString(into.scalar_type())) +
+    return absl::InvalidArgumentError(std::string(what) + ": recorded for " + std::string(c10::toString(into.scalar_type())) +
                                       " " + c10::str(into.sizes()) + ", given " +
                                       std::string(c10::toString(from.scalar_type())) + " " + c10::str(from.sizes()));
   }
@@ -32,8 +32,8 @@ StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, tor
                                                           const at::Tensor& input, bool input_grad,
                                                           const at::Tensor& labels, const Head& head) {
   Pair& p = pairs_[{chunk, mb}];
-  const std::string what = Name("forward", chunk, mb);
   if (!p.forward) {
+    const std::string what = Name("forward", chunk, mb);
     {
       at::NoGradGuard no_grad;
       p.input = input.detach().clone();
@@ -49,8 +49,9 @@ StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, tor
     if (!st.ok()) return Annotate(st, what);
     p.forward = std::move(graph);
   } else {
-    CONVEYOR_RETURN_IF_ERROR(CopyInto(p.input, input, what + " input"));
-    if (labels.defined()) CONVEYOR_RETURN_IF_ERROR(CopyInto(p.labels, labels, what + " labels"));
+    Status st = CopyInto(p.input, input, "input");
+    if (st.ok() && labels.defined()) st = CopyInto(p.labels, labels, "labels");
+    if (!st.ok()) return Annotate(st, Name("forward", chunk, mb));
   }
   p.forward->Replay();
   return Forwarded{p.input, p.output};
@@ -59,11 +60,12 @@ StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, tor
 StatusOr<at::Tensor> GraphedPasses::Backward(int chunk, int mb, const at::Tensor& grad,
                                              const std::vector<at::Tensor>& params) {
   auto it = pairs_.find({chunk, mb});
-  const std::string what = Name("backward", chunk, mb);
-  if (it == pairs_.end() || !it->second.forward) return absl::InternalError(what + " before its forward");
+  if (it == pairs_.end() || !it->second.forward)
+    return absl::InternalError(Name("backward", chunk, mb) + " before its forward");
   Pair& p = it->second;
   const bool input_grad = p.input.requires_grad();
   if (!p.backward) {
+    const std::string what = Name("backward", chunk, mb);
     {
       // Accumulation in place needs the gradients to exist before capture.
       at::NoGradGuard no_grad;
@@ -86,7 +88,8 @@ StatusOr<at::Tensor> GraphedPasses::Backward(int chunk, int mb, const at::Tensor
     if (!st.ok()) return Annotate(st, what);
     p.backward = std::move(graph);
   } else if (grad.defined()) {
-    CONVEYOR_RETURN_IF_ERROR(CopyInto(p.grad, grad, what + " gradient"));
+    Status st = CopyInto(p.grad, grad, "gradient");
+    if (!st.ok()) return Annotate(st, Name("backward", chunk, mb));
   }
   p.backward->Replay();
   return input_grad ? p.input.grad() : at::Tensor();

@@ -134,8 +134,7 @@ class Stage::Impl {
     v1::LinkSetup downstream_link;  // made by PrepareLink
     bool recompute = false;
     std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
-    std::vector<at::Tensor> params;         // every chunk's
-    int64_t eager_train_steps = 0;          // steps run without graphs
+    bool trained_eagerly = false;           // a training step ran without graphs
     bool graphs_recorded = false;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
@@ -154,6 +153,12 @@ class Stage::Impl {
     int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
     double busy = 0, loss_sum = 0;
     at::Tensor loss_total;  // last chunk: the step's loss so far, on the device
+    // Summed on the device: reading each micro-batch's loss would make the
+    // host wait for the device, and the device then wait for launches.
+    void AddLoss(const at::Tensor& loss) {
+      at::Tensor l = loss.detach().to(at::kDouble);
+      loss_total = loss_total.defined() ? loss_total + l : l;
+    }
     int64_t correct = 0, predictions = 0;
     v1::RunStepReply* reply = nullptr;
     DeviceClock* clock = nullptr;  // null: host times
@@ -410,7 +415,6 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
                                                 reads_labels);
   }
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
-  job->params = all_params;
   if (a.spec().cuda_graphs()) {
     if (GraphedPasses::Available(device_)) {
       job->graphs = std::make_unique<GraphedPasses>(device_);
@@ -563,8 +567,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     h.input = f->input;
     h.output = f->output;
     if (last) {
-      at::Tensor l = f->output.detach().to(at::kDouble);
-      st.loss_total = st.loss_total.defined() ? st.loss_total + l : l;
+      st.AddLoss(f->output);
     } else {
       out = f->output;
     }
@@ -577,10 +580,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     if (last) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
       at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
-      // Summed on the device: reading each micro-batch's loss would make the
-      // host wait for the device, and the device then wait for launches.
-      at::Tensor l = loss.detach().to(at::kDouble);
-      st.loss_total = st.loss_total.defined() ? st.loss_total + l : l;
+      st.AddLoss(loss);
       if (!st.train) {
         st.correct += CountCorrect(out, h.labels);
         st.predictions += h.labels.numel();
@@ -749,7 +749,7 @@ bool Stage::Impl::UseGraphs(const v1::RunStepRequest& req) const {
   // One step first runs as it is (lazy initialisation, kernel choices, the
   // allocator's pools), and a profiled step is not the one that records.
   if (job_->graphs_recorded) return true;
-  return job_->eager_train_steps >= 1 && job_->spec().profile_step() != req.step() + 1;
+  return job_->trained_eagerly && job_->spec().profile_step() != req.step() + 1;
 }
 
 std::unique_ptr<OpProfile> Stage::Impl::MaybeStartProfile(const v1::RunStepRequest& req) {
@@ -832,7 +832,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     if (st.train) {
       // Recorded graphs accumulate into the gradients they saw: zeroed in place.
       if (job_->graphs) {
-        GraphedPasses::ZeroGrads(job_->params);
+        for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
       } else if (job_->optimizer) {
         job_->optimizer->zero_grad();
       }
@@ -844,7 +844,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     status = RunActions(st);
     if (status.ok()) status = FinishOnDevice(st);
     if (status.ok() && st.train) {
-      st.graphed ? void(job_->graphs_recorded = true) : void(++job_->eager_train_steps);
+      if (st.graphed) {
+        job_->graphs_recorded = true;
+      } else {
+        job_->trained_eagerly = true;
+      }
       reply.set_graphed(st.graphed);
     }
     if (profile) FinishProfile(std::move(profile), req.step() + 1);
