@@ -19,6 +19,8 @@ other on this machine:
     conveyor-1stage-graphs  one stage server holding the whole model, with cuda_graphs
   The pipelined variants use --ranks GPUs (default 2), one stage each (interleaved: 2 chunks
   per GPU).
+  --torch-channels-last runs PyTorch's variants with channels-last memory and cudnn.benchmark
+  (W1's fastest PyTorch; the seed's code is NCHW without autotuning).
 
 It prints a table (with each row's throughput against PyTorch's single GPU,
 against the best PyTorch variant of the run, and against Conveyor's single
@@ -136,6 +138,15 @@ def conveyor_command(args, v, job_path):
     return cmd
 
 
+def stop_stage_servers(args):
+    """After a timed-out run: its stage servers get SIGTERM when `conveyor` dies, but one stuck
+    on its device would go on holding it and skew every later variant. Kill what is left."""
+    pattern = re.escape(os.path.join(args.bin, "stage_server"))
+    left = subprocess.run(["pkill", "-KILL", "-f", pattern], capture_output=True)
+    if left.returncode == 0:
+        print("  killed stage servers left running (%s)" % pattern, file=sys.stderr)
+
+
 def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
     micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
@@ -150,8 +161,11 @@ def run_conveyor(args, workload, v):
     log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print("  %s: past %d s, stopped" % (v["variant"], args.timeout), file=sys.stderr)
+    except subprocess.TimeoutExpired as e:
+        print("  %s: past %d s, stopped (log: %s)" % (v["variant"], args.timeout, log), file=sys.stderr)
+        with open(log, "w") as f:  # what it said before it was stopped
+            f.write(e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or "")
+        stop_stage_servers(args)
         return None, "timeout"
     except OSError as e:
         print("  %s: cannot run %s: %s" % (v["variant"], cmd[0], e), file=sys.stderr)
@@ -206,6 +220,8 @@ def torch_command(args, workload, schedules, mbs):
         cmd += ["--micro-batches", ",".join(str(m) for m in mbs)]
     if args.profile_dir:
         cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
+    if args.torch_channels_last:
+        cmd += ["--channels-last"]
     return cmd
 
 
@@ -423,6 +439,9 @@ def main(argv):
     p.add_argument("--graphs", action="store_true",
                    help="add each stage-server variant again with cuda_graphs: true (<variant>-graphs), "
                         "and conveyor-1stage-graphs")
+    p.add_argument("--torch-channels-last", action="store_true",
+                   help="PyTorch's variants in channels-last memory with cudnn.benchmark (W1: its fastest "
+                        "convolutions); Conveyor's stay as they are")
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
@@ -500,6 +519,7 @@ def main(argv):
                 failed.append(v["variant"])
                 continue
             add(v, r["samples_per_second"], "median of %d after %d warm-up" % (r["iters"], r["warmup"]),
+                note="channels-last, cudnn.benchmark" if args.torch_channels_last else "",
                 stages=r.get("stages", ""), final_loss=r.get("loss", ""), peak_gib="/".join(str(g) for g in r.get("peak_gib", [])))
 
     for v in variants:

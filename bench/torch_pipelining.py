@@ -196,19 +196,22 @@ def stage_bounds(workload, stages, boundaries=None):
     return list(zip(edges, edges[1:]))
 
 
-def build_stage(workload, lo, hi, device, seed):
+def build_stage(workload, lo, hi, device, seed, channels_last=False):
     import torch
     torch.manual_seed(seed)
-    return (resnet_units if workload == "w1" else gpt_units)(lo, hi, device)
+    mod = (resnet_units if workload == "w1" else gpt_units)(lo, hi, device)
+    return mod.to(memory_format=torch.channels_last) if channels_last else mod
 
 
-def make_batch(workload, input_device, target_device):
+def make_batch(workload, input_device, target_device, channels_last=False):
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
     B = WORKLOADS[workload]["batch"]
     if workload == "w1":
         x = torch.randn(B, 3, 128, 128, device=input_device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         y = F.one_hot(torch.randint(1000, (B,), device=target_device), 1000).float()
     else:
         x = torch.randint(GPT["vocab"], (B, GPT["seq"]), device=input_device)
@@ -333,6 +336,7 @@ def wavefront(mods, devices, chunks):
 
 def local_worker(_index, opts, configs):
     import torch
+    torch.backends.cudnn.benchmark = opts.channels_last
     w = opts.workload
     lossf = loss_fn(w)
     built = {}
@@ -343,11 +347,12 @@ def local_worker(_index, opts, configs):
                 built.clear()
                 torch.cuda.empty_cache()
                 bounds = stage_bounds(w, stages, opts.boundaries)
-                built[stages] = [build_stage(w, lo, hi, devices[i], 1000 + i) for i, (lo, hi) in enumerate(bounds)]
+                built[stages] = [build_stage(w, lo, hi, devices[i], 1000 + i, opts.channels_last)
+                                 for i, (lo, hi) in enumerate(bounds)]
             mods = built[stages]
             params = [p for mod in mods for p in mod.parameters()]
             opt = torch.optim.SGD(params, lr=WORKLOADS[w]["lr"])
-            x, y = make_batch(w, devices[0], devices[-1])
+            x, y = make_batch(w, devices[0], devices[-1], opts.channels_last)
             last = {}
 
             def forward(chunk):
@@ -390,19 +395,20 @@ def pp_worker(rank, opts, configs, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.cuda.set_device(rank)
+    torch.backends.cudnn.benchmark = opts.channels_last
     dev = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=opts.nccl_timeout))
     w = opts.workload
     lossf = loss_fn(w)
-    x, y = make_batch(w, dev, dev)
+    x, y = make_batch(w, dev, dev, opts.channels_last)
     layouts = {}
     try:
         for schedule, m, stages, _ in configs:
             if stages not in layouts:
                 bounds = stage_bounds(w, stages, opts.boundaries)
                 # Stage s lives on rank s % world (the interleaved layout; one stage per rank otherwise).
-                layouts[stages] = [(s, build_stage(w, lo, hi, dev, 1000 + s))
+                layouts[stages] = [(s, build_stage(w, lo, hi, dev, 1000 + s, opts.channels_last))
                                    for s, (lo, hi) in enumerate(bounds) if s % world == rank]
             mine = layouts[stages]
             pstages = [PipelineStage(mod, s, stages, dev) for s, mod in mine]
@@ -493,6 +499,8 @@ def main():
     p.add_argument("--nccl-timeout", type=int, default=300)
     p.add_argument("--profile-dir", default=None,
                    help="after the timed steps, profile one more with torch.profiler: DIR/VARIANT[-rankR].json")
+    p.add_argument("--channels-last", action="store_true",
+                   help="parameters and inputs in channels-last memory, and cudnn.benchmark on")
     p.add_argument("--list", action="store_true", help="print the configurations and exit (needs no torch)")
     opts = p.parse_args()
     opts.schedules = [s for s in opts.schedules.split(",") if s]
