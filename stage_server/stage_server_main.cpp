@@ -1,7 +1,9 @@
 // stage_server: one pipeline stage on one device, driven by a coordinator.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "common/device.h"
 #include "common/logging.h"
@@ -44,6 +46,16 @@ int main(int argc, char** argv) {
   }
   int sig = conveyor::WaitForTerminationSignal();
   LOG_INFO("signal ", sig, ": shutting down");
+  // A step stuck in a device call (a GPU that hangs, an NCCL kernel whose
+  // peer is gone) would keep the orderly shutdown from ending, and the
+  // process would go on holding its GPU: it has kShutdownGrace, then exits.
+  constexpr std::chrono::seconds kShutdownGrace{15};
+  std::thread([kShutdownGrace] {
+    std::this_thread::sleep_for(kShutdownGrace);
+    LOG_ERROR("shutdown took over ", kShutdownGrace.count(), " s (a step stuck on the device?): exiting now");
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }).detach();
   (*server)->Shutdown();
   // Shut down in order above; skip static destructors (see cli/conveyor_main.cpp).
   std::fflush(nullptr);
