@@ -1,6 +1,9 @@
 #include "stage_server/inbox.h"
 
 #include <algorithm>
+#include <optional>
+
+#include "common/spin.h"
 
 #include "common/wire.h"
 
@@ -29,6 +32,7 @@ void Inbox::Close() {
   open_ = false;
   frames_.clear();
   failure_ = absl::FailedPreconditionError("the stage was released");
+  changes_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
 }
 
@@ -105,6 +109,7 @@ Status Inbox::Deliver(Frame frame) {
     // one: fail the step now rather than time out.
     if (open_ && frame.header.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
       failure_ = st;
+      changes_.fetch_add(1, std::memory_order_release);
       cv_.notify_all();
     }
     return st;
@@ -125,13 +130,20 @@ Status Inbox::Deliver(Frame frame) {
     return fetcher->Fetch(std::move(frame.header));
   }
   frames_.emplace(key, std::move(frame));
+  changes_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
   return absl::OkStatus();
+}
+
+void Inbox::SetSpin(std::chrono::microseconds spin) {
+  std::lock_guard<std::mutex> lock(mu_);
+  spin_ = spin;
 }
 
 StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   Key key{phase_, step_, kind, chunk, micro_batch};
+  std::optional<Clock::time_point> spin_until;
   for (;;) {
     if (!failure_.ok()) return failure_;
     auto it = frames_.find(key);
@@ -139,6 +151,17 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
       Frame f = std::move(it->second);
       frames_.erase(it);
       return f;
+    }
+    if (!spin_until) spin_until = std::min(deadline, Clock::now() + spin_);
+    if (Clock::now() < *spin_until) {  // spin outside the lock until something changes
+      const uint64_t seen = changes_.load(std::memory_order_relaxed);
+      lock.unlock();
+      for (int i = 1; changes_.load(std::memory_order_acquire) == seen; ++i) {
+        if ((i & 63) == 0 && Clock::now() >= *spin_until) break;
+        CpuRelax();
+      }
+      lock.lock();
+      continue;
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !frames_.count(key) && failure_.ok()) {
       const bool act = kind == v1::FRAME_ACTIVATION;
@@ -156,6 +179,7 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
 void Inbox::Fail(const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   failure_ = status;
+  changes_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
 }
 

@@ -9,6 +9,7 @@
 // stage's executor, Fail() from anywhere.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -36,6 +37,9 @@ struct InboxExpectations {
   int max_micro_batches = 0;
   int64_t max_micro_batch_size = 0;
 };
+
+// What a stage on a GPU passes to Inbox::SetSpin.
+constexpr std::chrono::microseconds kGpuInboxSpin{100};
 
 class Inbox {
  public:
@@ -73,6 +77,11 @@ class Inbox {
   // `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
   StatusOr<Frame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline);
 
+  // How long Take() spins for its frame before it sleeps (default 0: at
+  // once). A GPU stage spins a little: its frames come on a fast link, and a
+  // wake-up can cost more than the transfer.
+  void SetSpin(std::chrono::microseconds spin);
+
   // Wakes every Take() with `status` until the next BeginStep().
   void Fail(const Status& status);
 
@@ -91,6 +100,8 @@ class Inbox {
   int64_t train_step_ = -1;  // the last training step begun (evaluations come between)
   Status failure_;
   std::map<Key, Frame> frames_;
+  std::chrono::microseconds spin_{0};
+  std::atomic<uint64_t> changes_{0};  // bumped (under mu_) whenever a Take() may have more to see
   PayloadFetcher* activation_fetcher_ = nullptr;
   PayloadFetcher* gradient_fetcher_ = nullptr;
 };

@@ -33,16 +33,27 @@ class WorkQueue {
     return absl::OkStatus();
   }
 
+  // Ends the consumer's current (or next) wait without an item: it has
+  // other work to look at.
+  void Wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
+    }
+    cv_.notify_one();
+  }
+
   // The oldest item, waiting for one at most `wait` (forever if nullopt);
-  // nullopt after the wait or once closed (closed() tells them apart).
+  // nullopt after the wait, a Wake() or once closed (closed() tells).
   std::optional<T> Pop(std::optional<std::chrono::microseconds> wait) {
     std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [this] { return closed_ || !items_.empty(); };
+    auto ready = [this] { return closed_ || woken_ || !items_.empty(); };
     if (wait) {
       cv_.wait_for(lock, *wait, ready);
     } else {
       cv_.wait(lock, ready);
     }
+    woken_ = false;
     if (closed_ || items_.empty()) return std::nullopt;
     T item = std::move(items_.front());
     items_.pop_front();
@@ -83,6 +94,7 @@ class WorkQueue {
   std::condition_variable cv_;
   std::deque<T> items_;
   bool closed_ = false;
+  bool woken_ = false;
   Status error_;
 };
 

@@ -161,5 +161,30 @@ TEST(Inbox, FailWakesAWaitingTake) {
   EXPECT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now()).ok());
 }
 
+TEST(Inbox, ASpinningTakeSeesAFrameDeliveredMeanwhile) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.SetSpin(std::chrono::seconds(600));  // past the deadline: it never sleeps
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  auto taker = std::async(std::launch::async, [&] {
+    return inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(60));
+  });
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());  // not the awaited one
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  auto frame = taker.get();
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->header.micro_batch(), 1);
+  EXPECT_EQ(inbox.held(), 1u);
+}
+
+TEST(Inbox, ASpinningTakeStillEndsAtItsDeadline) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.SetSpin(std::chrono::seconds(600));
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  auto r = inbox.Take(v1::FRAME_GRADIENT, 2, 0, Clock::now() + std::chrono::milliseconds(1));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+}
+
 }  // namespace
 }  // namespace conveyor

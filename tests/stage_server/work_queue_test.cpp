@@ -41,5 +41,17 @@ TEST(WorkQueueTest, AFailureDropsItemsAndIsWhatPushesGet) {
   EXPECT_EQ(q.error(), absl::UnavailableError("peer gone"));
 }
 
+TEST(WorkQueueTest, WakeEndsAWaitWithoutAnItem) {
+  WorkQueue<int> q("test queue");
+  std::optional<int> got = 42;
+  std::thread consumer([&] { got = q.Pop(std::nullopt); });  // would block forever without the wake
+  q.Wake();
+  consumer.join();
+  EXPECT_EQ(got, std::nullopt);
+  EXPECT_FALSE(q.closed());
+  ASSERT_TRUE(q.Push(7).ok());  // a wake is used up once; items still come
+  EXPECT_EQ(q.Pop(std::nullopt), 7);
+}
+
 }  // namespace
 }  // namespace conveyor
