@@ -382,6 +382,11 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   bool graphs = false;
   CONVEYOR_RETURN_IF_ERROR(f.Get("cuda_graphs", &graphs, "true or false"));
   spec->set_cuda_graphs(graphs);
+  std::string headers = "shm";
+  CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_headers", &headers, "shm or grpc"));
+  if (headers != "shm" && headers != "grpc")
+    return Invalid("nccl_headers: expected shm or grpc, got '" + headers + "'");
+  spec->set_nccl_headers_on_grpc(headers == "grpc");
   CONVEYOR_RETURN_IF_ERROR(f.Get("profile_step", &i64, "an integer", &present));
   if (present) spec->set_profile_step(i64);
   spec->set_virtual_stages(1);

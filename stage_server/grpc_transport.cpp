@@ -5,6 +5,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <atomic>
 #include <optional>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "common/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
 #include "stage_server/chunk_codec.h"
+#include "stage_server/header_ring.h"
 #include "stage_server/cuda_staging.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
@@ -51,8 +53,13 @@ class Link {
   Link& operator=(const Link&) = delete;
 
   // `nccl`: the channel (rank 0) for this link's bytes, or null for gRPC.
-  Status Open(std::chrono::system_clock::time_point deadline, std::unique_ptr<NcclChannel> nccl) {
+  // `rings`, `ring`: where this end writes NCCL frames' headers if the peer
+  // attached to the link's shared memory (null: on the gRPC stream).
+  Status Open(std::chrono::system_clock::time_point deadline, std::unique_ptr<NcclChannel> nccl,
+              std::shared_ptr<LinkRings> rings = nullptr, HeaderRing* ring = nullptr) {
     nccl_ = std::move(nccl);
+    rings_ = std::move(rings);
+    ring_ = ring;
     channel_ = MakeChannel(address_);
     CONVEYOR_RETURN_IF_ERROR(WaitConnected(*channel_, label_, address_, deadline));
     writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
@@ -65,7 +72,13 @@ class Link {
 
   std::string Name() const { return nccl_ ? "nccl" : "grpc"; }
 
-  Status Send(Frame frame) { return queue_.Push(std::move(frame)); }
+  // A tensor for an NCCL link is enqueued on the device here, on the
+  // caller's thread, and its header goes into shared memory or after the
+  // frames queued for the stream; anything else is queued for the stream.
+  Status Send(Frame frame) {
+    if (nccl_ && dynamic_cast<TensorPayload*>(frame.payload.get())) return SendOverNccl(std::move(frame));
+    return queue_.Push(std::move(frame));
+  }
 
   // OK while the link works.
   Status status() const {
@@ -82,13 +95,65 @@ class Link {
   }
 
  private:
+  enum class Headers { kUndecided, kRing, kGrpc };
+
+  // The header goes before the bytes: NCCL sets up a pair's connection on
+  // its first transfer, which waits for the peer's receive, and the peer
+  // posts that only once it has the header.
+  Status SendOverNccl(Frame frame) {
+    auto* tensor = static_cast<TensorPayload*>(frame.payload.get());
+    std::unique_lock<std::mutex> lock(nccl_mu_);
+    CONVEYOR_RETURN_IF_ERROR(queue_.error());
+    const auto deadline = Clock::now() + timeout_;
+    Status st;
+    if (headers_ == Headers::kUndecided) {
+      // Once the communicator is up the peer has attached to the shared
+      // memory if it ever will (header_ring.h).
+      st = nccl_->WaitReady(deadline);
+      if (st.ok()) {
+        headers_ = rings_ && rings_->attached() ? Headers::kRing : Headers::kGrpc;
+        LOG_INFO("link to ", label_, ": NCCL, frame headers ",
+                 headers_ == Headers::kRing ? "in shared memory" : "on the gRPC stream");
+      }
+    }
+    at::Tensor t = tensor->tensor();
+    const c10::Event* ready = tensor->ready();
+    std::shared_ptr<Payload> keep(std::move(frame.payload));  // `ready` lives in it
+    frame.header.set_carrier(v1::CARRIER_NCCL);
+    if (st.ok()) {
+      // Headers, in shared memory or queued for the stream, go in the order
+      // of the sends: all under the lock.
+      st = headers_ == Headers::kRing ? ring_->Push(frame.header.SerializeAsString(), deadline)
+                                      : queue_.Push(std::move(frame));
+    }
+    if (st.ok()) st = nccl_->Send(t, ready, deadline);
+    nccl_busy_ = !nccl_->Idle();
+    if (!st.ok()) {
+      st = Annotate(st, "link to " + label_ + " at " + address_ + " broke");
+      queue_.Fail(st);
+      return st;
+    }
+    lock.unlock();
+    queue_.Wake();  // the link's thread retires the send
+    return absl::OkStatus();
+  }
+
   void Loop() {
     for (;;) {
       std::optional<Frame> frame =
-          queue_.Pop(nccl_ && !nccl_->Idle() ? std::optional<std::chrono::microseconds>(kNcclPoll) : std::nullopt);
+          queue_.Pop(nccl_busy_ ? std::optional<std::chrono::microseconds>(kNcclPoll) : std::nullopt);
       if (queue_.closed()) break;
-      Status st = nccl_ ? nccl_->Progress() : absl::OkStatus();
-      if (st.ok() && frame) st = Write(std::move(*frame));
+      Status st;
+      // A header first: its sender may be waiting, holding nccl_mu_, for the
+      // peer to post the receive that this header asks for.
+      if (frame) st = Write(std::move(*frame));
+      if (st.ok() && nccl_) {
+        std::unique_lock<std::mutex> lock(nccl_mu_, std::try_to_lock);
+        if (lock.owns_lock()) {
+          st = nccl_->Progress();
+          nccl_busy_ = !nccl_->Idle();
+        }
+      }
       if (!st.ok()) {
         if (stream_broken_) {  // the server's status says why
           Status end = FromGrpc(writer_->Finish());
@@ -114,12 +179,10 @@ class Link {
   }
 
   Status Write(Frame frame) {
-    auto* tensor = dynamic_cast<TensorPayload*>(frame.payload.get());
-    if (nccl_ && tensor) {  // the header here, the bytes over NCCL, in this order; neither waits for the other
-      frame.header.set_carrier(v1::CARRIER_NCCL);
-      CONVEYOR_RETURN_IF_ERROR(WriteMessage({grpc::Slice(EncodeChunkPrefix(&frame.header, 0, true, 0))}));
-      return nccl_->Send(tensor->tensor(), tensor->ready(), Clock::now() + timeout_);
+    if (frame.header.carrier() == v1::CARRIER_NCCL) {  // its bytes are enqueued on NCCL already
+      return WriteMessage({grpc::Slice(EncodeChunkPrefix(&frame.header, 0, true, 0))});
     }
+    auto* tensor = dynamic_cast<TensorPayload*>(frame.payload.get());
     frame.header.set_carrier(v1::CARRIER_INLINE);
     const int64_t bytes = frame.payload ? frame.payload->bytes() : 0;
     const int pieces = std::max<int>(1, static_cast<int>((bytes + kChunkBytes - 1) / kChunkBytes));
@@ -152,7 +215,12 @@ class Link {
   const std::string address_;
   const std::string label_;
   const Clock::duration timeout_;
-  std::unique_ptr<NcclChannel> nccl_;
+  std::unique_ptr<NcclChannel> nccl_;  // its calls under nccl_mu_ (Send's caller and the loop's thread)
+  std::shared_ptr<LinkRings> rings_;   // shared with this stage's fetcher of the other direction
+  HeaderRing* ring_ = nullptr;         // in rings_
+  mutable std::mutex nccl_mu_;         // guards nccl_'s calls and headers_
+  Headers headers_ = Headers::kUndecided;
+  std::atomic<bool> nccl_busy_{false};  // operations in flight: the loop polls
   std::shared_ptr<grpc::Channel> channel_;
   grpc::ClientContext context_;
   grpc::ByteBuffer reply_;
@@ -162,17 +230,23 @@ class Link {
   std::thread thread_;
 };
 
-// Receives the bytes of one NCCL link's direction (rank 1) for the headers
-// the inbox hands it, in their order, on its own thread. Each frame goes to
-// the inbox as soon as its receive is enqueued, with the event that fires
-// when its bytes are there. A failure (dead peer, timeout) fails the stage's
-// step; the channel's status() says so before its receives end.
+// Receives the bytes of one NCCL link's direction (rank 1) for its frames'
+// headers, in their order, on its own thread. The headers come from the
+// link's shared memory when both ends use it, else from the inbox (which
+// had them from the gRPC stream and checked them). Each frame goes to the
+// inbox as soon as its receive is enqueued, with the event that fires when
+// its bytes are there. A failure (dead peer, timeout, a bad header) fails
+// the stage's step; the channel's status() says so before its receives end.
 class NcclFetcher final : public PayloadFetcher {
  public:
+  // `rings`, `ring`: the link's shared memory and this direction's ring, or
+  // null. `attached`: this end attached to them (the downstream end); else
+  // whether the peer did is read once the communicator is up.
   NcclFetcher(Inbox* inbox, v1::FrameKind kind, std::unique_ptr<NcclChannel> channel,
-              std::chrono::duration<double> timeout)
+              std::chrono::duration<double> timeout, std::shared_ptr<LinkRings> rings, HeaderRing* ring)
       : inbox_(inbox), kind_(kind), channel_(std::move(channel)),
-        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)), queue_("the NCCL link") {
+        timeout_(std::chrono::duration_cast<Clock::duration>(timeout)), rings_(std::move(rings)), ring_(ring),
+        queue_("the NCCL link") {
     thread_ = std::thread([this] { Loop(); });
     inbox_->SetFetcher(kind_, this);
   }
@@ -193,23 +267,54 @@ class NcclFetcher final : public PayloadFetcher {
   }
 
  private:
+  // How long a wait on the ring lasts before the thread looks at its queue's
+  // state again (Shutdown does not write to the ring the peer shares).
+  static constexpr std::chrono::microseconds kRingSlice{10000};
+
   void Loop() {
-    for (;;) {
-      std::optional<v1::TensorFrame> header =
-          queue_.Pop(channel_->Idle() ? std::nullopt : std::optional<std::chrono::microseconds>(kNcclPoll));
-      if (queue_.closed()) return;
-      Status st = channel_->Progress();
-      if (st.ok() && header) st = Post(std::move(*header));
-      if (!st.ok()) {
-        LOG_WARN(st.message());
-        queue_.Fail(st);
-        inbox_->Fail(st);
-        return;
-      }
+    Status st = absl::OkStatus();
+    bool from_ring = false;
+    if (rings_) {  // both ends decide alike once the communicator is up
+      st = channel_->WaitReady(Clock::now() + timeout_);
+      from_ring = st.ok() && rings_->attached();
     }
+    while (st.ok()) {
+      const bool idle = channel_->Idle();
+      std::optional<v1::TensorFrame> header;
+      if (from_ring) {
+        auto got = ring_->Pop(idle ? kRingSlice : kNcclPoll);
+        if (queue_.closed()) return;
+        if (!got.ok()) {  // the peer closed its end: the link is over
+          LOG_INFO("NCCL link: the peer closed the header ring");
+          queue_.Fail(got.status());
+          return;
+        }
+        if (*got) st = Parse(**got, &header);
+      } else {
+        header = queue_.Pop(idle ? std::nullopt : std::optional<std::chrono::microseconds>(kNcclPoll));
+        if (queue_.closed()) return;
+      }
+      if (st.ok()) st = channel_->Progress();
+      if (st.ok() && header) st = Post(std::move(*header), from_ring);
+    }
+    if (queue_.closed()) return;
+    LOG_WARN(st.message());
+    queue_.Fail(st);
+    inbox_->Fail(st);
   }
 
-  Status Post(v1::TensorFrame header) {
+  Status Parse(const std::string& bytes, std::optional<v1::TensorFrame>* header) {
+    v1::TensorFrame h;
+    if (!h.ParseFromString(bytes) || h.carrier() != v1::CARRIER_NCCL) {
+      return absl::InvalidArgumentError("NCCL link: a malformed frame header in the shared-memory ring");
+    }
+    *header = std::move(h);
+    return absl::OkStatus();
+  }
+
+  // `unchecked`: the header did not pass the inbox yet.
+  Status Post(v1::TensorFrame header, bool unchecked) {
+    if (unchecked) CONVEYOR_RETURN_IF_ERROR(inbox_->CheckHeader(header, -1));
     std::vector<int64_t> shape(header.tensor().shape().begin(), header.tensor().shape().end());
     CONVEYOR_ASSIGN_OR_RETURN(
         NcclChannel::Received received,
@@ -226,6 +331,8 @@ class NcclFetcher final : public PayloadFetcher {
   const v1::FrameKind kind_;
   std::unique_ptr<NcclChannel> channel_;
   const Clock::duration timeout_;
+  std::shared_ptr<LinkRings> rings_;  // shared with this stage's link of the other direction
+  HeaderRing* ring_;                  // in rings_
   WorkQueue<v1::TensorFrame> queue_;
   std::thread thread_;
 };
@@ -256,15 +363,33 @@ class GrpcTransport : public Transport {
 
   std::unique_ptr<Link> up_, down_;
   std::vector<std::unique_ptr<NcclFetcher>> fetchers_;
+  std::vector<std::shared_ptr<LinkRings>> rings_;  // per NCCL link, null where headers take gRPC
 };
 
 // Joins the NCCL link `setup` as its upstream end (sends activations) or its
 // downstream end (sends gradients): a sending channel for `link`, a fetcher
-// for the other direction.
+// for the other direction, and the link's shared memory for their headers
+// where both ends have it (the upstream end made it in PrepareLink: `rings`;
+// the downstream end attaches here, before it joins).
 Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string& peer, const LinkOptions& options,
-                std::unique_ptr<NcclChannel>* send, GrpcTransport* t) {
+                std::shared_ptr<LinkRings> rings, std::unique_ptr<NcclChannel>* send, HeaderRing** send_ring,
+                GrpcTransport* t) {
   if (!options.inbox) return absl::InternalError("NCCL links need the stage's inbox");
   const at::Device device(options.device);
+  if (!upstream_end && options.shm_headers) {
+    auto attached = LinkRings::Attach(LinkRings::NameFor(setup.activation_nccl_id()));
+    if (attached.ok()) {
+      rings = std::move(*attached);
+    } else {
+      LOG_INFO("NCCL link from ", peer, ": frame headers on the gRPC stream (", attached.status().message(), ")");
+    }
+  }
+  HeaderRing* receive_ring = nullptr;
+  *send_ring = nullptr;
+  if (rings) {
+    *send_ring = upstream_end ? &rings->activations() : &rings->gradients();
+    receive_ring = upstream_end ? &rings->gradients() : &rings->activations();
+  }
   const std::string& send_id = upstream_end ? setup.activation_nccl_id() : setup.gradient_nccl_id();
   const std::string& recv_id = upstream_end ? setup.gradient_nccl_id() : setup.activation_nccl_id();
   const std::string what = upstream_end ? "activations to " : "gradients to ";
@@ -274,8 +399,10 @@ Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string
       std::unique_ptr<NcclChannel> receive,
       NcclChannel::Join(recv_id, 1, device, options.nccl_ctas,
                         std::string("NCCL link (") + (upstream_end ? "gradients from " : "activations from ") + peer + ")"));
-  t->fetchers_.push_back(std::make_unique<NcclFetcher>(
-      options.inbox, upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION, std::move(receive), options.timeout));
+  t->fetchers_.push_back(std::make_unique<NcclFetcher>(options.inbox,
+                                                       upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION,
+                                                       std::move(receive), options.timeout, rings, receive_ring));
+  t->rings_.push_back(std::move(rings));
   return absl::OkStatus();
 }
 
@@ -294,18 +421,25 @@ StatusOr<std::unique_ptr<Transport>> GrpcTransportFactory::Connect(const v1::Sta
   if (!a.upstream().empty()) {
     const std::string peer = "stage " + std::to_string((s + p - 1) % p);
     std::unique_ptr<NcclChannel> nccl;
-    if (options.upstream.transport() == v1::TRANSPORT_NCCL)
-      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.upstream, /*upstream_end=*/false, peer, options, &nccl, t.get()));
+    HeaderRing* ring = nullptr;
+    if (options.upstream.transport() == v1::TRANSPORT_NCCL) {
+      CONVEYOR_RETURN_IF_ERROR(
+          JoinNccl(options.upstream, /*upstream_end=*/false, peer, options, nullptr, &nccl, &ring, t.get()));
+    }
     t->up_ = std::make_unique<Link>(a.upstream(), peer, options.timeout);
-    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline, std::move(nccl)));
+    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline, std::move(nccl), ring ? t->rings_.back() : nullptr, ring));
   }
   if (!a.downstream().empty()) {
     const std::string peer = "stage " + std::to_string((s + 1) % p);
     std::unique_ptr<NcclChannel> nccl;
-    if (options.downstream.transport() == v1::TRANSPORT_NCCL)
-      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.downstream, /*upstream_end=*/true, peer, options, &nccl, t.get()));
+    HeaderRing* ring = nullptr;
+    if (options.downstream.transport() == v1::TRANSPORT_NCCL) {
+      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.downstream, /*upstream_end=*/true, peer, options,
+                                        options.shm_headers ? options.downstream_rings : nullptr, &nccl, &ring,
+                                        t.get()));
+    }
     t->down_ = std::make_unique<Link>(a.downstream(), peer, options.timeout);
-    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl)));
+    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl), ring ? t->rings_.back() : nullptr, ring));
   }
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -62,6 +62,9 @@ class NcclChannel {
   // stream; a reader on another stream waits for `ready` and records its
   // stream on the tensor (Tensor::record_stream) before the tensor is freed.
   virtual StatusOr<Received> Receive(at::IntArrayRef shape, at::ScalarType dtype, Clock::time_point deadline) = 0;
+  // Waits until the communicator is up (both ranks joined), until
+  // `deadline`; an error breaks the channel as in Progress.
+  virtual Status WaitReady(Clock::time_point deadline) = 0;
   // Retires finished operations. An error when the communicator failed or an
   // operation is past its deadline: the channel is broken and aborted.
   virtual Status Progress() = 0;

@@ -89,6 +89,10 @@ class NcclChannelImpl final : public NcclChannel {
     return Received{std::move(t), std::move(ready)};
   }
 
+  Status WaitReady(Clock::time_point deadline) override {
+    return WaitEnqueued(deadline, "to set up the link (the peer stage did not join)");
+  }
+
   Status Progress() override {
     while (!in_flight_.empty() && in_flight_.front().done.query()) in_flight_.pop_front();
     if (in_flight_.empty()) return Healthy();

@@ -35,6 +35,7 @@
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/graphed_passes.h"
+#include "stage_server/header_ring.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
 #include "common/schedule.h"
@@ -132,6 +133,7 @@ class Stage::Impl {
     std::unique_ptr<BatchLoader> loader;  // over `data`
     std::unique_ptr<Transport> transport;
     v1::LinkSetup downstream_link;  // made by PrepareLink
+    std::shared_ptr<LinkRings> downstream_rings;  // made by PrepareLink, then the transport's
     bool recompute = false;
     std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
     bool trained_eagerly = false;           // a training step ran without graphs
@@ -438,6 +440,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.max_micro_batches = static_cast<int>(std::max(train_mbs.size(), eval_mbs.size()));
   expect.max_micro_batch_size = std::max(train_mbs.front(), eval_mbs.front());
   inbox_.Open(std::move(expect));
+  inbox_.SetSpin(device_.is_cuda() ? kGpuInboxSpin : std::chrono::microseconds(0));
 
   v1::ConfigureReply reply;
   for (int64_t d : job->chunks.back().output_shape) reply.add_output_sample_shape(d);
@@ -472,6 +475,17 @@ StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {
   CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_activation_nccl_id(), NewNcclUniqueId());
   CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
   job_->downstream_link = link;
+  job_->downstream_rings.reset();
+  if (!job_->spec().nccl_headers_on_grpc()) {
+    // Made before the downstream stage hears of the link, so that one on
+    // this host finds it when it connects (header_ring.h).
+    auto rings = LinkRings::Create(LinkRings::NameFor(link.activation_nccl_id()));
+    if (rings.ok()) {
+      job_->downstream_rings = std::move(*rings);
+    } else {
+      LOG_INFO(Who(), ": NCCL frame headers stay on the gRPC stream: ", rings.status().message());
+    }
+  }
   return link;
 }
 
@@ -492,6 +506,8 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   links.inbox = &inbox_;
   links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
   links.nccl_ctas = job_->spec().nccl_ctas();
+  links.shm_headers = !job_->spec().nccl_headers_on_grpc();
+  links.downstream_rings = std::move(job_->downstream_rings);
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);

@@ -18,6 +18,7 @@
 namespace conveyor {
 
 class Inbox;
+class LinkRings;
 
 enum class Peer { kUpstream, kDownstream };
 
@@ -49,6 +50,12 @@ struct LinkOptions {
   Inbox* inbox = nullptr;    // where payloads fetched apart (NCCL) are delivered
   std::chrono::duration<double> timeout{10};  // the job's stage_timeout
   int nccl_ctas = 0;                          // the job's nccl_ctas (0: NCCL's default)
+  // NCCL links: frame headers through shared memory where both ends are on
+  // one host (header_ring.h); false keeps them on the gRPC stream.
+  bool shm_headers = true;
+  // The downstream link's shared memory, made with `downstream` by this
+  // stage's PrepareLink (null: none could be made). Shared with the links.
+  std::shared_ptr<LinkRings> downstream_rings;
 };
 
 // Creates a stage's links to its neighbours (addresses in the assignment).

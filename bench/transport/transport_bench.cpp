@@ -4,9 +4,11 @@
 // (default cuda:1) or the CPU), through the stage
 // server's own code: its StageData service and Inbox on the receiving side,
 // its transports on the sending side. The baseline is a plain protobuf
-// stream (StageData.Push, the tensor copied into a `bytes` field).
+// stream (StageData.Push, the tensor copied into a `bytes` field). `nccl`
+// sends each frame's header through the link's shared memory (as stages on
+// one host do), `nccl-grpc` on the gRPC stream (job key nccl_headers: grpc).
 //
-//   transport_bench [--sizes 1K,1M,16M] [--transports proto,grpc,nccl]
+//   transport_bench [--sizes 1K,1M,16M] [--transports proto,grpc,nccl,nccl-grpc]
 //                   [--device cpu|cuda] [--gpus 0,1] [--nccl-ctas N] [--rounds 5]
 //                   [--csv out.csv]
 //
@@ -35,6 +37,7 @@
 #include "common/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
 #include "stage_server/grpc_transport.h"
+#include "stage_server/header_ring.h"
 #include "stage_server/inbox.h"
 #include "stage_server/nccl_channel.h"
 #include "stage_server/stage_service.h"
@@ -51,6 +54,7 @@ struct Command {
   int64_t elems = 0;   // floats per frame
   int32_t frames = 0;  // per round
   int32_t rounds = 0;
+  int32_t shm_headers = 0;  // kNccl
   char ids[2][128] = {};
 };
 
@@ -99,6 +103,7 @@ int nccl_ctas = 0;
 
 [[noreturn]] void Receiver(int cmd_fd, int ack_fd, const std::string& device) {
   Inbox inbox;
+  if (device != "cpu") inbox.SetSpin(kGpuInboxSpin);  // as a GPU stage's
   StageDataService data(&inbox, device);
   auto server = GrpcServer::Start("127.0.0.1:0", {&data});
   Check(server.status(), "receiver server");
@@ -114,6 +119,8 @@ int nccl_ctas = 0;
     ReadAll(cmd_fd, &cmd, sizeof cmd);
     if (cmd.op == Command::kQuit) break;
     if (cmd.op == Command::kNccl) {
+      if (transport) transport->Shutdown();  // before the new link's fetchers register with the inbox
+      transport.reset();
       LinkOptions links;
       links.upstream.set_transport(v1::TRANSPORT_NCCL);
       links.upstream.set_activation_nccl_id(std::string(cmd.ids[0], 128));
@@ -122,6 +129,7 @@ int nccl_ctas = 0;
       links.inbox = &inbox;
       links.timeout = std::chrono::seconds(60);
       links.nccl_ctas = nccl_ctas;
+      links.shm_headers = cmd.shm_headers != 0;
       auto t = factory.Connect(Assignment(1, "127.0.0.1:" + std::to_string(sender_port)), links,
                                Clock::now() + std::chrono::seconds(30));
       Check(t.status(), "receiver NCCL link");
@@ -202,8 +210,9 @@ class Sender {
     links.inbox = &inbox_;
     links.timeout = std::chrono::seconds(60);
     links.nccl_ctas = nccl_ctas;
-    if (name == "nccl") {
+    if (name == "nccl" || name == "nccl-grpc") {
       Command cmd{Command::kNccl};
+      cmd.shm_headers = name == "nccl";
       links.downstream.set_transport(v1::TRANSPORT_NCCL);
       auto a = NewNcclUniqueId();
       auto g = NewNcclUniqueId();
@@ -213,12 +222,18 @@ class Sender {
       std::memcpy(cmd.ids[1], g->data(), std::min<size_t>(128, g->size()));
       links.downstream.set_activation_nccl_id(*a);
       links.downstream.set_gradient_nccl_id(*g);
+      if (cmd.shm_headers) {  // as the stage's PrepareLink: before the peer hears of the link
+        auto rings = LinkRings::Create(LinkRings::NameFor(*a));
+        Check(rings.status(), "header ring");
+        links.downstream_rings = std::move(*rings);
+      }
+      links.shm_headers = cmd.shm_headers != 0;
       WriteAll(cmd_fd_, &cmd, sizeof cmd);  // the receiver joins while we do
     }
     auto t = GrpcTransportFactory().Connect(Assignment(0, receiver_), links, Clock::now() + std::chrono::seconds(30));
     Check(t.status(), "sender link");
     transport_ = std::move(*t);
-    if (name == "nccl") {
+    if (name.rfind("nccl", 0) == 0) {
       int64_t ok;
       ReadAll(ack_fd_, &ok, sizeof ok);
     }
@@ -317,7 +332,8 @@ int main(int argc, char** argv) {
   std::string sizes = "1K,16K,256K,1M,4M,16M,64M,256M", transports = "proto,grpc,nccl", device = "auto", csv;
   int rounds = 5;
   app.add_option("--sizes", sizes, "tensor sizes (K, M, G suffixes)")->capture_default_str();
-  app.add_option("--transports", transports, "proto (baseline), grpc, nccl")->capture_default_str();
+  app.add_option("--transports", transports, "proto (baseline), grpc, nccl, nccl-grpc (headers on the gRPC stream)")
+      ->capture_default_str();
   app.add_option("--device", device, "auto, cpu or cuda (two GPUs, see --gpus)")->capture_default_str();
   std::string pair = "0,1";
   app.add_option("--gpus", pair, "with cuda: the sender's and the receiver's GPU")->capture_default_str();
@@ -325,8 +341,10 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv, "also write the table here");
   app.add_option("--nccl-ctas", nccl_ctas, "thread blocks per NCCL communicator (a job's nccl_ctas; 0: NCCL's default)")
       ->capture_default_str();
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "the processes' log level")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  ConfigureLogging("warn", "bench");
+  ConfigureLogging(log_level, "bench");
 
   // Count GPUs in a child: no CUDA before the fork.
   int gpus = 0;
@@ -358,7 +376,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   std::stringstream ts(transports);
   for (std::string t; std::getline(ts, t, ',');)
-    if (t != "nccl" || (cuda && NcclBuilt())) names.push_back(t);
+    if (t.rfind("nccl", 0) != 0 || (cuda && NcclBuilt())) names.push_back(t);
 
   int cmd[2], ack[2];
   if (pipe(cmd) != 0 || pipe(ack) != 0) return 1;

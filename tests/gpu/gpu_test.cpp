@@ -112,11 +112,12 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
 struct LinkCase {
   std::string transport, schedule;
   int micro_batches;
-  bool graphs = false;  // cuda_graphs
+  bool graphs = false;        // cuda_graphs
+  bool grpc_headers = false;  // nccl_headers: grpc (else through shared memory: one host)
 };
 void PrintTo(const LinkCase& c, std::ostream* os) {
   *os << c.transport << ", " << c.schedule << ", " << c.micro_batches << " micro-batches"
-      << (c.graphs ? ", CUDA graphs" : "");
+      << (c.graphs ? ", CUDA graphs" : "") << (c.grpc_headers ? ", headers on gRPC" : "");
 }
 
 class GpuLinks : public GpuTest, public ::testing::WithParamInterface<LinkCase> {};
@@ -135,6 +136,7 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
                      "\nschedule: " + c.schedule + "\ntransport: " + c.transport + "\n";
   if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
   if (c.graphs) yaml += "cuda_graphs: true\n";
+  if (c.grpc_headers) yaml += "nccl_headers: grpc\n";
   v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.stages(0).transport(), c.transport);
@@ -146,11 +148,13 @@ TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
 INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks,
                          ::testing::Values(LinkCase{"nccl", "1f1b", 4}, LinkCase{"nccl", "interleaved", 8},
                                            LinkCase{"nccl", "zero-bubble", 8}, LinkCase{"grpc", "1f1b", 4},
-                                           LinkCase{"nccl", "1f1b", 4, true}, LinkCase{"grpc", "gpipe", 4, true}),
+                                           LinkCase{"nccl", "1f1b", 4, true}, LinkCase{"grpc", "gpipe", 4, true},
+                                           LinkCase{"nccl", "1f1b", 4, false, true}),
                          [](const ::testing::TestParamInfo<LinkCase>& info) {
                            std::string name = info.param.transport + "_" + info.param.schedule + "_" +
                                               std::to_string(info.param.micro_batches) +
-                                              (info.param.graphs ? "_graphs" : "");
+                                              (info.param.graphs ? "_graphs" : "") +
+                                              (info.param.grpc_headers ? "_grpc_headers" : "");
                            for (char& ch : name)
                              if (ch == '-') ch = '_';
                            return name;
