@@ -113,8 +113,8 @@ def job_text(workload, steps, schedule=None, micro_batches=None, extra=(), stage
     text = re.sub(r"(?m)^steps: .*$", "steps: %d" % steps, text)
     if schedule:
         text = re.sub(r"(?m)^schedule: .*$", "schedule: %s" % schedule, text)
-        if schedule == "interleaved":  # two model chunks per stage (GPU)
-            text += "virtual_stages: 2\n"
+        if schedule == "interleaved" and not re.search(r"(?m)^virtual_stages:", text):
+            text += "virtual_stages: 2\n"  # two model chunks per stage (GPU), unless --set says
     if micro_batches:
         text = re.sub(r"(?m)^(micro_batches|split_size): .*$", "micro_batches: %d" % micro_batches, text)
     return text
