@@ -240,8 +240,8 @@ class Link {
 class NcclFetcher final : public PayloadFetcher {
  public:
   // `rings`, `ring`: the link's shared memory and this direction's ring, or
-  // null. `attached`: this end attached to them (the downstream end); else
-  // whether the peer did is read once the communicator is up.
+  // null; whether headers come through them is decided once the
+  // communicator is up (header_ring.h).
   NcclFetcher(Inbox* inbox, v1::FrameKind kind, std::unique_ptr<NcclChannel> channel,
               std::chrono::duration<double> timeout, std::shared_ptr<LinkRings> rings, HeaderRing* ring)
       : inbox_(inbox), kind_(kind), channel_(std::move(channel)),
@@ -363,17 +363,22 @@ class GrpcTransport : public Transport {
 
   std::unique_ptr<Link> up_, down_;
   std::vector<std::unique_ptr<NcclFetcher>> fetchers_;
-  std::vector<std::shared_ptr<LinkRings>> rings_;  // per NCCL link, null where headers take gRPC
+};
+
+// This end of an NCCL link, for the link's sending side.
+struct NcclEnd {
+  std::unique_ptr<NcclChannel> send;
+  std::shared_ptr<LinkRings> rings;  // null: headers on the gRPC stream
+  HeaderRing* send_ring = nullptr;   // in rings
 };
 
 // Joins the NCCL link `setup` as its upstream end (sends activations) or its
-// downstream end (sends gradients): a sending channel for `link`, a fetcher
-// for the other direction, and the link's shared memory for their headers
+// downstream end (sends gradients): a sending channel, a fetcher for the
+// other direction (in `t`), and the link's shared memory for their headers
 // where both ends have it (the upstream end made it in PrepareLink: `rings`;
 // the downstream end attaches here, before it joins).
-Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string& peer, const LinkOptions& options,
-                std::shared_ptr<LinkRings> rings, std::unique_ptr<NcclChannel>* send, HeaderRing** send_ring,
-                GrpcTransport* t) {
+StatusOr<NcclEnd> JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string& peer,
+                           const LinkOptions& options, std::shared_ptr<LinkRings> rings, GrpcTransport* t) {
   if (!options.inbox) return absl::InternalError("NCCL links need the stage's inbox");
   const at::Device device(options.device);
   if (!upstream_end && options.shm_headers) {
@@ -384,17 +389,17 @@ Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string
       LOG_INFO("NCCL link from ", peer, ": frame headers on the gRPC stream (", attached.status().message(), ")");
     }
   }
+  NcclEnd end;
   HeaderRing* receive_ring = nullptr;
-  *send_ring = nullptr;
   if (rings) {
-    *send_ring = upstream_end ? &rings->activations() : &rings->gradients();
+    end.send_ring = upstream_end ? &rings->activations() : &rings->gradients();
     receive_ring = upstream_end ? &rings->gradients() : &rings->activations();
   }
   const std::string& send_id = upstream_end ? setup.activation_nccl_id() : setup.gradient_nccl_id();
   const std::string& recv_id = upstream_end ? setup.gradient_nccl_id() : setup.activation_nccl_id();
   const std::string what = upstream_end ? "activations to " : "gradients to ";
   CONVEYOR_ASSIGN_OR_RETURN(
-      *send, NcclChannel::Join(send_id, 0, device, options.nccl_ctas, "NCCL link (" + what + peer + ")"));
+      end.send, NcclChannel::Join(send_id, 0, device, options.nccl_ctas, "NCCL link (" + what + peer + ")"));
   CONVEYOR_ASSIGN_OR_RETURN(
       std::unique_ptr<NcclChannel> receive,
       NcclChannel::Join(recv_id, 1, device, options.nccl_ctas,
@@ -402,8 +407,8 @@ Status JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const std::string
   t->fetchers_.push_back(std::make_unique<NcclFetcher>(options.inbox,
                                                        upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION,
                                                        std::move(receive), options.timeout, rings, receive_ring));
-  t->rings_.push_back(std::move(rings));
-  return absl::OkStatus();
+  end.rings = std::move(rings);
+  return end;
 }
 
 }  // namespace
@@ -420,26 +425,22 @@ StatusOr<std::unique_ptr<Transport>> GrpcTransportFactory::Connect(const v1::Sta
   const int s = a.stage_index(), p = std::max(1, a.num_stages());
   if (!a.upstream().empty()) {
     const std::string peer = "stage " + std::to_string((s + p - 1) % p);
-    std::unique_ptr<NcclChannel> nccl;
-    HeaderRing* ring = nullptr;
+    NcclEnd nccl;
     if (options.upstream.transport() == v1::TRANSPORT_NCCL) {
-      CONVEYOR_RETURN_IF_ERROR(
-          JoinNccl(options.upstream, /*upstream_end=*/false, peer, options, nullptr, &nccl, &ring, t.get()));
+      CONVEYOR_ASSIGN_OR_RETURN(nccl, JoinNccl(options.upstream, /*upstream_end=*/false, peer, options, nullptr, t.get()));
     }
     t->up_ = std::make_unique<Link>(a.upstream(), peer, options.timeout);
-    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline, std::move(nccl), ring ? t->rings_.back() : nullptr, ring));
+    CONVEYOR_RETURN_IF_ERROR(t->up_->Open(sys_deadline, std::move(nccl.send), std::move(nccl.rings), nccl.send_ring));
   }
   if (!a.downstream().empty()) {
     const std::string peer = "stage " + std::to_string((s + 1) % p);
-    std::unique_ptr<NcclChannel> nccl;
-    HeaderRing* ring = nullptr;
+    NcclEnd nccl;
     if (options.downstream.transport() == v1::TRANSPORT_NCCL) {
-      CONVEYOR_RETURN_IF_ERROR(JoinNccl(options.downstream, /*upstream_end=*/true, peer, options,
-                                        options.shm_headers ? options.downstream_rings : nullptr, &nccl, &ring,
-                                        t.get()));
+      CONVEYOR_ASSIGN_OR_RETURN(nccl, JoinNccl(options.downstream, /*upstream_end=*/true, peer, options,
+                                               options.shm_headers ? options.downstream_rings : nullptr, t.get()));
     }
     t->down_ = std::make_unique<Link>(a.downstream(), peer, options.timeout);
-    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl), ring ? t->rings_.back() : nullptr, ring));
+    CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl.send), std::move(nccl.rings), nccl.send_ring));
   }
   return std::unique_ptr<Transport>(std::move(t));
 }
