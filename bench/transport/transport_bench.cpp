@@ -242,7 +242,7 @@ class Sender {
   Row Measure(int64_t bytes) {
     const int64_t elems = std::max<int64_t>(1, bytes / 4);
     at::Tensor t = at::rand({1, elems}, at::TensorOptions().device(at::Device(device_)));
-    const int64_t target = device_ == "cpu" ? (int64_t{64} << 20) : (int64_t{512} << 20);
+    const int64_t target = device_ == "cpu" ? (int64_t{256} << 20) : (int64_t{512} << 20);
     const int frames = static_cast<int>(std::clamp<int64_t>(target / (elems * 4), 2, 32));
     Row row;
     row.transport = name_;
