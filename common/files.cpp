@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/file.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -134,5 +135,33 @@ StatusOr<std::string> ReadWholeFile(const std::string& path) {
   ::close(fd);
   return out;
 }
+
+StatusOr<std::unique_ptr<DirLock>> DirLock::Acquire(const std::string& dir, const std::string& what) {
+  CONVEYOR_RETURN_IF_ERROR(MakeDirs(dir));
+  const std::string path = dir + "/LOCK";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::PermissionDeniedError("cannot open " + path + ": " + Errno());
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const bool held = errno == EWOULDBLOCK;
+    const std::string why = Errno();
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd, pid, sizeof pid - 1, 0);
+    ::close(fd);
+    if (!held) return absl::PermissionDeniedError("cannot lock " + path + ": " + why);
+    std::string holder = n > 0 ? std::string(pid, static_cast<std::size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    return absl::FailedPreconditionError(what + " " + dir + " is in use by another process" +
+                                         (holder.empty() ? "" : " (pid " + holder + ")") +
+                                         ": two processes must not share it");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    ::close(fd);
+    return absl::PermissionDeniedError("cannot write " + path + ": " + Errno());
+  }
+  return std::unique_ptr<DirLock>(new DirLock(fd));
+}
+
+DirLock::~DirLock() { ::close(fd_); }
 
 }  // namespace conveyor

@@ -46,6 +46,23 @@ StatusOr<std::string> ReadWholeFile(const std::string& path);
 // statically linked copy of them takes the place of the system's.
 // mkdir -p; PERMISSION_DENIED naming the folder.
 Status MakeDirs(const std::string& dir);
+// An advisory lock (flock) on DIR/LOCK, held while the object lives. The
+// kernel drops it when the process dies, so a killed process leaves nothing
+// to clean up. The file holds the holder's pid, for the message another
+// process gets: FAILED_PRECONDITION naming the folder, `what` it is and that
+// pid. Creates the folder.
+class DirLock {
+ public:
+  static StatusOr<std::unique_ptr<DirLock>> Acquire(const std::string& dir, const std::string& what);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  explicit DirLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 // rm -rf, best effort.
 void RemoveTree(const std::string& path);
 // The names in a folder (no "." or ".."); empty when it cannot be read.

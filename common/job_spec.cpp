@@ -2,7 +2,16 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <regex>
+#include <type_traits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -14,11 +23,89 @@ namespace {
 
 Status Invalid(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 
+// A scalar's type under YAML 1.2's core schema, the one typing rule of job
+// files: a quoted scalar is a string; a plain one is null, a bool (true,
+// false), an integer (decimal, 0o octal, 0x hex), a float, or else a string.
+// yaml-cpp itself would read "1", yes and on as numbers and bools.
+enum class Scalar { kNull, kBool, kInt, kFloat, kString };
+
+Scalar Resolve(const YAML::Node& node) {
+  if (node.Tag() != "?") return Scalar::kString;  // quoted ("!") or explicitly tagged
+  const std::string& v = node.Scalar();
+  if (v.empty() || v == "~" || v == "null" || v == "Null" || v == "NULL") return Scalar::kNull;
+  if (v == "true" || v == "True" || v == "TRUE" || v == "false" || v == "False" || v == "FALSE") return Scalar::kBool;
+  static const std::regex kInt("[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+");
+  static const std::regex kFloat(
+      "[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\\.(inf|Inf|INF)|\\.(nan|NaN|NAN)");
+  if (std::regex_match(v, kInt)) return Scalar::kInt;
+  if (std::regex_match(v, kFloat)) return Scalar::kFloat;
+  return Scalar::kString;
+}
+
 std::string Show(const YAML::Node& node) {
-  if (node.IsScalar()) return "'" + node.Scalar() + "'";
+  if (node.IsScalar()) {
+    switch (Resolve(node)) {
+      case Scalar::kNull: return "nothing";
+      case Scalar::kBool: return "the bool " + node.Scalar();
+      case Scalar::kInt: return "the integer " + node.Scalar();
+      case Scalar::kFloat: return "the number " + node.Scalar();
+      case Scalar::kString:
+        return node.Tag() == "?" ? "'" + node.Scalar() + "'" : "the string \"" + node.Scalar() + "\" (quoted, so a string)";
+    }
+  }
   if (node.IsSequence()) return "a list";
   if (node.IsMap()) return "a mapping";
   return "nothing";
+}
+
+// Reads a scalar of the type `out` has, by the core schema; false when the
+// scalar is of another type or out of range.
+bool ReadScalar(const YAML::Node& node, std::string* out) {
+  if (Resolve(node) != Scalar::kString) return false;
+  *out = node.Scalar();
+  return true;
+}
+
+bool ReadScalar(const YAML::Node& node, bool* out) {
+  if (Resolve(node) != Scalar::kBool) return false;
+  *out = node.Scalar()[0] == 't' || node.Scalar()[0] == 'T';
+  return true;
+}
+
+bool ReadScalar(const YAML::Node& node, double* out) {
+  const Scalar kind = Resolve(node);
+  if (kind != Scalar::kInt && kind != Scalar::kFloat) return false;
+  std::string v = node.Scalar();
+  if (v.find("inf") != std::string::npos || v.find("Inf") != std::string::npos || v.find("INF") != std::string::npos) {
+    *out = v[0] == '-' ? -HUGE_VAL : HUGE_VAL;
+  } else if (v.find_first_of("nN") != std::string::npos) {
+    *out = std::nan("");
+  } else if (kind == Scalar::kInt && v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'o')) {
+    *out = static_cast<double>(std::strtoull(v.c_str() + 2, nullptr, v[1] == 'x' ? 16 : 8));
+  } else {
+    *out = std::strtod(v.c_str(), nullptr);
+  }
+  return true;
+}
+
+template <typename Int>
+bool ReadScalar(const YAML::Node& node, Int* out) {
+  static_assert(std::is_integral_v<Int>);
+  if (Resolve(node) != Scalar::kInt) return false;
+  const std::string& v = node.Scalar();
+  errno = 0;
+  char* end = nullptr;
+  long double value = 0;
+  if (v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'o')) {
+    value = static_cast<long double>(std::strtoull(v.c_str() + 2, &end, v[1] == 'x' ? 16 : 8));
+  } else {
+    value = static_cast<long double>(std::strtoll(v.c_str(), &end, 10));
+  }
+  if (errno == ERANGE || value < static_cast<long double>(std::numeric_limits<Int>::min()) ||
+      value > static_cast<long double>(std::numeric_limits<Int>::max()))
+    return false;
+  *out = static_cast<Int>(value);
+  return true;
 }
 
 // One YAML mapping being read: every key taken is remembered, and Finish()
@@ -38,12 +125,8 @@ class Fields {
     YAML::Node value = Take(key);
     if (present) *present = value.IsDefined() && !value.IsNull();
     if (!value.IsDefined() || value.IsNull()) return absl::OkStatus();
-    if (!value.IsScalar()) return Invalid(Where(key) + "expected " + what + ", got " + Show(value));
-    try {
-      *out = value.as<T>();
-    } catch (const YAML::Exception&) {
+    if (!value.IsScalar() || !ReadScalar(value, out))
       return Invalid(Where(key) + "expected " + what + ", got " + Show(value));
-    }
     return absl::OkStatus();
   }
 
@@ -53,12 +136,10 @@ class Fields {
     if (!*present) return absl::OkStatus();
     if (!value.IsSequence()) return Invalid(Where(key) + "expected a list of integers, got " + Show(value));
     for (std::size_t i = 0; i < value.size(); ++i) {
-      try {
-        out->push_back(value[i].as<int64_t>());
-      } catch (const YAML::Exception&) {
-        return Invalid(Where(key) + "item " + std::to_string(i) +
-                       ": expected an integer, got " + Show(value[i]));
-      }
+      int64_t item = 0;
+      if (!value[i].IsScalar() || !ReadScalar(value[i], &item))
+        return Invalid(Where(key) + "item " + std::to_string(i) + ": expected an integer, got " + Show(value[i]));
+      out->push_back(item);
     }
     return absl::OkStatus();
   }
@@ -130,7 +211,7 @@ Status ReadNamedSection(Fields& parent, const char* key, Fields** section,
   YAML::Node node = parent.Child(key);
   if (!node.IsDefined() || node.IsNull()) return absl::OkStatus();
   if (node.IsScalar()) {
-    *name = node.Scalar();
+    if (!ReadScalar(node, name)) return Invalid(std::string(key) + ": expected a name or a mapping, got " + Show(node));
     return absl::OkStatus();
   }
   *storage = std::make_unique<Fields>(node, key);
@@ -274,14 +355,15 @@ Status ReadOptimizer(Fields& root, v1::OptimizerSpec* opt) {
     if (present) opt->set_eps(v);
     YAML::Node betas = f->Child("betas");
     if (betas.IsDefined() && !betas.IsNull()) {
+      double b[2] = {0, 0};
       if (!betas.IsSequence() || betas.size() != 2)
         return Invalid("optimizer.betas: expected a list of two numbers, got " + Show(betas));
-      try {
-        opt->set_beta1(betas[0].as<double>());
-        opt->set_beta2(betas[1].as<double>());
-      } catch (const YAML::Exception&) {
-        return Invalid("optimizer.betas: expected a list of two numbers");
+      for (int i = 0; i < 2; ++i) {
+        if (!betas[i].IsScalar() || !ReadScalar(betas[i], &b[i]))
+          return Invalid("optimizer.betas: item " + std::to_string(i) + ": expected a number, got " + Show(betas[i]));
       }
+      opt->set_beta1(b[0]);
+      opt->set_beta2(b[1]);
     }
   }
   return f->Finish();
@@ -289,6 +371,7 @@ Status ReadOptimizer(Fields& root, v1::OptimizerSpec* opt) {
 
 Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   Fields f(node, "");
+  if (!node.IsDefined() || node.IsNull()) return Invalid("the job file is empty (it needs at least model: NAME)");
   if (!node.IsMap()) return Invalid("job file: expected a mapping of keys, got " + Show(node));
   std::string name = "job";
   CONVEYOR_RETURN_IF_ERROR(f.Get("name", &name, "a name"));
@@ -368,16 +451,20 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_nccl_ctas(kDefaultNcclCtas);
   CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_ctas", &i32, "an integer", &present));
   if (present) spec->set_nccl_ctas(i32);
-  word = "off";
-  CONVEYOR_RETURN_IF_ERROR(f.Get("matmul_sm_carveout", &word, "auto, off or a number of SMs"));
-  if (word == "auto") {
-    spec->set_matmul_sm_carveout(-1);
-  } else if (word != "off") {
-    char* end = nullptr;
-    const long sms = std::strtol(word.c_str(), &end, 10);
-    if (word.empty() || *end != '\0' || sms < 1 || sms > 64)
-      return Invalid("matmul_sm_carveout: expected auto, off or a number of SMs from 1 to 64, got '" + word + "'");
-    spec->set_matmul_sm_carveout(static_cast<int32_t>(sms));
+  // matmul_sm_carveout: auto | off | a number of SMs
+  YAML::Node carveout = f.Child("matmul_sm_carveout");
+  if (carveout.IsDefined() && !carveout.IsNull()) {
+    int32_t sms = 0;
+    word.clear();
+    const bool number = carveout.IsScalar() && ReadScalar(carveout, &sms);
+    if (!number && carveout.IsScalar()) ReadScalar(carveout, &word);
+    if (word == "auto") {
+      spec->set_matmul_sm_carveout(-1);
+    } else if (word != "off") {
+      if (!number || sms < 1 || sms > 64)
+        return Invalid("matmul_sm_carveout: expected auto, off or a number of SMs from 1 to 64, got " + Show(carveout));
+      spec->set_matmul_sm_carveout(sms);
+    }
   }
   bool graphs = false;
   CONVEYOR_RETURN_IF_ERROR(f.Get("cuda_graphs", &graphs, "true or false"));
@@ -397,26 +484,47 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   if (recompute.IsDefined() && !recompute.IsNull()) {
     if (recompute.IsSequence()) {
       for (std::size_t i = 0; i < recompute.size(); ++i) {
-        try {
-          spec->add_recompute_stages(recompute[i].as<int32_t>());
-        } catch (const YAML::Exception&) {
+        int32_t stage = 0;
+        if (!recompute[i].IsScalar() || !ReadScalar(recompute[i], &stage))
           return Invalid("recompute: item " + std::to_string(i) + ": expected a stage index, got " + Show(recompute[i]));
-        }
+        spec->add_recompute_stages(stage);
       }
     } else {
-      try {
-        spec->set_recompute(recompute.as<bool>());
-      } catch (const YAML::Exception&) {
+      bool on = false;
+      if (!recompute.IsScalar() || !ReadScalar(recompute, &on))
         return Invalid("recompute: expected true, false or a list of stage indices, got " + Show(recompute));
-      }
+      spec->set_recompute(on);
     }
   }
   return f.Finish();
 }
 
+// The offset of the first byte that is not part of valid UTF-8 (or is NUL),
+// or npos.
+std::size_t FirstNonText(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int more = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+    if (c == 0 || more < 0 || i + static_cast<std::size_t>(more) >= s.size() + (more == 0 ? 1 : 0)) return i;
+    for (int k = 1; k <= more; ++k)
+      if ((static_cast<unsigned char>(s[i + static_cast<std::size_t>(k)]) >> 6) != 0x2) return i;
+    i += static_cast<std::size_t>(more) + 1;
+  }
+  return std::string::npos;
+}
+
 }  // namespace
 
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text) {
+  if (yaml_text.size() > kMaxJobFileBytes)
+    return Invalid("the job file is larger than " + std::to_string(kMaxJobFileBytes >> 20) + " MiB");
+  if (const std::size_t at = FirstNonText(yaml_text); at != std::string::npos) {
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(yaml_text[at]));
+    return Invalid("the job file is not text (YAML): byte " + std::to_string(at) + " (" + byte +
+                   ") is not UTF-8");
+  }
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -434,14 +542,46 @@ StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text) {
   return spec;
 }
 
-StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read job file " + path);
+StatusOr<std::string> ReadJobFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const std::string why = std::strerror(errno);
+    if (errno == ENOENT) return absl::NotFoundError("job file " + path + " does not exist");
+    return absl::PermissionDeniedError("cannot read job file " + path + ": " + why);
+  }
+  if (S_ISDIR(st.st_mode)) return Invalid(path + " is a folder, not a job file");
+  if (!S_ISREG(st.st_mode)) return Invalid(path + " is not a regular file");
+  if (st.st_size > static_cast<off_t>(kMaxJobFileBytes))
+    return Invalid("job file " + path + " is larger than " + std::to_string(kMaxJobFileBytes >> 20) + " MiB");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::PermissionDeniedError("cannot read job file " + path + ": " + std::strerror(errno));
   std::stringstream text;
   text << in.rdbuf();
-  auto spec = ParseJobYaml(text.str());
+  return text.str();
+}
+
+StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::string text, ReadJobFile(path));
+  auto spec = ParseJobYaml(text);
   if (!spec.ok()) return Annotate(spec.status(), path);
   return spec;
+}
+
+Status CheckJobFiles(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_FASHION_MNIST) {
+    const std::string& dir = spec.data().path();
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return absl::NotFoundError("data.path: " + dir +
+                                 " is not a folder here (Fashion-MNIST: install Debian's dataset-fashion-mnist)");
+    for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                             "t10k-labels-idx1-ubyte.gz"}) {
+      const std::string file = dir + "/" + name;
+      if (::stat(file.c_str(), &st) != 0)
+        return absl::NotFoundError("data.path: " + dir + " has no " + name + " (a Fashion-MNIST folder holds four)");
+    }
+  }
+  return absl::OkStatus();
 }
 
 Status ValidateJobSpec(const v1::JobSpec& spec) {

@@ -30,8 +30,21 @@ constexpr int64_t kWarmupSteps = 2;
 // nccl_ctas when the job file does not say (see JobSpec.nccl_ctas).
 constexpr int kDefaultNcclCtas = 2;
 
+// The largest job file accepted.
+constexpr std::size_t kMaxJobFileBytes = 1 << 20;
+
+// INVALID_ARGUMENT naming the key for a bad file; also for text that is not
+// UTF-8 (a binary file) or is empty.
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text);
+// The text of a job file: NOT_FOUND when it does not exist, INVALID_ARGUMENT
+// for a folder or a file over kMaxJobFileBytes.
+StatusOr<std::string> ReadJobFile(const std::string& path);
 StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
+
+// The files a job names, checked on this host before it is queued: NOT_FOUND
+// naming the key and the path. The coordinator checks them at submission (so
+// it must see the same files as the stages that read them: see docs/jobs.md).
+Status CheckJobFiles(const v1::JobSpec& spec);
 
 // Checks the cross-field rules (batch vs micro-batches, stages vs layers...).
 // ParseJobYaml calls it; servers call it again on specs that arrive typed.

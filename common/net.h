@@ -34,6 +34,18 @@ Status WaitConnected(grpc::Channel& channel, const std::string& what, const std:
 
 std::chrono::system_clock::time_point DeadlineAfter(double seconds);
 
+// A gRPC target checked before anyone dials it: HOST:PORT (a name, an IPv4
+// address or a bracketed IPv6 one, and a port from 1 to 65535, or 0 where
+// `listen` allows "pick a free one"), or a target with a gRPC scheme
+// ("dns:///", "ipv4:", "unix:"), passed through. INVALID_ARGUMENT naming
+// `what` ("--coordinator") and what is wrong.
+Status CheckAddress(const std::string& address, const std::string& what, bool listen = false);
+
+// Why a call to a peer failed, in a user's words, from gRPC's message for an
+// UNAVAILABLE call: "connection refused", "host 'x' not found", ...; the
+// message itself where it is none of those.
+std::string DescribeUnreachable(const std::string& grpc_message);
+
 // Writes `content` to `path` atomically (temporary file, then rename).
 Status WriteFileAtomically(const std::string& path, const std::string& content);
 

@@ -1,10 +1,14 @@
 #include "common/server.h"
 
 #include <execinfo.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
@@ -17,16 +21,55 @@
 
 namespace conveyor {
 
+namespace {
+
+// gRPC says only that it could not bind; a plain bind() of the same address
+// says why (EADDRINUSE, EADDRNOTAVAIL, EACCES).
+std::string WhyCannotBind(const std::string& listen) {
+  const auto colon = listen.rfind(':');
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port = listen.substr(colon + 1);
+  if (getaddrinfo(host == "0.0.0.0" || host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &found) != 0)
+    return "host '" + host + "' not found";
+  std::string why = "gRPC could not bind it";
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = errno == EADDRINUSE      ? "address already in use (another server listens on that port)"
+            : errno == EADDRNOTAVAIL ? "that is not an address of this host"
+            : errno == EACCES        ? "permission denied (ports below 1024 need privileges)"
+                                     : std::strerror(errno);
+      close(fd);
+      break;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return why;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& listen,
                                                         const std::vector<grpc::Service*>& services,
                                                         const std::string& port_file) {
-  auto colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return absl::InvalidArgumentError("listen address '" + listen + "' is not HOST:PORT");
+  CONVEYOR_RETURN_IF_ERROR(CheckAddress(listen, "--listen", /*listen=*/true));
+  const auto colon = listen.rfind(':');
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   builder.AddListeningPort(listen, ServerCredentials(ProcessTls()), &server->port_);
+  // gRPC sets SO_REUSEPORT by default on Linux: a second server on the same
+  // port would start and share it with the first, and calls would alternate
+  // between the two. One port, one server.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(-1);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
@@ -37,7 +80,7 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& liste
   for (grpc::Service* s : services) builder.RegisterService(s);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0)
-    return absl::UnavailableError("cannot listen on " + listen + " (address in use or not local?)");
+    return absl::UnavailableError("cannot listen on " + listen + ": " + WhyCannotBind(listen));
   server->address_ = listen.substr(0, colon) + ":" + std::to_string(server->port_);
   if (!port_file.empty()) CONVEYOR_RETURN_IF_ERROR(WriteFileAtomically(port_file, server->address_ + "\n"));
   return server;

@@ -12,8 +12,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
   std::unique_ptr<Coordinator> c(new Coordinator());
   std::string db = ":memory:";
   if (!options.state_dir.empty()) {
-    Status made = MakeDirs(options.state_dir);
-    if (!made.ok()) return absl::FailedPreconditionError("state dir: " + std::string(made.message()));
+    CONVEYOR_ASSIGN_OR_RETURN(c->state_lock_, DirLock::Acquire(options.state_dir, "state folder"));
     db = options.state_dir + "/conveyor.db";
   }
   CONVEYOR_ASSIGN_OR_RETURN(c->store_, JobStore::Open(db));
@@ -35,8 +34,14 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       LOG_WARN("job ", id, ": ", what);
     }
   }
-  c->scheduler_ = std::thread([p = c.get()] { p->SchedulerLoop(); });
+  if (!options.defer_scheduling) c->StartScheduling();
   return c;
+}
+
+void Coordinator::StartScheduling() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scheduler_.joinable() || stop_) return;
+  scheduler_ = std::thread([this] { SchedulerLoop(); });
 }
 
 Coordinator::~Coordinator() { Shutdown(); }
@@ -53,8 +58,8 @@ void Coordinator::Shutdown() {
 }
 
 StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
-  if (job_yaml.size() > (1 << 20)) return absl::InvalidArgumentError("job file is larger than 1 MiB");
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(job_yaml));
+  CONVEYOR_RETURN_IF_ERROR(CheckJobFiles(spec));
   if (spec.partition().stages() > static_cast<int>(clients_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(spec.partition().stages()) +
                                          " stages, this coordinator has " + std::to_string(clients_.size()));
@@ -85,16 +90,41 @@ StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_lo
   return status;
 }
 
-StatusOr<std::vector<v1::JobStatus>> Coordinator::List() {
+StatusOr<std::vector<v1::JobStatus>> Coordinator::List(bool with_losses) {
   CONVEYOR_ASSIGN_OR_RETURN(auto jobs, store_->List());
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& j : jobs) {
     if (j.job_id() == running_id_) {
       j = live_;
-      j.clear_losses();
+    } else if (with_losses && j.step() > 0) {
+      // The store's list leaves losses out.
+      auto full = store_->Get(j.job_id());
+      if (full.ok()) *j.mutable_losses() = full->status.losses();
     }
+    if (!with_losses) j.clear_losses();
   }
   return jobs;
+}
+
+std::vector<v1::StageHealth> Coordinator::ListStages(double timeout_s) {
+  std::vector<v1::StageHealth> out;
+  for (const auto& client : clients_) {
+    v1::StageHealth h;
+    h.set_address(client->address());
+    auto info = client->Ping(timeout_s);
+    h.set_reachable(info.ok());
+    if (info.ok()) {
+      h.set_device(info->device());
+      h.set_job_id(info->job_id());
+    } else {
+      // The client's message starts with the address, which h already has.
+      std::string why(info.status().message());
+      if (why.rfind(h.address() + " ", 0) == 0) why = why.substr(h.address().size() + 1);
+      h.set_error(why);
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
 }
 
 StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
@@ -197,6 +227,12 @@ void Coordinator::RunJob(const std::string& job_id) {
 }
 
 void Coordinator::SchedulerLoop() {
+  // Say at once which stages do not answer: under an orchestrator they may
+  // still be starting, and a job that needs one fails when it is placed.
+  for (const auto& h : ListStages()) {
+    if (!h.reachable())
+      LOG_WARN("stage server ", h.address(), " ", h.error(), ": a job placed on it fails with UNAVAILABLE until it serves");
+  }
   for (;;) {
     std::optional<std::string> next;
     {

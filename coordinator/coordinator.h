@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/files.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
 #include "coordinator/job_runner.h"
@@ -25,6 +26,9 @@ namespace conveyor {
 struct CoordinatorOptions {
   std::vector<std::string> stages;  // stage server addresses, in pipeline order
   std::string state_dir;            // holds conveyor.db; "" keeps jobs in memory only
+  // Start() leaves jobs queued until StartScheduling(): the program first
+  // binds its port, so that a coordinator that cannot serve runs no job.
+  bool defer_scheduling = false;
   // Makes the client of one stage; gRPC unless a test substitutes its own.
   std::function<std::unique_ptr<StageClient>(const std::string& address)> client_factory;
 };
@@ -36,12 +40,16 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // INVALID_ARGUMENT for a bad job file, FAILED_PRECONDITION when the job
-  // needs more stages than the coordinator has.
+  // INVALID_ARGUMENT for a bad job file, NOT_FOUND for a file it names that
+  // is not on this host, FAILED_PRECONDITION when the job needs more stages
+  // than the coordinator has.
   StatusOr<std::string> Submit(const std::string& job_yaml);
   // NOT_FOUND for an unknown id.
   StatusOr<v1::JobStatus> Get(const std::string& job_id, bool omit_losses = false);
-  StatusOr<std::vector<v1::JobStatus>> List();
+  StatusOr<std::vector<v1::JobStatus>> List(bool with_losses = false);
+  // Asks every stage server now whether it answers (a refused connection
+  // fails at once; one that never answers within `timeout_s`).
+  std::vector<v1::StageHealth> ListStages(double timeout_s = 2.0);
   // Queued jobs end at once, a running one at its next step; FAILED_PRECONDITION
   // for a job that already ended.
   StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
@@ -54,6 +62,10 @@ class Coordinator {
   // that have one.
   StatusOr<v1::StepTrace> GetTrace(const std::string& job_id, int64_t step);
 
+  // Starts running queued jobs (Start() does unless defer_scheduling).
+  // Idempotent.
+  void StartScheduling();
+
   // Idempotent: cancels the running job and stops the scheduler.
   void Shutdown();
 
@@ -63,6 +75,7 @@ class Coordinator {
   void RunJob(const std::string& job_id);
   void OnStatus(const v1::JobStatus& status);
 
+  std::unique_ptr<DirLock> state_lock_;  // one coordinator per state folder
   std::unique_ptr<JobStore> store_;
   std::vector<std::unique_ptr<StageClient>> clients_;
 

@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/command_line.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/security.h"
 #include "common/server.h"
 #include "coordinator/coordinator.h"
@@ -13,6 +15,7 @@ int main(int argc, char** argv) {
   conveyor::InstallCrashHandler("coordinator");
   conveyor::BlockTerminationSignals();
   CLI::App app{"Conveyor coordinator: runs training jobs over pipeline stage servers"};
+  app.name("coordinator");
   std::string listen = "127.0.0.1:50050", port_file, log_level = "info";
   conveyor::CoordinatorOptions options;
   app.add_option("--listen", listen, "HOST:PORT to serve on (port 0 picks a free port)")->capture_default_str();
@@ -27,33 +30,40 @@ int main(int argc, char** argv) {
   std::string token_file;
   app.add_option("--auth-token-file", token_file,
                  "file holding the token that SubmitJob and CancelJob must carry (authorization: Bearer TOKEN)");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = conveyor::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (conveyor::Status st = conveyor::CheckAddress(listen, "--listen", /*listen=*/true); !st.ok())
+    return conveyor::UsageError(app, std::string(st.message()));
+  for (const auto& stage : options.stages) {
+    if (conveyor::Status st = conveyor::CheckAddress(stage, "--stages"); !st.ok())
+      return conveyor::UsageError(app, std::string(st.message()));
+  }
 
-  if (!conveyor::ConfigureLogging(log_level, "coordinator")) return 2;
-  if (!conveyor::ConfigureTls(tls, "coordinator")) return 2;
+  if (!conveyor::ConfigureLogging(log_level, "coordinator")) return conveyor::kExitUsage;
+  if (!conveyor::ConfigureTls(tls, "coordinator")) return conveyor::kExitUsage;
   std::string token;
   if (!token_file.empty()) {
     auto read = conveyor::ReadTokenFile(token_file);
     if (!read.ok()) {
-      std::fprintf(stderr, "coordinator: error: %s\n", std::string(read.status().message()).c_str());
-      return 2;
+      return conveyor::UsageError(app, std::string(read.status().message()));
     }
     token = std::move(*read);
     LOG_INFO("SubmitJob and CancelJob require the token in ", token_file,
              conveyor::ProcessTls() ? "" : " (without TLS it crosses the network in clear text)");
   }
+  options.defer_scheduling = true;
   auto coordinator = conveyor::Coordinator::Start(options);
   if (!coordinator.ok()) {
     LOG_ERROR("cannot start: ", coordinator.status().message());
-    return 1;
+    return conveyor::kExitFailure;
   }
   conveyor::CoordinatorService service(coordinator->get(), token);
   auto server = conveyor::GrpcServer::Start(listen, {&service}, port_file);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());
-    return 1;
+    return conveyor::kExitFailure;
   }
   LOG_INFO("coordinator listening on ", (*server)->address(), " with ", options.stages.size(), " stages");
+  (*coordinator)->StartScheduling();
   int sig = conveyor::WaitForTerminationSignal();
   LOG_INFO("signal ", sig, ": shutting down");
   (*coordinator)->Shutdown();

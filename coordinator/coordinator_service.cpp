@@ -21,9 +21,9 @@ grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const v1::GetJobRe
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req,
                                           v1::ListJobsReply* reply) {
-  auto jobs = coordinator_->List();
+  auto jobs = coordinator_->List(req->with_losses());
   if (!jobs.ok()) return ToGrpc(jobs.status());
   for (auto& j : *jobs) *reply->add_jobs() = std::move(j);
   return grpc::Status::OK;
@@ -42,6 +42,11 @@ grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*, const v1::GetTra
   auto trace = coordinator_->GetTrace(req->job_id(), req->step());
   if (!trace.ok()) return ToGrpc(trace.status());
   *reply = std::move(*trace);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListStages(grpc::ServerContext*, const v1::Empty*, v1::ListStagesReply* reply) {
+  for (auto& h : coordinator_->ListStages()) *reply->add_stages() = std::move(h);
   return grpc::Status::OK;
 }
 

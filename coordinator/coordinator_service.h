@@ -24,6 +24,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                         grpc::ServerWriter<v1::JobStatus>* writer) override;
   grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req, v1::StepTrace* reply) override;
+  grpc::Status ListStages(grpc::ServerContext*, const v1::Empty*, v1::ListStagesReply* reply) override;
 
  private:
   Coordinator* coordinator_;  // not owned

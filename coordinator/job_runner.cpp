@@ -11,6 +11,16 @@
 
 namespace conveyor {
 namespace {
+// "stage N: " before a stage's error, unless the stage named itself already
+// (stage servers do, for their own logs): a message names its stage once.
+Status ForStage(const Status& st, int64_t stage) {
+  if (st.ok()) return st;
+  const std::string who = "stage " + std::to_string(stage);
+  const auto m = st.message();
+  if (m.substr(0, who.size()) == who && m.size() > who.size() && (m[who.size()] == ':' || m[who.size()] == ' '))
+    return st;
+  return Annotate(st, who);
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -93,8 +103,10 @@ v1::JobRef JobRunner::Ref() const {
 StatusOr<std::vector<v1::StageInfo>> JobRunner::InfoAll() {
   std::vector<v1::StageInfo> infos;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    auto info = stages_[s]->GetInfo(spec_.stage_timeout_s());
-    if (!info.ok()) return Annotate(info.status(), "stage " + std::to_string(s));
+    // Fails at once on a refused connection: a job does not wait for a stage
+    // server that is not there (a resumed job waits in recovery instead).
+    auto info = stages_[s]->Ping(spec_.stage_timeout_s());
+    if (!info.ok()) return ForStage(info.status(), s);
     infos.push_back(std::move(*info));
   }
   return infos;
@@ -155,7 +167,7 @@ Status JobRunner::Setup() {
     probe.set_layer_end(ranges[c].end);
     for (int64_t d : shapes.back()) probe.add_input_sample_shape(d);
     auto reply = stages_[c % p]->Probe(probe, kControlDeadlineS);
-    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(c % p));
+    if (!reply.ok()) return ForStage(reply.status(), c % p);
     shapes.emplace_back(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
   }
   const bool ring = chunks > p;  // interleaved: the last stage feeds the first
@@ -205,7 +217,7 @@ Status JobRunner::ConfigureAll() {
   for (int s = 0; s < p; ++s) {
     const v1::StageAssignment& a = assignments_[s];
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
-    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
+    if (!reply.ok()) return ForStage(reply.status(), s);
     if (s == 0) {
       steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
       test_samples_ = reply->test_samples();
@@ -226,7 +238,7 @@ Status JobRunner::ConfigureAll() {
     v1::JobRef ref = Ref();
     *ref.mutable_upstream_link() = links[s];
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
-    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
+    if (!reply.ok()) return ForStage(reply.status(), s);
     status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : "");
   }
   return absl::OkStatus();
@@ -243,7 +255,7 @@ Status JobRunner::LoadAll(int64_t step) {
   }
   pool_.RunAll(calls);
   for (std::size_t s = 0; s < stages_.size(); ++s)
-    if (!results[s].ok()) return Annotate(results[s], "stage " + std::to_string(s));
+    if (!results[s].ok()) return ForStage(results[s], s);
   return absl::OkStatus();
 }
 
@@ -371,9 +383,9 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
     });
   }
   pool_.RunAll(calls);
-  if (first_failure >= 0) return Annotate(results[first_failure], "stage " + std::to_string(first_failure));
+  if (first_failure >= 0) return ForStage(results[first_failure], first_failure);
   for (std::size_t s = 0; s < p; ++s)
-    if (!results[s].ok()) return Annotate(results[s], "stage " + std::to_string(s));
+    if (!results[s].ok()) return ForStage(results[s], s);
   return absl::OkStatus();
 }
 
@@ -425,7 +437,7 @@ Status JobRunner::Train() {
       r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);
     }
     auto us = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
-    KeepTrace(step, replies, us(step_end - step_start), step > first ? us(step_start - previous_step_end) : 0);
+    KeepTrace(step + 1, replies, us(step_end - step_start), step > first ? us(step_start - previous_step_end) : 0);
     previous_step_end = step_end;
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     const int64_t done = step + 1;
@@ -511,7 +523,7 @@ Status JobRunner::CollectDigest() {
   v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
-    if (!reply.ok()) return Annotate(reply.status(), "stage " + std::to_string(s));
+    if (!reply.ok()) return ForStage(reply.status(), s);
     if (reply->layers_size() != reply->layer_digests_size())
       return absl::InternalError("stage " + std::to_string(s) + ": digests without layer indices");
     for (int i = 0; i < reply->layers_size(); ++i) by_layer[reply->layers(i)] = reply->layer_digests(i);
@@ -636,6 +648,7 @@ v1::JobStatus JobRunner::Run() {
   } else if (!st.ok()) {
     status_.set_state(v1::JOB_STATE_FAILED);
     status_.set_error(std::string(st.message()));
+    status_.set_error_code(absl::StatusCodeToString(st.code()));
   } else {
     status_.set_state(v1::JOB_STATE_SUCCEEDED);
   }

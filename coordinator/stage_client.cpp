@@ -1,6 +1,7 @@
 #include "coordinator/stage_client.h"
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <set>
 
@@ -9,6 +10,12 @@
 
 namespace conveyor {
 namespace {
+
+std::string FormatSeconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", s);
+  return text;
+}
 
 class GrpcStageClient : public StageClient {
  public:
@@ -19,6 +26,9 @@ class GrpcStageClient : public StageClient {
 
   StatusOr<v1::StageInfo> GetInfo(double t) override {
     return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t);
+  }
+  StatusOr<v1::StageInfo> Ping(double t) override {
+    return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t, CallKind::kFailFast);
   }
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double t) override {
     return Call(&v1::StageControl::Stub::Profile, req, t);
@@ -80,8 +90,12 @@ class GrpcStageClient : public StageClient {
       steps_.erase(&ctx);
     }
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && !connected_once_) {
-      return absl::UnavailableError("stage at " + address_ + " did not answer within " +
-                                    std::to_string(static_cast<int>(timeout_s)) + " s");
+      return absl::UnavailableError(address_ + " did not answer within " + FormatSeconds(timeout_s));
+    }
+    // gRPC's "failed to connect to all addresses; last error: ..." in words.
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        st.error_message().find("failed to connect") != std::string::npos) {
+      return absl::UnavailableError(address_ + " is unreachable: " + DescribeUnreachable(st.error_message()));
     }
     if (!st.ok()) return FromGrpc(st);
     connected_once_ = true;

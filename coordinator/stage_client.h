@@ -17,6 +17,9 @@ class StageClient {
   virtual ~StageClient() = default;
   virtual const std::string& address() const = 0;
   virtual StatusOr<v1::StageInfo> GetInfo(double timeout_s) = 0;
+  // GetInfo that fails at once when the stage cannot be reached (a refused
+  // connection, an unknown host) instead of waiting for it.
+  virtual StatusOr<v1::StageInfo> Ping(double timeout_s) { return GetInfo(timeout_s); }
   virtual StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double timeout_s) = 0;

@@ -8,6 +8,9 @@ namespace conveyor {
 
 StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptions& options) {
   std::unique_ptr<StageServer> s(new StageServer());
+  if (!options.checkpoint_dir.empty()) {
+    CONVEYOR_ASSIGN_OR_RETURN(s->checkpoint_lock_, DirLock::Acquire(options.checkpoint_dir, "checkpoint folder"));
+  }
   s->transports_ = std::make_unique<GrpcTransportFactory>();
   StageOptions stage_options;
   stage_options.device = options.device;

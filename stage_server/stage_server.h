@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "common/files.h"
 #include "common/server.h"
 #include "stage_server/stage.h"
 
@@ -32,6 +33,7 @@ class StageServer {
  private:
   StageServer() = default;
   // Declaration order is destruction order in reverse: the server goes first.
+  std::unique_ptr<DirLock> checkpoint_lock_;  // one stage server per checkpoint folder
   std::unique_ptr<TransportFactory> transports_;
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<grpc::Service> control_, data_;

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include "common/command_line.h"
 #include "common/device.h"
+#include "common/net.h"
 #include "common/logging.h"
 #include "common/security.h"
 #include "stage_server/stage_server.h"
@@ -14,6 +16,7 @@ int main(int argc, char** argv) {
   conveyor::InstallCrashHandler("stage_server");
   conveyor::BlockTerminationSignals();
   CLI::App app{"Conveyor stage server: owns one partition of a model on one device"};
+  app.name("stage_server");
   conveyor::StageServerOptions options;
   std::string log_level = "info";
   app.add_option("--listen", options.listen, "HOST:PORT to serve on (port 0 picks a free port)")
@@ -31,18 +34,20 @@ int main(int argc, char** argv) {
   conveyor::AddTlsFlags(app, &tls);
   bool count_gpus = false;
   app.add_flag("--count-gpus", count_gpus, "print how many CUDA devices this process can use, and exit");
-  CLI11_PARSE(app, argc, argv);
+  if (int rc = conveyor::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (count_gpus) {
     std::cout << conveyor::CudaDeviceCount() << std::endl;
     return 0;
   }
 
-  if (!conveyor::ConfigureLogging(log_level, "stage")) return 2;
-  if (!conveyor::ConfigureTls(tls, "stage_server")) return 2;
+  if (conveyor::Status st = conveyor::CheckAddress(options.listen, "--listen", /*listen=*/true); !st.ok())
+    return conveyor::UsageError(app, std::string(st.message()));
+  if (!conveyor::ConfigureLogging(log_level, "stage")) return conveyor::kExitUsage;
+  if (!conveyor::ConfigureTls(tls, "stage_server")) return conveyor::kExitUsage;
   auto server = conveyor::StageServer::Start(options);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());
-    return 1;
+    return conveyor::kExitFailure;
   }
   int sig = conveyor::WaitForTerminationSignal();
   LOG_INFO("signal ", sig, ": shutting down");
