@@ -16,6 +16,7 @@
 #include "cli/output.h"
 #include "cli/reference.h"
 #include "cli/trace.h"
+#include "common/command_line.h"
 #include "common/files.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
@@ -29,19 +30,26 @@
 namespace conveyor::cli {
 namespace {
 
-constexpr int kExitFailure = 1;
-
 int Fail(const Status& st) {
   std::cerr << "conveyor: error: " << st.message() << " (" << absl::StatusCodeToString(st.code()) << ")\n";
   return kExitFailure;
 }
 
-StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError("cannot read " + path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// An UNAVAILABLE call to `what` at `address`, said in words: who could not be
+// reached and why ("connection refused", "host not found").
+Status Unreachable(const Status& st, const std::string& what, const std::string& address) {
+  if (st.code() != absl::StatusCode::kUnavailable) return st;
+  return absl::UnavailableError("cannot reach " + what + " at " + address + ": " +
+                                DescribeUnreachable(std::string(st.message())));
+}
+
+// The job file, checked here as the coordinator will check it: a binary
+// file, a folder or a typo is named before anything is sent.
+StatusOr<std::string> ReadCheckedJobFile(const std::string& path) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::string yaml, ReadJobFile(path));
+  auto spec = ParseJobYaml(yaml);
+  if (!spec.ok()) return Annotate(spec.status(), path);
+  return yaml;
 }
 
 struct Common {
@@ -73,7 +81,14 @@ std::string CoordinatorAddress(const Common& c) {
   return "127.0.0.1:50050";
 }
 
+// The coordinator this process talks to (set by Connect), for messages.
+std::string& Target() {
+  static std::string target;
+  return target;
+}
+
 std::unique_ptr<v1::Coordinator::Stub> Connect(const std::string& address) {
+  Target() = address;
   return v1::Coordinator::NewStub(MakeChannel(address));
 }
 
@@ -85,7 +100,7 @@ Status Call(v1::Coordinator::Stub& stub,
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineAfter(30));
   AddBearerToken(&ctx, BearerToken());
-  return FromGrpc((stub.*method)(&ctx, req, reply));
+  return Unreachable(FromGrpc((stub.*method)(&ctx, req, reply)), "the coordinator", Target());
 }
 
 // Prints the end of a job: the summary on stderr, and the JSON object on
@@ -117,7 +132,8 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   }
   progress.Finish();
   grpc::Status st = reader->Finish();
-  if (!st.ok() && !ended) return Fail(Annotate(FromGrpc(st), "lost the coordinator while watching " + job_id));
+  if (!st.ok() && !ended)
+    return Fail(Annotate(Unreachable(FromGrpc(st), "the coordinator", Target()), "watching " + job_id));
   req.set_omit_losses(false);
   Status got = Call(stub, &v1::Coordinator::Stub::GetJob, req, &status);
   if (!got.ok()) return Fail(got);
@@ -135,7 +151,7 @@ StatusOr<std::string> SubmitText(v1::Coordinator::Stub& stub, const std::string&
 // ------------------------------------------------------------- commands --
 
 int CmdSubmit(const Common& c, const std::string& file, bool wait) {
-  auto yaml = ReadText(file);
+  auto yaml = ReadCheckedJobFile(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto stub = Connect(CoordinatorAddress(c));
   auto id = SubmitText(*stub, *yaml);
@@ -163,8 +179,10 @@ int CmdStatus(const Common& c, const std::string& job_id) {
 
 int CmdList(const Common& c) {
   auto stub = Connect(CoordinatorAddress(c));
+  v1::ListJobsRequest req;
+  req.set_with_losses(c.json);  // the same object as status --json
   v1::ListJobsReply reply;
-  Status st = Call(*stub, &v1::Coordinator::Stub::ListJobs, v1::ListJobsRequest(), &reply);
+  Status st = Call(*stub, &v1::Coordinator::Stub::ListJobs, req, &reply);
   if (!st.ok()) return Fail(st);
   if (c.json) {
     nlohmann::json all = nlohmann::json::array();
@@ -174,6 +192,8 @@ int CmdList(const Common& c) {
   }
   if (reply.jobs().empty()) std::cout << "no jobs\n";
   for (const auto& j : reply.jobs()) std::cout << ListLine(j) << "\n";
+  v1::ListStagesReply stages;
+  if (Call(*stub, &v1::Coordinator::Stub::ListStages, v1::Empty(), &stages).ok()) std::cout << StagesLines(stages);
   return 0;
 }
 
@@ -184,7 +204,11 @@ int CmdCancel(const Common& c, const std::string& job_id) {
   v1::JobStatus status;
   Status st = Call(*stub, &v1::Coordinator::Stub::CancelJob, req, &status);
   if (!st.ok()) return Fail(st);
-  std::cout << "cancelling " << job_id << " (" << JobStateName(status.state()) << ")\n";
+  if (IsTerminal(status.state())) {
+    std::cout << job_id << " " << JobStateName(status.state()) << "\n";  // it was still queued
+  } else {
+    std::cout << "cancelling " << job_id << ": it stops after its current step\n";
+  }
   return 0;
 }
 
@@ -196,6 +220,7 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   }
   auto spec = LoadJobFile(file);
   if (!spec.ok()) return Fail(spec.status());
+  if (Status files = CheckJobFiles(*spec); !files.ok()) return Fail(Annotate(files, file));
   SetComputeThreads(threads);
   ProgressPrinter progress(true);
   ReferenceOptions options;
@@ -209,7 +234,8 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
 }
 
 // Fetches one step's timeline and writes PREFIX.json and PREFIX.png.
-int WriteStepTrace(v1::Coordinator::Stub& stub, const std::string& job_id, int64_t step, std::string prefix) {
+int WriteStepTrace(v1::Coordinator::Stub& stub, const std::string& job_id, int64_t step, std::string prefix,
+                   std::ostream& out) {
   v1::GetJobRequest get;
   get.set_job_id(job_id);
   get.set_omit_losses(true);
@@ -225,24 +251,38 @@ int WriteStepTrace(v1::Coordinator::Stub& stub, const std::string& job_id, int64
   if (prefix.empty()) prefix = job_id + "-step" + std::to_string(trace.step());
   auto said = WriteTrace(trace, status.theoretical_idle_fraction(), prefix);
   if (!said.ok()) return Fail(said.status());
-  std::cerr << *said << "\n";
+  out << *said << "\n";
   return 0;
 }
 
 int CmdTrace(const Common& c, const std::string& job_id, int64_t step, const std::string& prefix) {
   auto stub = Connect(CoordinatorAddress(c));
-  return WriteStepTrace(*stub, job_id, step, prefix);
+  return WriteStepTrace(*stub, job_id, step, prefix, std::cout);
 }
 
-int CmdHealth(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(MakeChannel(address));
+// The standard health check; with `wait_s` > 0 it waits that long for a
+// server that is still starting. A coordinator also lists its stage servers.
+int CmdHealth(const std::string& address, double wait_s) {
+  auto channel = MakeChannel(address);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::health::v1::HealthCheckRequest req;
   grpc::health::v1::HealthCheckResponse reply;
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(5));
+  ctx.set_deadline(DeadlineAfter(wait_s > 0 ? wait_s : 5));
+  ctx.set_wait_for_ready(wait_s > 0);
   grpc::Status st = stub->Check(&ctx, req, &reply);
-  if (!st.ok()) return Fail(Annotate(FromGrpc(st), address));
+  if (!st.ok()) {
+    Status why = FromGrpc(st);
+    if (wait_s > 0 && why.code() == absl::StatusCode::kDeadlineExceeded)
+      why = absl::UnavailableError("no answer within " + FormatDuration(wait_s));
+    return Fail(Unreachable(why, "the server", address));
+  }
   std::cout << address << ": " << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(reply.status()) << "\n";
+  auto coordinator = v1::Coordinator::NewStub(channel);
+  v1::ListStagesReply stages;
+  grpc::ClientContext list_ctx;
+  list_ctx.set_deadline(DeadlineAfter(10));
+  if (coordinator->ListStages(&list_ctx, v1::Empty(), &stages).ok()) std::cout << StagesLines(stages);
   return reply.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : kExitFailure;
 }
 
@@ -298,11 +338,12 @@ class InterruptWatcher {
 };
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
-             const std::string& trace_prefix, const std::string& profile_dir) {
-  auto yaml = ReadText(file);
+             const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs) {
+  auto yaml = ReadCheckedJobFile(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
   if (!spec.ok()) return Fail(Annotate(spec.status(), file));
+  if (Status files = CheckJobFiles(*spec); !files.ok()) return Fail(Annotate(files, file));
   LocalClusterOptions options;
   options.stages = stages > 0 ? stages : spec->partition().stages();
   options.bin_dir = ExecutableDir();
@@ -333,12 +374,13 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   std::cerr << "submitted " << *id << std::endl;
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
-  if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix);
+  if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
   // Close our channel before the coordinator goes away under it.
   stub.reset();
   (*cluster)->Stop();
-  if (rc == 0) {
+  if (rc == 0 && !keep_logs) {
     RemoveTree((*cluster)->run_dir());
+    std::cerr << "removed " << (*cluster)->run_dir() << " (logs of a job that succeeded; --keep-logs keeps them)\n";
   } else {
     std::cerr << "logs kept in " << (*cluster)->run_dir() << "\n";
   }
@@ -349,6 +391,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
 
 int Main(int argc, char** argv) {
   CLI::App app{"conveyor: pipeline-parallel training as services"};
+  app.name("conveyor");
   app.require_subcommand(1);
   app.fallthrough();  // the options below also after the command: `conveyor local JOB --tls-cert ...`
   Common common;
@@ -392,6 +435,8 @@ int Main(int argc, char** argv) {
   local->add_option("--stages", stages, "stage servers to start (default: the job's stages)");
   local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")->capture_default_str();
   local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
+  bool keep_logs = false;
+  local->add_flag("--keep-logs", keep_logs, "keep the cluster's logs and state even when the job succeeds");
 
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
@@ -400,20 +445,29 @@ int Main(int argc, char** argv) {
   int64_t step = -1;
   auto* trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");
   trace->add_option("job_id", job_id, "job id")->required();
-  trace->add_option("--step", step, "the step (default: the last one kept)");
+  trace->add_option("--step", step, "the step, from 1 as progress counts (default: the last one kept)");
   trace->add_option("--out", trace_prefix, "file prefix (default JOB-stepN)");
 
   auto* health = app.add_subcommand("health", "probe a server with the standard gRPC health check");
   health->add_option("address", address, "HOST:PORT")->required();
+  double health_wait = 0;
+  health->add_option("--wait", health_wait, "wait up to SECONDS for a server that is still starting")
+      ->check(CLI::NonNegativeNumber);
 
-  CLI11_PARSE(app, argc, argv);
-  if (!ConfigureLogging(common.log_level, "conveyor")) return 2;
-  if (!ConfigureTls(common.tls, "conveyor")) return 2;
-  auto token = ResolveToken(common);
-  if (!token.ok()) {
-    std::cerr << "conveyor: error: " << token.status().message() << "\n";
-    return 2;
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (*health) {
+    if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
+  } else if (*submit || *status || *list || *cancel || *trace) {
+    if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
+                                                                                         : "--coordinator");
+        !st.ok())
+      return UsageError(app, std::string(st.message()));
   }
+  if (*trace && step == 0) return UsageError(app, "trace --step: steps count from 1");
+  if (!ConfigureLogging(common.log_level, "conveyor")) return kExitUsage;
+  if (!ConfigureTls(common.tls, "conveyor")) return kExitUsage;
+  auto token = ResolveToken(common);
+  if (!token.ok()) return UsageError(app, std::string(token.status().message()));
   BearerToken() = std::move(*token);
 
   if (*submit) return CmdSubmit(common, file, wait);
@@ -421,10 +475,10 @@ int Main(int argc, char** argv) {
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir);
-  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir);
+  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
-  if (*health) return CmdHealth(address);
-  return 2;
+  if (*health) return CmdHealth(address, health_wait);
+  return kExitUsage;
 }
 
 }  // namespace conveyor::cli

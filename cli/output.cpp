@@ -69,11 +69,12 @@ void ProgressPrinter::Update(const v1::JobStatus& s) {
       std::fflush(stderr);
     }
   }
-  if (!enabled_ || s.state() != v1::JOB_STATE_RUNNING || s.step() == 0) return;
+  if (!enabled_ || s.state() != v1::JOB_STATE_RUNNING || s.step() == 0 || s.step() == step_printed_) return;
   auto now = std::chrono::steady_clock::now();
   auto every = tty_ ? std::chrono::milliseconds(250) : std::chrono::milliseconds(2000);
   if (now - last_ < every && s.step() != s.total_steps()) return;
   last_ = now;
+  step_printed_ = s.step();
   std::ostringstream line;
   line << "epoch " << s.epoch() << "/" << s.total_epochs() << "  step " << s.step() << "/" << s.total_steps();
   line << "  loss " << std::fixed << std::setprecision(4) << s.loss();
@@ -98,23 +99,26 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["job_id"] = s.job_id();
   j["name"] = s.name();
   j["state"] = JobStateName(s.state());
-  if (!s.error().empty()) j["error"] = s.error();
+  j["error"] = s.error().empty() ? nlohmann::json(nullptr) : nlohmann::json(s.error());
+  j["error_code"] = s.error_code().empty() ? nlohmann::json(nullptr) : nlohmann::json(s.error_code());
   j["steps"] = s.step();
   j["total_steps"] = s.total_steps();
   j["losses"] = std::vector<float>(s.losses().begin(), s.losses().end());
+  // The loss of the last step done (the job's final loss once it ended).
   if (s.losses_size() > 0) j["final_loss"] = s.losses(s.losses_size() - 1);
+  else if (s.step() > 0) j["final_loss"] = s.loss();
   else j["final_loss"] = nullptr;
   j["samples_per_second"] = s.samples_per_second();
   j["steady_samples_per_second"] = s.steady_samples_per_second();
   j["elapsed_seconds"] = s.elapsed_seconds();
-  if (s.has_eval()) j["eval_accuracy"] = s.eval_accuracy();
+  j["eval_accuracy"] = s.has_eval() ? nlohmann::json(s.eval_accuracy()) : nlohmann::json(nullptr);
   nlohmann::json epochs = nlohmann::json::array();
   for (const auto& e : s.epochs()) {
     nlohmann::json je = {{"epoch", e.epoch()},
                          {"mean_loss", e.mean_loss()},
                          {"train_seconds", e.train_seconds()},
                          {"samples_per_second", e.samples_per_second()}};
-    if (e.has_eval()) je["eval_accuracy"] = e.eval_accuracy();
+    je["eval_accuracy"] = e.has_eval() ? nlohmann::json(e.eval_accuracy()) : nlohmann::json(nullptr);
     epochs.push_back(je);
   }
   j["epochs"] = epochs;
@@ -153,16 +157,20 @@ std::string Summary(const v1::JobStatus& s) {
   out << "job " << s.job_id() << " (" << s.name() << "): " << JobStateName(s.state());
   if (s.elapsed_seconds() > 0) out << " after " << FormatDuration(s.elapsed_seconds()) << " of training";
   out << "\n";
-  if (!s.error().empty()) out << "  error: " << s.error() << "\n";
+  if (!s.error().empty())
+    out << "  error" << (s.error_code().empty() ? "" : " (" + s.error_code() + ")") << ": " << s.error() << "\n";
   if (s.total_steps() > 0) {
-    out << "  steps " << s.step() << "/" << s.total_steps() << " (" << s.total_epochs() << " epochs), batch "
-        << s.batch_size() << " in " << s.micro_batches() << " micro-batches, schedule " << s.schedule();
+    out << "  steps " << s.step() << "/" << s.total_steps() << " (" << Plural(s.total_epochs(), "epoch")
+        << "), batch " << s.batch_size() << " in " << Plural(s.micro_batches(), "micro-batch")
+        << ", schedule " << s.schedule();
     if (s.virtual_stages() > 1) out << " with " << s.virtual_stages() << " chunks per stage";
     out << "\n";
   }
-  if (s.losses_size() > 0) {
-    out << "  final loss " << std::fixed << std::setprecision(4) << s.losses(s.losses_size() - 1) << ", "
-        << std::setprecision(0) << s.samples_per_second() << " samples/s";
+  if (s.step() > 0) {
+    // A job still going has a latest loss, not a final one.
+    out << "  " << (IsTerminal(s.state()) ? "final loss " : "loss ") << std::fixed << std::setprecision(4)
+        << (s.losses_size() > 0 ? s.losses(s.losses_size() - 1) : s.loss()) << ", " << std::setprecision(0)
+        << s.samples_per_second() << " samples/s";
     if (s.steady_samples_per_second() > 0)
       out << " (" << std::setprecision(1) << s.steady_samples_per_second() << " after the first " << kWarmupSteps
           << " steps)";
@@ -174,10 +182,10 @@ std::string Summary(const v1::JobStatus& s) {
     out << "  stage " << st.index() << " " << st.address() << " layers [" << st.layer_begin() << ", "
         << st.layer_end() << ") " << st.device() << ", " << st.num_parameters() << " params, busy "
         << std::setprecision(0) << 100 * st.busy_fraction() << "%, idle " << 100 * st.idle_fraction()
-        << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak " << st.peak_activations()
-        << " micro-batches held (" << FormatBytes(st.peak_activation_bytes()) << ")";
+        << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak "
+        << Plural(st.peak_activations(), "micro-batch") << " held (" << FormatBytes(st.peak_activation_bytes()) << ")";
     if (!st.transport().empty()) out << ", " << st.transport() << " to next";
-    if (st.graphed_steps() > 0) out << ", " << st.graphed_steps() << " steps as CUDA graphs";
+    if (st.graphed_steps() > 0) out << ", " << Plural(st.graphed_steps(), "step") << " as CUDA graphs";
     out << "\n";
   }
   if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
@@ -196,10 +204,35 @@ std::string Summary(const v1::JobStatus& s) {
   return out.str();
 }
 
+std::string Plural(int64_t n, const std::string& word) {
+  if (n == 1) return "1 " + word;
+  const bool es = word.size() >= 2 && (word.substr(word.size() - 2) == "ch" || word.back() == 's');
+  return std::to_string(n) + " " + word + (es ? "es" : "s");
+}
+
+std::string StagesLines(const v1::ListStagesReply& stages) {
+  std::ostringstream out;
+  int reachable = 0;
+  for (const auto& h : stages.stages()) reachable += h.reachable() ? 1 : 0;
+  out << "stage servers: " << stages.stages_size() << ", " << reachable << " answering\n";
+  for (const auto& h : stages.stages()) {
+    out << "  " << std::left << std::setw(22) << h.address() << " ";
+    if (h.reachable()) {
+      out << std::setw(8) << h.device() << " " << (h.job_id().empty() ? "idle" : "holds " + h.job_id());
+    } else {
+      out << h.error();
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
 std::string ListLine(const v1::JobStatus& s) {
   std::ostringstream out;
   out << std::left << std::setw(10) << s.job_id() << " " << std::setw(10) << JobStateName(s.state()) << " "
-      << std::setw(24) << s.name() << " step " << s.step() << "/" << s.total_steps();
+      << std::setw(24) << s.name();
+  // A queued job (or one that failed before it started) has no steps yet.
+  if (s.total_steps() > 0) out << " step " << s.step() << "/" << s.total_steps();
   if (s.has_eval()) out << "  acc " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%";
   if (!s.error().empty()) out << "  " << s.error();
   return out.str();

@@ -26,12 +26,20 @@ class ProgressPrinter {
   bool line_open_ = false;
   bool recovering_ = false;
   int epochs_printed_ = 0;
+  int64_t step_printed_ = 0;  // the last step a progress line showed
   std::chrono::steady_clock::time_point last_;
 };
 
-// The --json object: job_id, state, steps, losses, final_loss,
-// samples_per_second, eval_accuracy (when evaluated), param_digest, ...
+// The --json object of a job, the same keys whatever the command and state
+// (a value that does not exist yet is null): job_id, state, error, steps,
+// losses, final_loss, samples_per_second, eval_accuracy, param_digest, ...
 nlohmann::json ToJson(const v1::JobStatus& status);
+
+// The coordinator's stage servers, a line each, under a heading.
+std::string StagesLines(const v1::ListStagesReply& stages);
+
+// "1 epoch", "3 epochs".
+std::string Plural(int64_t n, const std::string& word);
 
 // A human summary of a finished (or any) job, several lines.
 std::string Summary(const v1::JobStatus& status);

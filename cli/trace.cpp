@@ -1,5 +1,7 @@
 #include "cli/trace.h"
 
+#include "cli/output.h"
+
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -145,7 +147,7 @@ StatusOr<std::string> WriteTrace(const v1::StepTrace& trace, double theoretical_
   }
   std::ostringstream said;
   said << "step " << trace.step() << " of " << trace.job_id() << " (" << trace.schedule() << ", "
-       << trace.micro_batches() << " micro-batches)\n";
+       << Plural(trace.micro_batches(), "micro-batch") << ")\n";
   std::vector<double> idle = IdleFractions(trace);
   for (std::size_t s = 0; s < idle.size(); ++s)
     said << "  stage " << s << " idle " << std::fixed << std::setprecision(1) << 100 * idle[s] << "%\n";
