@@ -60,6 +60,7 @@ TEST(Cli, LocalRunMatchesTheReference) {
   }
   EXPECT_EQ(a["eval_accuracy"], b["eval_accuracy"]);
   EXPECT_THAT(local.err, HasSubstr("test accuracy"));  // the summary
+  EXPECT_THAT(local.err, HasSubstr("(logs of a job that succeeded; --keep-logs keeps them)"));
 }
 
 // The named operators of a trace that profile_step wrote, by category.
@@ -211,12 +212,13 @@ TEST(Cli, CtrlCCancelsTheJobAndStopsTheCluster) {
 }
 
 TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
-  const std::string job = ::testing::TempDir() + "/no-data.yaml";
-  std::ofstream(job) << "model: convnet\npartition: {stages: 2}\ndata: {name: fashion-mnist, path: /missing/fmnist}\n";
+  // NCCL between CPU stages: accepted at submission, refused when the links are set up.
+  const std::string job = ::testing::TempDir() + "/cpu-nccl.yaml";
+  std::ofstream(job) << "model: toy\npartition: {stages: 2}\ntransport: nccl\n";
   auto r = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.out, HasSubstr("failed"));
-  EXPECT_THAT(r.out, HasSubstr("/missing/fmnist"));
+  EXPECT_THAT(r.out, HasSubstr("cannot use NCCL"));
   const auto logs = r.err.find("logs kept in ");
   ASSERT_NE(logs, std::string::npos) << r.err;
   const std::string run_dir = r.err.substr(logs + 13, r.err.find('\n', logs) - logs - 13);

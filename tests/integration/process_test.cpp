@@ -211,11 +211,10 @@ TEST_F(BadInput, UnknownJobIdsAreNotFound) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-TEST_F(BadInput, AMissingDatasetFailsTheJobNamingThePath) {
-  v1::JobStatus s = testing::SubmitAndWait(cluster_->coordinator_address(),
-                                  "model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
-  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(s.error(), HasSubstr("/missing/fmnist"));
+TEST_F(BadInput, AMissingDatasetIsRefusedAtSubmissionNamingThePath) {
+  grpc::Status st = Submit("model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(), HasSubstr("data.path: /missing/fmnist"));
   // The cluster still runs jobs.
   EXPECT_EQ(testing::SubmitAndWait(cluster_->coordinator_address(), "model: toy\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
 }
