@@ -29,17 +29,17 @@
 #include "common/model_catalog.h"
 #include "common/models.h"
 #include "common/op_profile.h"
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 #include "common/training.h"
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/graphed_passes.h"
-#include "stage_server/header_ring.h"
-#include "stage_server/inbox.h"
-#include "stage_server/nccl_channel.h"
+#include "transport/nccl/header_ring.h"
+#include "transport/inbox.h"
+#include "transport/nccl/nccl_channel.h"
 #include "common/schedule.h"
-#include "stage_server/tensor_payload.h"
+#include "transport/tensor_payload.h"
 
 namespace conveyor {
 namespace {

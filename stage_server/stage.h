@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
-#include "stage_server/transport.h"
+#include "transport/transport.h"
 
 namespace conveyor {
 

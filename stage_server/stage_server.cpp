@@ -1,8 +1,9 @@
 #include "stage_server/stage_server.h"
 
 #include "common/logging.h"
-#include "stage_server/grpc_transport.h"
+#include "transport/grpc/grpc_transport.h"
 #include "stage_server/stage_service.h"
+#include "transport/grpc/stage_data_service.h"
 
 namespace conveyor {
 

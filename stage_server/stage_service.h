@@ -1,6 +1,6 @@
-// gRPC adapters of a Stage: StageControl (unary calls from the coordinator)
-// and StageData (streams from the neighbours, read with the callback API and
-// fed into the stage's Inbox). Thin: no logic beyond status conversion.
+// The gRPC adapter of a Stage: StageControl (unary calls from the
+// coordinator). Thin: no logic beyond status conversion. The neighbours'
+// streams arrive at transport/grpc/stage_data_service.h.
 #pragma once
 
 #include "conveyor.grpc.pb.h"
@@ -28,22 +28,6 @@ class StageControlService final : public v1::StageControl::Service {
 
  private:
   Stage* stage_;  // not owned
-};
-
-// Push: protobuf frames. PushChunks: a raw method (gRPC's buffers, no
-// protobuf parse of the bytes), read by a ChunkReceiver that assembles the
-// tensors on `device`.
-class StageDataService final : public v1::StageData::WithRawCallbackMethod_PushChunks<v1::StageData::CallbackService> {
- public:
-  StageDataService(Inbox* inbox, std::string device) : inbox_(inbox), device_(std::move(device)) {}
-  grpc::ServerReadReactor<v1::TensorFrame>* Push(grpc::CallbackServerContext* context,
-                                                 v1::PushReply* reply) override;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* PushChunks(grpc::CallbackServerContext* context,
-                                                        grpc::ByteBuffer* reply) override;
-
- private:
-  Inbox* inbox_;  // not owned
-  const std::string device_;
 };
 
 }  // namespace conveyor

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "stage_server/chunk_codec.h"
+#include "transport/grpc/chunk_codec.h"
 #include "bench/fuzz/fuzz_inbox.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -2,7 +2,7 @@
 // 3x4 samples into chunk 1 and gradients of 5 from it, at step 0.
 #pragma once
 
-#include "stage_server/inbox.h"
+#include "transport/inbox.h"
 
 namespace conveyor::fuzz {
 

@@ -34,14 +34,14 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/server.h"
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
-#include "stage_server/grpc_transport.h"
-#include "stage_server/header_ring.h"
-#include "stage_server/inbox.h"
-#include "stage_server/nccl_channel.h"
-#include "stage_server/stage_service.h"
-#include "stage_server/tensor_payload.h"
+#include "transport/grpc/grpc_transport.h"
+#include "transport/nccl/header_ring.h"
+#include "transport/inbox.h"
+#include "transport/nccl/nccl_channel.h"
+#include "transport/grpc/stage_data_service.h"
+#include "transport/tensor_payload.h"
 
 namespace conveyor {
 namespace {

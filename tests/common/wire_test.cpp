@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 
 namespace conveyor {
 namespace {

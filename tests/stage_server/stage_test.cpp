@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "common/job_spec.h"
-#include "stage_server/inproc_transport.h"
+#include "transport/inproc_transport.h"
 
 namespace conveyor {
 namespace {

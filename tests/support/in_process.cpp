@@ -6,7 +6,7 @@
 #include <map>
 
 #include "common/job_spec.h"
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 
 namespace conveyor::testing {
 namespace {

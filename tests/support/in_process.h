@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "coordinator/coordinator.h"
-#include "stage_server/delayed_transport.h"
-#include "stage_server/inproc_transport.h"
+#include "transport/delayed_transport.h"
+#include "transport/inproc_transport.h"
 #include "stage_server/stage.h"
 
 namespace conveyor::testing {

@@ -11,7 +11,7 @@
 
 #include "common/job_spec.h"
 #include "common/net.h"
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/in_process.h"
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <mutex>
 
-#include "stage_server/transport.h"
+#include "transport/transport.h"
 
 namespace conveyor {
 

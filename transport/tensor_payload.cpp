@@ -1,11 +1,11 @@
-#include "stage_server/tensor_payload.h"
+#include "transport/tensor_payload.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <string>
 
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 
 namespace conveyor {
 namespace {

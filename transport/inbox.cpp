@@ -1,4 +1,4 @@
-#include "stage_server/inbox.h"
+#include "transport/inbox.h"
 
 #include <algorithm>
 #include <optional>

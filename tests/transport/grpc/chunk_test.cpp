@@ -8,10 +8,10 @@
 
 #include <cstring>
 
-#include "stage_server/chunk_codec.h"
-#include "stage_server/chunk_receiver.h"
-#include "stage_server/inbox.h"
-#include "stage_server/tensor_payload.h"
+#include "transport/grpc/chunk_codec.h"
+#include "transport/grpc/chunk_receiver.h"
+#include "transport/inbox.h"
+#include "transport/tensor_payload.h"
 
 namespace conveyor {
 namespace {

@@ -1,4 +1,4 @@
-#include "stage_server/delayed_transport.h"
+#include "transport/delayed_transport.h"
 
 #include <condition_variable>
 #include <map>

@@ -1,5 +1,5 @@
 // The staging copies where this build has no CUDA (see cuda_staging.h).
-#include "stage_server/cuda_staging.h"
+#include "transport/grpc/cuda_staging.h"
 
 namespace conveyor {
 

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <functional>
 
-#include "stage_server/transport.h"
+#include "transport/transport.h"
 
 namespace conveyor {
 

@@ -6,7 +6,7 @@
 // of the headers, and a receiving thread per NCCL link fetches them.
 #pragma once
 
-#include "stage_server/transport.h"
+#include "transport/transport.h"
 
 namespace conveyor {
 

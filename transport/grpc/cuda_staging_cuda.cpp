@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "stage_server/cuda_staging.h"
+#include "transport/grpc/cuda_staging.h"
 
 namespace conveyor {
 namespace {

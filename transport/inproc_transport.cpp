@@ -1,7 +1,7 @@
-#include "stage_server/inproc_transport.h"
+#include "transport/inproc_transport.h"
 
-#include "stage_server/inbox.h"
-#include "stage_server/tensor_payload.h"
+#include "transport/inbox.h"
+#include "transport/tensor_payload.h"
 
 namespace conveyor {
 namespace {

@@ -1,4 +1,4 @@
-#include "stage_server/chunk_codec.h"
+#include "transport/grpc/chunk_codec.h"
 
 #include <cstring>
 

@@ -9,7 +9,7 @@
 #include <memory>
 #include <optional>
 
-#include "stage_server/frame.h"
+#include "transport/frame.h"
 
 namespace conveyor {
 

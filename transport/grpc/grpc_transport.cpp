@@ -1,4 +1,4 @@
-#include "stage_server/grpc_transport.h"
+#include "transport/grpc/grpc_transport.h"
 
 #include <ATen/ATen.h>
 #include <grpcpp/impl/rpc_method.h>
@@ -11,15 +11,15 @@
 
 #include "common/logging.h"
 #include "common/net.h"
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
-#include "stage_server/chunk_codec.h"
-#include "stage_server/header_ring.h"
-#include "stage_server/cuda_staging.h"
-#include "stage_server/inbox.h"
-#include "stage_server/nccl_channel.h"
-#include "stage_server/tensor_payload.h"
-#include "stage_server/work_queue.h"
+#include "transport/grpc/chunk_codec.h"
+#include "transport/nccl/header_ring.h"
+#include "transport/grpc/cuda_staging.h"
+#include "transport/inbox.h"
+#include "transport/nccl/nccl_channel.h"
+#include "transport/tensor_payload.h"
+#include "transport/work_queue.h"
 
 namespace conveyor {
 namespace {

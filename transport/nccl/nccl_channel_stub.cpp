@@ -1,5 +1,5 @@
 // NcclChannel where this build has no NCCL (see nccl_channel.h).
-#include "stage_server/nccl_channel.h"
+#include "transport/nccl/nccl_channel.h"
 
 namespace conveyor {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "stage_server/chunk_codec.h"
+#include "transport/grpc/chunk_codec.h"
 
 namespace conveyor {
 

@@ -1,4 +1,4 @@
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "stage_server/work_queue.h"
+#include "transport/work_queue.h"
 
 #include <gtest/gtest.h>
 

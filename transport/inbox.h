@@ -20,7 +20,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
-#include "stage_server/frame.h"
+#include "transport/frame.h"
 
 namespace conveyor {
 

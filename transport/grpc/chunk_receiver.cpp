@@ -1,13 +1,13 @@
-#include "stage_server/chunk_receiver.h"
+#include "transport/grpc/chunk_receiver.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
-#include "common/tensor_codec.h"
-#include "stage_server/cuda_staging.h"
-#include "stage_server/inbox.h"
-#include "stage_server/tensor_payload.h"
+#include "transport/tensor_codec.h"
+#include "transport/grpc/cuda_staging.h"
+#include "transport/inbox.h"
+#include "transport/tensor_payload.h"
 
 namespace conveyor {
 

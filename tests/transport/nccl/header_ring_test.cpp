@@ -1,4 +1,4 @@
-#include "stage_server/header_ring.h"
+#include "transport/nccl/header_ring.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <thread>
 
-#include "stage_server/nccl_channel.h"
+#include "transport/nccl/nccl_channel.h"
 
 namespace conveyor {
 namespace {
