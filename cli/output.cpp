@@ -8,7 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 
 namespace conveyor::cli {
 

@@ -8,13 +8,14 @@
 #include <chrono>
 #include <optional>
 
-#include "common/dataset.h"
-#include "common/digest.h"
-#include "common/job_spec.h"
-#include "common/model_catalog.h"
-#include "common/models.h"
-#include "common/op_profile.h"
-#include "common/training.h"
+#include "model/dataset.h"
+#include "common/sha256.h"
+#include "model/digest.h"
+#include "plan/job_spec.h"
+#include "plan/model_catalog.h"
+#include "model/models.h"
+#include "model/op_profile.h"
+#include "model/training.h"
 
 namespace conveyor::cli {
 

@@ -92,3 +92,18 @@ message(STATUS "Conveyor: matmul SM carveout ${CONVEYOR_HAS_SM_CARVEOUT}")
 # LibTorch's imported flags (e.g. -D_GLIBCXX_USE_CXX11_ABI) reach every target
 # that links it through TORCH_LIBRARIES; TORCH_CXX_FLAGS carries the rest.
 set(CMAKE_CXX_FLAGS "${CMAKE_CXX_FLAGS} ${TORCH_CXX_FLAGS}")
+
+# Links LibTorch into `target` (a library that includes its headers): last, so
+# that Protobuf's headers are found before the wheel's older copy; the wheel's
+# fmt first on the include path; the carveout macro alike in every target that
+# reuses conveyor_model's precompiled header. Call it after the target's other
+# target_link_libraries.
+function(conveyor_link_torch target)
+  target_link_libraries(${target} PUBLIC ${TORCH_LIBRARIES})
+  if(CONVEYOR_HAS_SM_CARVEOUT)
+    target_compile_definitions(${target} PUBLIC CONVEYOR_HAS_SM_CARVEOUT=1)
+  endif()
+  if(CONVEYOR_TORCH_FMT_DIR)
+    target_include_directories(${target} BEFORE PUBLIC ${CONVEYOR_TORCH_FMT_DIR})
+  endif()
+endfunction()

@@ -4,12 +4,13 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/file.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 namespace conveyor {
 namespace {
@@ -27,27 +28,6 @@ Status WriteAll(int fd, std::string_view data, const std::string& path) {
 }
 
 }  // namespace
-
-Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
-void Sha256::Update(const void* data, std::size_t n) { EVP_DigestUpdate(ctx_, data, n); }
-std::string Sha256::Final() {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(ctx_, out, &n);
-  return std::string(reinterpret_cast<char*>(out), n);
-}
-
-std::string HexString(std::string_view bytes) {
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    hex.push_back(kHex[c >> 4]);
-    hex.push_back(kHex[c & 15]);
-  }
-  return hex;
-}
 
 Status WriteFileDurably(const std::string& path, std::string_view content) {
   return WriteFileDurably(path, std::vector<std::string_view>{content});
@@ -163,5 +143,19 @@ StatusOr<std::unique_ptr<DirLock>> DirLock::Acquire(const std::string& dir, cons
 }
 
 DirLock::~DirLock() { ::close(fd_); }
+
+Status WriteFileAtomically(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return absl::PermissionDeniedError("cannot write " + tmp);
+    out << content;
+    out.flush();
+    if (!out) return absl::DataLossError("writing " + tmp + " failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return absl::PermissionDeniedError("cannot rename " + tmp + " to " + path);
+  return absl::OkStatus();
+}
 
 }  // namespace conveyor

@@ -1,4 +1,4 @@
-// Durable files and checksums, torch-free: what checkpoints and the job store
+// Durable files and folders, torch-free: what checkpoints and the job store
 // rely on to survive a crash at any instruction.
 #pragma once
 
@@ -9,27 +9,7 @@
 
 #include "common/status.h"
 
-struct evp_md_ctx_st;
-
 namespace conveyor {
-
-// Incremental SHA-256 (OpenSSL).
-class Sha256 {
- public:
-  Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void Update(const void* data, std::size_t n);
-  void Update(std::string_view s) { Update(s.data(), s.size()); }
-  // The 32 raw bytes; call once.
-  std::string Final();
-
- private:
-  evp_md_ctx_st* ctx_;
-};
-
-std::string HexString(std::string_view bytes);
 
 // Writes `content` so that after a crash at any point `path` holds either its
 // old content or all of the new: a temporary file beside it, fsync, rename,
@@ -38,6 +18,8 @@ Status WriteFileDurably(const std::string& path, std::string_view content);
 // The same for content in pieces, written one after the other (no copy).
 Status WriteFileDurably(const std::string& path, const std::vector<std::string_view>& pieces);
 
+// Writes `content` to `path` atomically (temporary file, then rename).
+Status WriteFileAtomically(const std::string& path, const std::string& content);
 // The whole file; NOT_FOUND naming it when it is missing.
 StatusOr<std::string> ReadWholeFile(const std::string& path);
 

@@ -89,18 +89,4 @@ std::string DescribeUnreachable(const std::string& message) {
   return message;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return absl::PermissionDeniedError("cannot write " + tmp);
-    out << content;
-    out.flush();
-    if (!out) return absl::DataLossError("writing " + tmp + " failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return absl::PermissionDeniedError("cannot rename " + tmp + " to " + path);
-  return absl::OkStatus();
-}
-
 }  // namespace conveyor

@@ -46,7 +46,5 @@ Status CheckAddress(const std::string& address, const std::string& what, bool li
 // message itself where it is none of those.
 std::string DescribeUnreachable(const std::string& grpc_message);
 
-// Writes `content` to `path` atomically (temporary file, then rename).
-Status WriteFileAtomically(const std::string& path, const std::string& content);
 
 }  // namespace conveyor

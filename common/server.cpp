@@ -15,6 +15,7 @@
 
 #include <csignal>
 
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/security.h"

@@ -2,7 +2,7 @@
 
 
 #include "common/files.h"
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/logging.h"
 
 namespace conveyor {

@@ -1,6 +1,6 @@
 #include "coordinator/coordinator_service.h"
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/security.h"
 
 namespace conveyor {

@@ -2,10 +2,10 @@
 
 #include <chrono>
 
-#include "common/digest.h"
-#include "common/job_spec.h"
+#include "common/sha256.h"
+#include "plan/job_spec.h"
 #include "common/logging.h"
-#include "common/model_catalog.h"
+#include "plan/model_catalog.h"
 #include "common/wire.h"
 #include "coordinator/job_store.h"
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "common/files.h"
+#include "common/sha256.h"
 #include "common/logging.h"
 
 namespace conveyor {

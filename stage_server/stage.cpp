@@ -18,19 +18,20 @@
 #include <sstream>
 #include <thread>
 
-#include "common/compat.h"
-#include "common/dataset.h"
-#include "common/device.h"
-#include "common/digest.h"
+#include "model/compat.h"
+#include "model/dataset.h"
+#include "model/device.h"
+#include "model/digest.h"
 #include "common/executor.h"
 #include "common/files.h"
-#include "common/job_spec.h"
+#include "common/sha256.h"
+#include "plan/job_spec.h"
 #include "common/logging.h"
-#include "common/model_catalog.h"
-#include "common/models.h"
-#include "common/op_profile.h"
+#include "plan/model_catalog.h"
+#include "model/models.h"
+#include "model/op_profile.h"
 #include "transport/tensor_codec.h"
-#include "common/training.h"
+#include "model/training.h"
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
@@ -38,7 +39,7 @@
 #include "transport/nccl/header_ring.h"
 #include "transport/inbox.h"
 #include "transport/nccl/nccl_channel.h"
-#include "common/schedule.h"
+#include "plan/schedule.h"
 #include "transport/tensor_payload.h"
 
 namespace conveyor {

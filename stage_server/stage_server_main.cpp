@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "common/command_line.h"
-#include "common/device.h"
+#include "model/device.h"
 #include "common/net.h"
 #include "common/logging.h"
 #include "common/security.h"

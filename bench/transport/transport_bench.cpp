@@ -30,7 +30,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "common/device.h"
+#include "model/device.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/server.h"

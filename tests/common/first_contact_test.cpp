@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "common/files.h"
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 
 namespace conveyor {

@@ -6,7 +6,7 @@
 
 #include <filesystem>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "tests/support/in_process.h"
 
 namespace conveyor {

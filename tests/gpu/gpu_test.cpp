@@ -8,11 +8,11 @@
 #include <cstdlib>
 
 #include "cli/local_cluster.h"
-#include "common/dataset.h"
-#include "common/device.h"
-#include "common/job_spec.h"
+#include "model/dataset.h"
+#include "model/device.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
-#include "common/training.h"
+#include "model/training.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"

@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
 

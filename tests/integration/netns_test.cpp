@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "cli/local_cluster.h"
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/test_util.h"

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "cli/local_cluster.h"
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"

@@ -14,7 +14,7 @@
 
 #include "cli/local_cluster.h"
 #include "common/files.h"
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "conveyor.grpc.pb.h"
 #include "tests/support/test_util.h"

@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "transport/inproc_transport.h"
 
 namespace conveyor {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <map>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "transport/tensor_codec.h"
 
 namespace conveyor::testing {

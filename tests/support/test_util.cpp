@@ -9,7 +9,7 @@
 
 #include <filesystem>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"

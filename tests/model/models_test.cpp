@@ -1,11 +1,12 @@
-#include "common/models.h"
+#include "model/models.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "common/digest.h"
-#include "common/job_spec.h"
-#include "common/model_catalog.h"
+#include "common/sha256.h"
+#include "model/digest.h"
+#include "plan/job_spec.h"
+#include "plan/model_catalog.h"
 
 namespace conveyor {
 namespace {

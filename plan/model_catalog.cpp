@@ -1,4 +1,4 @@
-#include "common/model_catalog.h"
+#include "plan/model_catalog.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <limits>
 #include <string>
 
-#include "common/job_spec.h"
-#include "common/schedule.h"
+#include "plan/job_spec.h"
+#include "plan/schedule.h"
 
 namespace conveyor {
 

@@ -1,4 +1,4 @@
-#include "common/dataset.h"
+#include "model/dataset.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {

@@ -1,4 +1,4 @@
-#include "common/models.h"
+#include "model/models.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -12,8 +12,8 @@
 
 #include <cmath>
 
-#include "common/blocks.h"
-#include "common/model_catalog.h"
+#include "model/blocks.h"
+#include "plan/model_catalog.h"
 
 namespace conveyor {
 namespace {

@@ -1,8 +1,8 @@
-#include "common/digest.h"
+#include "model/digest.h"
 
 #include <torch/nn/module.h>
 
-#include "common/files.h"
+#include "common/sha256.h"
 
 namespace conveyor {
 
@@ -15,12 +15,6 @@ std::string LayerDigest(const torch::nn::Module& layer) {
     h.Update(t.data_ptr(), t.numel() * t.element_size());
   }
   return h.Final();
-}
-
-std::string CombineDigests(const std::vector<std::string>& layer_digests) {
-  Sha256 h;
-  for (const auto& d : layer_digests) h.Update(d);
-  return HexString(h.Final());
 }
 
 }  // namespace conveyor

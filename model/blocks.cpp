@@ -1,8 +1,8 @@
-#include "common/blocks.h"
+#include "model/blocks.h"
 
 #include <ATen/ATen.h>
 
-#include "common/compat.h"
+#include "model/compat.h"
 
 namespace conveyor {
 

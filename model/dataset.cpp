@@ -1,4 +1,4 @@
-#include "common/dataset.h"
+#include "model/dataset.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "common/model_catalog.h"
+#include "plan/model_catalog.h"
 
 namespace conveyor {
 namespace {

@@ -1,10 +1,10 @@
-#include "common/training.h"
+#include "model/training.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
-#include "common/dataset.h"
+#include "model/dataset.h"
 
 namespace conveyor {
 

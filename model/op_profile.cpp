@@ -1,4 +1,4 @@
-#include "common/op_profile.h"
+#include "model/op_profile.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "common/compat.h"
+#include "model/compat.h"
 #include "common/files.h"
 
 namespace conveyor {

@@ -1,4 +1,4 @@
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -16,7 +16,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/model_catalog.h"
+#include "plan/model_catalog.h"
 
 namespace conveyor {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,8 +8,8 @@
 #include <numeric>
 #include <random>
 
-#include "common/model_catalog.h"
-#include "common/schedule.h"
+#include "plan/model_catalog.h"
+#include "plan/schedule.h"
 
 namespace conveyor {
 namespace {

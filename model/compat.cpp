@@ -1,4 +1,4 @@
-#include "common/compat.h"
+#include "model/compat.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/profiler_kineto.h>

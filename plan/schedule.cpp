@@ -1,8 +1,8 @@
-#include "common/schedule.h"
+#include "plan/schedule.h"
 
 #include <algorithm>
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 
 namespace conveyor {
 namespace {

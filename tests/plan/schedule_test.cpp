@@ -1,6 +1,6 @@
-#include "common/schedule.h"
+#include "plan/schedule.h"
 
-#include "common/job_spec.h"
+#include "plan/job_spec.h"
 
 #include <gtest/gtest.h>
 

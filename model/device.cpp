@@ -1,4 +1,4 @@
-#include "common/device.h"
+#include "model/device.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>

@@ -14,8 +14,6 @@ namespace conveyor {
 
 // Raw SHA-256 (32 bytes) of one layer's parameters: names, dtypes, shapes, bytes.
 std::string LayerDigest(const torch::nn::Module& layer);
-
-// Hex SHA-256 over the layer digests, in model order. Torch-free.
-std::string CombineDigests(const std::vector<std::string>& layer_digests);
+// CombineDigests (common/sha256.h, torch-free) makes param_digest of them.
 
 }  // namespace conveyor
