@@ -14,7 +14,7 @@
 
 #include "cli/local_cluster.h"
 #include "cli/output.h"
-#include "cli/reference.h"
+#include "cli/reference_options.h"
 #include "cli/trace.h"
 #include "common/command_line.h"
 #include "common/files.h"
@@ -23,7 +23,6 @@
 #include "common/net.h"
 #include "common/security.h"
 #include "common/server.h"
-#include "model/device.h"
 #include "conveyor.grpc.pb.h"
 #include "health.grpc.pb.h"
 
@@ -213,7 +212,7 @@ int CmdCancel(const Common& c, const std::string& job_id) {
 }
 
 int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads,
-             const std::string& profile_dir) {
+             const std::string& profile_dir, const ReferenceTrainer& train_reference) {
   if (!reference) {
     return Fail(absl::InvalidArgumentError(
         "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
@@ -221,16 +220,16 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   auto spec = LoadJobFile(file);
   if (!spec.ok()) return Fail(spec.status());
   if (Status files = CheckJobFiles(*spec); !files.ok()) return Fail(Annotate(files, file));
-  SetComputeThreads(threads);
   ProgressPrinter progress(true);
   ReferenceOptions options;
   options.device = device;
+  options.threads = threads;
   options.profile_dir = profile_dir;
   options.progress = [&](const v1::JobStatus& s) { progress.Update(s); };
-  auto result = TrainReference(*spec, options);
+  auto result = train_reference(*spec, options);
   progress.Finish();
   if (!result.ok()) return Fail(result.status());
-  return Report(result->status, c.json);
+  return Report(*result, c.json);
 }
 
 // Fetches one step's timeline and writes PREFIX.json and PREFIX.png.
@@ -389,7 +388,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
 
 }  // namespace
 
-int Main(int argc, char** argv) {
+int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   CLI::App app{"conveyor: pipeline-parallel training as services"};
   app.name("conveyor");
   app.require_subcommand(1);
@@ -474,7 +473,7 @@ int Main(int argc, char** argv) {
   if (*status) return CmdStatus(common, job_id);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
-  if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir);
+  if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);
   if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);

@@ -2,9 +2,13 @@
 // --reference, local, health.
 #pragma once
 
+#include "cli/reference_options.h"
+
 namespace conveyor::cli {
 
 // Parses the command line and runs the command; returns the exit code.
-int Main(int argc, char** argv);
+// `train --reference` runs `train_reference` (RunReference in the binary):
+// passed in so that this library stays torch-free.
+int Main(int argc, char** argv, const ReferenceTrainer& train_reference);
 
 }  // namespace conveyor::cli

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "model/dataset.h"
+#include "model/device.h"
 #include "common/sha256.h"
 #include "model/digest.h"
 #include "plan/job_spec.h"
@@ -120,6 +121,13 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
   s.set_state(v1::JOB_STATE_SUCCEEDED);
   s.set_eta_seconds(0);
   return result;
+}
+
+StatusOr<v1::JobStatus> RunReference(const v1::JobSpec& spec, const ReferenceOptions& options) {
+  SetComputeThreads(options.threads);
+  auto result = TrainReference(spec, options);
+  if (!result.ok()) return result.status();
+  return std::move(result->status);
 }
 
 }  // namespace conveyor::cli

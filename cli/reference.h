@@ -6,23 +6,15 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cli/reference_options.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
 
 namespace conveyor::cli {
-
-struct ReferenceOptions {
-  std::string device = "cpu";
-  // Called after every step with the status so far (state RUNNING).
-  std::function<void(const v1::JobStatus&)> progress;
-  // Where the job's profile_step writes its trace.
-  std::string profile_dir = ".";
-};
 
 struct ReferenceResult {
   v1::JobStatus status;  // the same fields a pipelined job reports
