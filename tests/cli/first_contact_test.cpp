@@ -285,6 +285,7 @@ TEST(FirstContact, ARunningJobHasALossNotAFinalLoss) {
   EXPECT_THAT(cli::Summary(s), HasSubstr("final loss 0.5000"));
   EXPECT_EQ(cli::Plural(2, "micro-batch"), "2 micro-batches");
   EXPECT_EQ(cli::Plural(1, "epoch"), "1 epoch");
+  EXPECT_EQ(cli::Plural(3, "epoch"), "3 epochs");
   v1::JobStatus queued;
   queued.set_job_id("job-2");
   queued.set_state(v1::JOB_STATE_QUEUED);

@@ -9,10 +9,19 @@ per-step losses and final parameters a Conveyor run must equal.
     oracle.py make MODEL DIR      model.pt (TorchScript), init.pt (state_dict),
                                   train.pt / test.pt ({"inputs", "targets"}),
                                   job.yaml (a Conveyor job over them)
-    oracle.py train DIR OUT.json  trains DIR's job in PyTorch; writes the losses
-                                  of every step and OUT.pt, the final state_dict
+    oracle.py train JOB OUT.json  trains the job (JSON; its paths relative to its
+                                  folder) in PyTorch; writes the losses of
+                                  every step and OUT.pt, the final state_dict
     oracle.py compare OUT.json RUN.json STATE_A.pt STATE_B.pt
                                   the largest differences, as JSON
+    oracle.py pretrained DIR      DIR/pretrained.pt: DIR's initial weights,
+                                  changed, for init_from
+    oracle.py bad DIR             files a job must refuse: notscript.pt (a
+                                  state_dict), module.pt (a scripted module
+                                  that is no Sequential), uneven.pt (inputs
+                                  and targets of different lengths),
+                                  wide.pt (a state_dict of the wrong shapes),
+                                  extra.pt (one key too many)
 
 MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
 data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
@@ -175,10 +184,12 @@ def loss_fn(name, out, y):
     raise SystemExit(f"oracle.py: unknown loss {name}")
 
 
-def train(folder, out_json):
-    with open(f"{folder}/job.json") as f:
+def train(job_path, out_json):
+    import os
+    folder = os.path.dirname(os.path.abspath(job_path))
+    with open(job_path) as f:
         job = json.load(f)
-    model = torch.jit.load(f"{folder}/model.pt")
+    model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
     if "init_from" in job:
         model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
     data = torch.load(f"{folder}/{job['data']['train']}", weights_only=True)
@@ -229,6 +240,39 @@ def compare(ref_json, run_json, a_path, b_path):
                       "worst_param": where, "keys_equal": list(a.keys()) == list(b.keys())}))
 
 
+def pretrained(folder):
+    state = torch.load(f"{folder}/init.pt", weights_only=True)
+    g = torch.Generator().manual_seed(7)
+    for k, v in state.items():
+        if v.is_floating_point():
+            state[k] = v * 0.5 + 0.01 * torch.randn(v.shape, generator=g)
+    torch.save(state, f"{folder}/pretrained.pt")
+
+
+class NotSequential(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def bad(folder):
+    import os
+    os.makedirs(folder, exist_ok=True)
+    model, _ = build("mlp")
+    torch.save(model.state_dict(), f"{folder}/notscript.pt")
+    torch.jit.script(NotSequential()).save(f"{folder}/module.pt")
+    torch.save({"inputs": torch.randn(10, 1, 8, 8), "targets": torch.randint(0, 10, (9,))}, f"{folder}/uneven.pt")
+    wide = model.state_dict()
+    wide["1.weight"] = torch.zeros(33, 64)
+    torch.save(wide, f"{folder}/wide.pt")
+    extra = model.state_dict()
+    extra["9.weight"] = torch.zeros(1)
+    torch.save(extra, f"{folder}/extra.pt")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1:2]
     if cmd == ["make"] and len(sys.argv) == 4:
@@ -237,5 +281,9 @@ if __name__ == "__main__":
         train(sys.argv[2], sys.argv[3])
     elif cmd == ["compare"] and len(sys.argv) == 6:
         compare(*sys.argv[2:6])
+    elif cmd == ["pretrained"] and len(sys.argv) == 3:
+        pretrained(sys.argv[2])
+    elif cmd == ["bad"] and len(sys.argv) == 3:
+        bad(sys.argv[2])
     else:
         sys.exit(__doc__)
