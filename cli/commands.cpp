@@ -42,6 +42,17 @@ Status Unreachable(const Status& st, const std::string& what, const std::string&
                                 DescribeUnreachable(std::string(st.message())));
 }
 
+// Where `conveyor train` and `conveyor local` find the files a job names:
+// the job file's folder (relative paths are relative to it) and Debian's
+// datasets.
+std::vector<std::string> JobDataRoots(const std::string& job_file) {
+  const auto slash = job_file.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : job_file.substr(0, slash);
+  char real[PATH_MAX];
+  if (::realpath(dir.c_str(), real) != nullptr) dir = real;
+  return {dir, kDatasetsRoot};
+}
+
 // The job file, checked here as the coordinator will check it: a binary
 // file, a folder or a typo is named before anything is sent.
 StatusOr<std::string> ReadCheckedJobFile(const std::string& path) {
@@ -219,7 +230,7 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   }
   auto spec = LoadJobFile(file);
   if (!spec.ok()) return Fail(spec.status());
-  if (Status files = CheckJobFiles(*spec); !files.ok()) return Fail(Annotate(files, file));
+  if (Status files = ResolveJobPaths(&*spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
   ProgressPrinter progress(true);
   ReferenceOptions options;
   options.device = device;
@@ -342,8 +353,9 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
   if (!spec.ok()) return Fail(Annotate(spec.status(), file));
-  if (Status files = CheckJobFiles(*spec); !files.ok()) return Fail(Annotate(files, file));
   LocalClusterOptions options;
+  options.data_roots = JobDataRoots(file);
+  if (Status files = ResolveJobPaths(&*spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
   options.stages = stages > 0 ? stages : spec->partition().stages();
   options.bin_dir = ExecutableDir();
   options.log_level = c.log_level == "warn" ? "info" : c.log_level;

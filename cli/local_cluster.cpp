@@ -190,6 +190,10 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
       child.args.push_back("--profile-dir");
       child.args.push_back(options.profile_dir);
     }
+    for (const auto& root : options.data_roots) {
+      child.args.push_back("--data-root");
+      child.args.push_back(root);
+    }
     child.args.insert(child.args.end(), tls.begin(), tls.end());
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)
@@ -206,6 +210,10 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   coordinator.args = {coord_bin, "--listen", "127.0.0.1:0", "--stages", stages, "--state-dir",
                       c->run_dir_ + "/state", "--log-level", options.log_level};
   coordinator.listen_arg = 2;
+  for (const auto& root : options.data_roots) {
+    coordinator.args.push_back("--data-root");
+    coordinator.args.push_back(root);
+  }
   if (!options.auth_token.empty()) {
     const std::string token_file = c->run_dir_ + "/token";  // run_dir_ is the caller's alone (mkdtemp: 0700)
     CONVEYOR_RETURN_IF_ERROR(WriteFileAtomically(token_file, options.auth_token + "\n"));

@@ -46,6 +46,7 @@ struct LocalClusterOptions {
   TlsFiles tls;            // given to every child; none: no TLS
   std::string auth_token;  // the coordinator requires it for SubmitJob and CancelJob; empty: none
   std::string profile_dir;  // the stages' --profile-dir (absolute); empty: their checkpoint folders
+  std::vector<std::string> data_roots;  // every server's --data-root; empty: the servers' default
 };
 
 class LocalCluster {

@@ -206,7 +206,8 @@ std::string Summary(const v1::JobStatus& s) {
 
 std::string Plural(int64_t n, const std::string& word) {
   if (n == 1) return "1 " + word;
-  const bool es = word.size() >= 2 && (word.substr(word.size() - 2) == "ch" || word.back() == 's');
+  // "micro-batches", but "epochs" (a hard ch)
+  const bool es = word.size() >= 3 && (word.substr(word.size() - 3) == "tch" || word.back() == 's');
   return std::to_string(n) + " " + word + (es ? "es" : "s");
 }
 

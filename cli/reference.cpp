@@ -17,11 +17,19 @@
 #include "model/models.h"
 #include "model/op_profile.h"
 #include "model/training.h"
+#include "model/partition.h"
+#include "model/state_dict.h"
 
 namespace conveyor::cli {
 
-StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const ReferenceOptions& options) {
+StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const ReferenceOptions& options) {
   using Clock = std::chrono::steady_clock;
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(job));
+  // A TorchScript model's layers and a data file's shapes, as stage 0 would
+  // find them for the coordinator.
+  v1::JobSpec spec = job;
+  CONVEYOR_ASSIGN_OR_RETURN(v1::DescribeReply description, DescribeJob(spec));
+  ApplyDescription(description, &spec);
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(spec));
   std::optional<at::Device> device;
   try {
@@ -31,7 +39,12 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
   }
   if (device->is_cuda() && !at::hasCUDA()) return absl::FailedPreconditionError("no CUDA device here");
   CONVEYOR_ASSIGN_OR_RETURN(auto data, Dataset::Open(spec, true, true));
-  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential model, BuildLayers(spec, 0, NumLayers(spec.model())));
+  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> model, BuildPartition(spec, 0, NumLayers(spec.model())));
+  if (!spec.init_from().empty()) {
+    CONVEYOR_ASSIGN_OR_RETURN(NamedTensors weights, ReadStateDict(spec.init_from()));
+    CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(spec, weights));
+    CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(spec, weights, *model));
+  }
 
   ReferenceResult result;
   v1::JobStatus& s = result.status;
@@ -46,24 +59,27 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
   s.set_total_steps(total);
   s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
   try {
-    model->to(*device);
-    auto optimizer = MakeOptimizer(spec.optimizer(), model->parameters());
+    model->To(*device);
+    std::vector<at::Tensor> trainable;
+    for (const auto& p : model->Parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    auto optimizer = MakeOptimizer(spec.optimizer(), trainable);
     BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
-    model->train();
+    model->Train(true);
     auto start = Clock::now();
     auto steady_start = start;
     const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
     // The test accuracy, as the coordinator's Evaluate() counts it.
     auto evaluate = [&] {
       at::NoGradGuard no_grad;
-      model->eval();
+      model->Train(false);
       int64_t correct = 0, predictions = 0;
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
         BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
-        correct += CountCorrect(model->forward(batch.inputs), batch.labels);
+        correct += CountCorrect(ValueOrThrow(model->Forward(batch.inputs)), batch.labels);
         predictions += batch.labels.numel();
       }
-      model->train();
+      model->Train(true);
       s.set_has_eval(true);
       s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
     };
@@ -77,7 +93,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
       BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
       if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while this step is launched
       optimizer->zero_grad();
-      at::Tensor loss = ComputeLoss(spec, model->forward(batch.inputs), batch.labels, 1.0);
+      at::Tensor loss = ComputeLoss(spec, ValueOrThrow(model->Forward(batch.inputs)), batch.labels, 1.0);
       loss.backward();
       optimizer->step();
       s.add_losses(loss.item<float>());  // waits for the device
@@ -113,11 +129,19 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const Referenc
     if (spec.eval() && !by_epochs) evaluate();
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());
+  } catch (const StatusError& e) {
+    return Annotate(e.status(), "reference training");
   }
   std::vector<std::string> digests;
-  for (const auto& layer : model->children()) digests.push_back(LayerDigest(*layer));
+  for (int i = 0; i < model->num_layers(); ++i) digests.push_back(model->LayerDigest(i));
   s.set_param_digest(CombineDigests(digests));
-  for (auto& [name, t] : NamedParameters(model)) result.parameters.emplace_back(name, t.detach().to(at::kCPU));
+  for (auto& [name, t] : model->NamedParameters()) result.parameters.emplace_back(name, t.detach().to(at::kCPU));
+  for (auto& [name, t] : model->NamedBuffers()) result.buffers.emplace_back(name, t.detach().to(at::kCPU));
+  if (!spec.save_path().empty()) {
+    NamedTensors all = result.parameters;
+    all.insert(all.end(), result.buffers.begin(), result.buffers.end());
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteStateDict(spec.save_path(), all), "save.path"));
+  }
   s.set_state(v1::JOB_STATE_SUCCEEDED);
   s.set_eta_seconds(0);
   return result;

@@ -19,6 +19,7 @@ namespace conveyor::cli {
 struct ReferenceResult {
   v1::JobStatus status;  // the same fields a pipelined job reports
   std::vector<std::pair<std::string, at::Tensor>> parameters;  // final, model order, on the CPU
+  std::vector<std::pair<std::string, at::Tensor>> buffers;     // likewise
 };
 
 StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const ReferenceOptions& options);

@@ -82,6 +82,7 @@ std::string DescribeUnreachable(const std::string& message) {
     target = target.substr(0, target.find(": "));
     return "host not found" + (target.empty() ? std::string() : " ('" + target.substr(0, target.rfind(':')) + "')");
   }
+  if (has("SETTINGS frame")) return "did not answer: it accepts connections but sent no gRPC handshake (is it a Conveyor server?)";
   if (has("No route to host")) return "no route to host";
   if (has("Network is unreachable")) return "network unreachable";
   if (has("Connection reset")) return "connection reset by the peer";

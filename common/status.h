@@ -5,7 +5,9 @@
 #include <absl/status/statusor.h>
 #include <grpcpp/support/status.h>
 
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace conveyor {
 
@@ -17,6 +19,24 @@ grpc::Status ToGrpc(const Status& status);
 Status FromGrpc(const grpc::Status& status);
 // Prefixes the message with context ("stage 2: ..."), keeping the code.
 Status Annotate(const Status& status, const std::string& context);
+
+// A Status carried through code that cannot return one (a callback whose
+// result is a value), caught where a Status is returned again.
+class StatusError : public std::runtime_error {
+ public:
+  explicit StatusError(Status st) : std::runtime_error(std::string(st.message())), status_(std::move(st)) {}
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+// The value, or throws StatusError.
+template <typename T>
+T ValueOrThrow(StatusOr<T> v) {
+  if (!v.ok()) throw StatusError(v.status());
+  return *std::move(v);
+}
 
 }  // namespace conveyor
 

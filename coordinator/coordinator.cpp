@@ -16,6 +16,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
     db = options.state_dir + "/conveyor.db";
   }
   CONVEYOR_ASSIGN_OR_RETURN(c->store_, JobStore::Open(db));
+  c->data_roots_ = options.data_roots;
   if (!options.client_factory) options.client_factory = MakeGrpcStageClient;
   for (const auto& address : options.stages) c->clients_.push_back(options.client_factory(address));
 
@@ -59,7 +60,7 @@ void Coordinator::Shutdown() {
 
 StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(job_yaml));
-  CONVEYOR_RETURN_IF_ERROR(CheckJobFiles(spec));
+  CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, data_roots_));
   if (spec.partition().stages() > static_cast<int>(clients_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(spec.partition().stages()) +
                                          " stages, this coordinator has " + std::to_string(clients_.size()));

@@ -26,6 +26,10 @@ namespace conveyor {
 struct CoordinatorOptions {
   std::vector<std::string> stages;  // stage server addresses, in pipeline order
   std::string state_dir;            // holds conveyor.db; "" keeps jobs in memory only
+  // The only folders whose files a job may name (ResolveJobPaths in
+  // common/job_spec.h): relative paths are relative to the first; none: no
+  // confinement, relative to the working folder.
+  std::vector<std::string> data_roots;
   // Start() leaves jobs queued until StartScheduling(): the program first
   // binds its port, so that a coordinator that cannot serve runs no job.
   bool defer_scheduling = false;
@@ -77,6 +81,7 @@ class Coordinator {
 
   std::unique_ptr<DirLock> state_lock_;  // one coordinator per state folder
   std::unique_ptr<JobStore> store_;
+  std::vector<std::string> data_roots_;
   std::vector<std::unique_ptr<StageClient>> clients_;
 
   std::mutex mu_;  // guards everything below

@@ -5,6 +5,7 @@
 
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "common/security.h"
 #include "common/server.h"
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--state-dir", options.state_dir, "folder for the job database")->required();
   app.add_option("--port-file", port_file, "write the bound HOST:PORT here once serving");
+  options.data_roots = conveyor::DefaultDataRoots();
+  app.add_option("--data-root", options.data_roots,
+                 "a folder whose files jobs may name (repeatable; relative paths are relative to the first)")
+      ->capture_default_str();
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   conveyor::TlsFiles tls;
   conveyor::AddTlsFlags(app, &tls);

@@ -145,6 +145,18 @@ StatusOr<std::vector<v1::LinkSetup>> JobRunner::PlanLinks(bool ring) {
   return upstream;
 }
 
+Status JobRunner::DescribeFiles() {
+  const bool script = spec_.model().kind() == v1::MODEL_TORCHSCRIPT;
+  if (!script && spec_.data().kind() != v1::DATA_TENSORS) return absl::OkStatus();
+  // Stage 0 reads the archive and the data file; what it finds completes the
+  // spec that every stage then gets.
+  auto reply = stages_[0]->Describe(spec_, kControlDeadlineS);
+  if (!reply.ok()) return ForStage(reply.status(), 0);
+  ApplyDescription(*reply, &spec_);
+  LOG_INFO("job ", status_.job_id(), ": ", reply->num_layers(), " layers", script ? " in " + spec_.model().torchscript() : "");
+  return ValidateJobSpec(spec_);  // now with the layer count: stages against layers, boundaries
+}
+
 Status JobRunner::Setup() {
   const int p = spec_.partition().stages();
   if (p > static_cast<int>(stages_.size())) {
@@ -155,6 +167,7 @@ Status JobRunner::Setup() {
   // Every stage must answer before any is configured: a dead address fails
   // the job within stage_timeout instead of hanging it.
   CONVEYOR_RETURN_IF_ERROR(InfoAll().status());
+  CONVEYOR_RETURN_IF_ERROR(DescribeFiles());
   CONVEYOR_RETURN_IF_ERROR(BalancePartition());
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
   const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
@@ -518,6 +531,21 @@ Status JobRunner::Evaluate() {
   return absl::OkStatus();
 }
 
+Status JobRunner::SaveWeights() {
+  if (spec_.save_path().empty()) return absl::OkStatus();
+  std::vector<v1::ParametersReply> parts;
+  v1::JobRef ref = Ref();
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    auto reply = stages_[s]->GetParameters(ref, kControlDeadlineS);
+    if (!reply.ok()) return ForStage(reply.status(), static_cast<int64_t>(s));
+    parts.push_back(std::move(*reply));
+  }
+  CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(spec_.save_path(), parts), "save.path"));
+  Event("trained weights saved to " + spec_.save_path());
+  LOG_INFO("job ", status_.job_id(), ": weights saved to ", spec_.save_path());
+  return absl::OkStatus();
+}
+
 Status JobRunner::CollectDigest() {
   std::map<int, std::string> by_layer;  // model order, whatever stage holds a layer
   v1::JobRef ref = Ref();
@@ -635,6 +663,7 @@ v1::JobStatus JobRunner::Run() {
     // Jobs given in epochs were evaluated after each (the last included).
     if (st.ok() && spec_.eval() && !ByEpochs()) st = Evaluate();
     if (st.ok()) st = CollectDigest();
+    if (st.ok()) st = SaveWeights();
     if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
     st = AwaitStages(st);
     if (!st.ok()) break;

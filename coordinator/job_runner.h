@@ -64,6 +64,12 @@ class JobRunner {
   // Checks the stages, balances the partition and learns every chunk's shapes
   // (once per job).
   Status Setup();
+  // A TorchScript model's layers and a data file's shapes, from stage 0,
+  // into spec_.
+  Status DescribeFiles();
+  // With save.path: every stage's parameters and buffers, written by the
+  // coordinator as one state_dict.
+  Status SaveWeights();
   // Configures and connects every stage, then restores the newest checkpoint
   // complete on all of them (each time the job starts or recovers).
   Status Deploy();

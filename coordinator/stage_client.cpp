@@ -30,6 +30,9 @@ class GrpcStageClient : public StageClient {
   StatusOr<v1::StageInfo> Ping(double t) override {
     return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t, CallKind::kFailFast);
   }
+  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double t) override {
+    return Call(&v1::StageControl::Stub::Describe, req, t);
+  }
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double t) override {
     return Call(&v1::StageControl::Stub::Profile, req, t);
   }
@@ -54,6 +57,9 @@ class GrpcStageClient : public StageClient {
   void CancelSteps() override {
     std::lock_guard<std::mutex> lock(mu_);
     for (grpc::ClientContext* ctx : steps_) ctx->TryCancel();
+  }
+  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double t) override {
+    return Call(&v1::StageControl::Stub::GetParameters, req, t);
   }
   StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double t) override {
     return Call(&v1::StageControl::Stub::GetDigest, req, t);

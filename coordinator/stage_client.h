@@ -21,12 +21,14 @@ class StageClient {
   // connection, an unknown host) instead of waiting for it.
   virtual StatusOr<v1::StageInfo> Ping(double timeout_s) { return GetInfo(timeout_s); }
   virtual StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double timeout_s) = 0;
+  virtual StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double timeout_s) = 0;
   virtual StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double timeout_s) = 0;
   virtual StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double timeout_s) = 0;
   virtual StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double timeout_s) = 0;
+  virtual StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double timeout_s) = 0;
   virtual StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req,
                                                             double timeout_s) = 0;
   virtual Status Abort(const v1::AbortRequest& req, double timeout_s) = 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "plan/model_catalog.h"
+#include "model/state_dict.h"
 
 namespace conveyor {
 namespace {
@@ -121,6 +122,31 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
     if ((inputs && d->train_x_.size(0) != d->train_size_) ||
         (inputs && d->test_x_.size(0) != d->test_size_))
       return absl::InvalidArgumentError(dir + ": image and label files disagree on the count");
+  } else if (data.kind() == v1::DATA_TENSORS) {
+    d->scale_bytes_ = false;
+    auto load = [&](const std::string& key, const std::string& path, at::Tensor* x, at::Tensor* y) -> Status {
+      CONVEYOR_ASSIGN_OR_RETURN(auto dict, ReadTensorDict(path));
+      auto in = dict.find("inputs"), out = dict.find("targets");
+      if (in == dict.end() || out == dict.end())
+        return absl::InvalidArgumentError(key + ": " + path + " has no \"inputs\" and \"targets\" (a file written by "
+                                          "torch.save({\"inputs\": X, \"targets\": Y}, PATH))");
+      if (in->second.dim() == 0 || out->second.dim() == 0 || in->second.size(0) != out->second.size(0)) {
+        return absl::InvalidArgumentError(key + ": " + path + " has " + std::to_string(in->second.dim() ? in->second.size(0) : 0) +
+                                          " inputs and " + std::to_string(out->second.dim() ? out->second.size(0) : 0) +
+                                          " targets (the first dimension is the sample)");
+      }
+      *x = in->second;
+      *y = out->second;
+      return absl::OkStatus();
+    };
+    CONVEYOR_RETURN_IF_ERROR(load("data.train", data.train(), &d->train_x_, &d->train_y_));
+    d->train_size_ = d->train_x_.size(0);
+    if (!data.test().empty()) {
+      CONVEYOR_RETURN_IF_ERROR(load("data.test", data.test(), &d->test_x_, &d->test_y_));
+      d->test_size_ = d->test_x_.size(0);
+    }
+    if (!inputs) d->train_x_ = d->test_x_ = at::Tensor();
+    if (!labels) d->train_y_ = d->test_y_ = at::Tensor();
   } else {
     d->train_size_ = data.train_samples();
     d->test_size_ = data.test_samples();
@@ -167,6 +193,8 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
   }
   const int64_t per_epoch = StepsPerEpoch();
   const int64_t epoch = step / per_epoch, pos = step % per_epoch;
+  const int64_t b = spec_.batch_size();
+  if (spec_.data().no_shuffle()) return at::arange(pos * b, pos * b + b, at::kLong);  // file order
   at::Tensor perm;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,7 +206,6 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
     }
     perm = it->second;
   }
-  const int64_t b = spec_.batch_size();
   return perm.slice(0, pos * b, pos * b + b);
 }
 
@@ -199,7 +226,7 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType
 at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
   const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
   const at::Tensor idx = Indices(phase, step);
-  if (x.scalar_type() != at::kByte) return GatherRows(x, idx, x.scalar_type(), pinned);
+  if (x.scalar_type() != at::kByte || !scale_bytes_) return GatherRows(x, idx, x.scalar_type(), pinned);
   return GatherRows(x, idx, at::kFloat, pinned).div_(255.0);
 }
 

@@ -35,6 +35,8 @@ class Dataset {
   // `pinned` (a CUDA LibTorch only), ready for an asynchronous copy.
   at::Tensor Inputs(v1::Phase phase, int64_t step, bool pinned = false);
   at::Tensor Labels(v1::Phase phase, int64_t step, bool pinned = false);
+  // The first training sample's input (or target), as the file holds it.
+  at::Tensor SampleOf(bool inputs) const { return (inputs ? train_x_ : train_y_)[0]; }
 
  private:
   Dataset() = default;
@@ -43,8 +45,10 @@ class Dataset {
   v1::JobSpec spec_;
   int64_t train_size_ = 0;
   int64_t test_size_ = 0;
-  // Images as uint8 (fashion-mnist, scaled on use) or float (synthetic).
+  // Images as uint8 (fashion-mnist, scaled on use), float (synthetic), or a
+  // data file's own dtypes (tensors, taken as they are).
   at::Tensor train_x_, train_y_, test_x_, test_y_;
+  bool scale_bytes_ = true;
   std::mutex mu_;  // guards perms_
   std::map<int64_t, at::Tensor> perms_;  // epoch -> permutation (last two kept)
 };

@@ -10,22 +10,36 @@ namespace conveyor {
 
 at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
                        const at::Tensor& labels_in, double scale) {
-  // Sequences ([B, T, V] against [B, T]) count every token; bf16 logits are
-  // upcast so the loss itself is computed in fp32.
-  at::Tensor logits = logits_in.dim() == 3 ? logits_in.flatten(0, 1) : logits_in;
-  at::Tensor labels = labels_in.dim() == 2 ? labels_in.flatten() : labels_in;
-  if (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
+  // bf16 outputs are upcast so the loss itself is computed in fp32.
+  auto fp32 = [](const at::Tensor& t) {
+    return t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble ? t.to(at::kFloat) : t;
+  };
   at::Tensor loss;
-  if (spec.loss() == v1::LOSS_MSE) {
-    at::Tensor target = at::one_hot(labels, logits.size(1)).to(logits.scalar_type());
-    loss = at::mse_loss(logits, target);
+  const bool class_targets = !at::isFloatingType(labels_in.scalar_type());
+  if (spec.loss() == v1::LOSS_BCE_WITH_LOGITS) {
+    at::Tensor logits = fp32(logits_in);
+    loss = at::binary_cross_entropy_with_logits(logits, labels_in.to(logits.scalar_type()));
+  } else if (spec.loss() == v1::LOSS_MSE && !class_targets) {
+    at::Tensor out = fp32(logits_in);
+    loss = at::mse_loss(out, labels_in.to(out.scalar_type()));
   } else {
-    loss = at::cross_entropy_loss(logits, labels);
+    // Sequences ([B, T, V] against [B, T]) count every token, as
+    // cross_entropy(out.reshape(-1, V), y.reshape(-1)) does.
+    at::Tensor logits = fp32(logits_in.dim() >= 3 ? logits_in.flatten(0, -2) : logits_in);
+    at::Tensor labels = labels_in.dim() >= 2 ? labels_in.flatten() : labels_in;
+    if (spec.loss() == v1::LOSS_MSE) {
+      loss = at::mse_loss(logits, at::one_hot(labels, logits.size(1)).to(logits.scalar_type()));
+    } else if (spec.loss() == v1::LOSS_NLL) {
+      loss = at::nll_loss(logits, labels);
+    } else {
+      loss = at::cross_entropy_loss(logits, labels);
+    }
   }
   return scale == 1.0 ? loss : loss * scale;
 }
 
 int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
+  if (at::isFloatingType(labels.scalar_type())) return 0;  // no classes to be right about
   return logits.argmax(-1).eq(labels.to(logits.device())).sum().item<int64_t>();
 }
 

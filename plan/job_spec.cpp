@@ -3,7 +3,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <climits>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -194,7 +196,7 @@ const std::vector<std::pair<std::string, v1::TransportKind>> kTransports = {
 const std::vector<std::pair<std::string, v1::Precision>> kPrecisions = {
     {"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}};
 const std::vector<std::pair<std::string, v1::DataKind>> kData = {
-    {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}};
+    {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}, {"tensors", v1::DATA_TENSORS}};
 const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
     {"gpipe", v1::SCHEDULE_GPIPE},
     {"1f1b", v1::SCHEDULE_1F1B},
@@ -203,7 +205,10 @@ const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
 const std::vector<std::pair<std::string, v1::OptimizerKind>> kOptimizers = {
     {"sgd", v1::OPTIMIZER_SGD}, {"adam", v1::OPTIMIZER_ADAM}};
 const std::vector<std::pair<std::string, v1::LossKind>> kLosses = {
-    {"cross_entropy", v1::LOSS_CROSS_ENTROPY}, {"mse", v1::LOSS_MSE}};
+    {"cross_entropy", v1::LOSS_CROSS_ENTROPY},
+    {"mse", v1::LOSS_MSE},
+    {"nll", v1::LOSS_NLL},
+    {"bce_with_logits", v1::LOSS_BCE_WITH_LOGITS}};
 
 // `model: convnet` is short for `model: {name: convnet}`; same for data.
 Status ReadNamedSection(Fields& parent, const char* key, Fields** section,
@@ -226,7 +231,18 @@ Status ReadModel(Fields& root, v1::ModelSpec* model) {
   std::unique_ptr<Fields> storage;
   std::string name;
   CONVEYOR_RETURN_IF_ERROR(ReadNamedSection(root, "model", &f, &storage, &name));
-  if (name.empty()) return Invalid("model: missing (e.g. model: {name: convnet})");
+  // The user's own model: a TorchScript archive of an nn.Sequential.
+  std::string script;
+  bool has_script = false;
+  if (f) CONVEYOR_RETURN_IF_ERROR(f->Get("torchscript", &script, "a path", &has_script));
+  if (has_script) {
+    if (!name.empty()) return Invalid("model: give name (a zoo model) or torchscript (your model), not both");
+    if (script.empty()) return Invalid("model.torchscript: empty path");
+    model->set_kind(v1::MODEL_TORCHSCRIPT);
+    model->set_torchscript(script);
+    return f->Finish();
+  }
+  if (name.empty()) return Invalid("model: missing (e.g. model: {name: convnet} or model: {torchscript: model.pt})");
   v1::ModelKind kind;
   Fields named(YAML::Node(), "model");
   CONVEYOR_RETURN_IF_ERROR(ParseName(f ? *f : named, "name", name, kModels, &kind));
@@ -272,8 +288,17 @@ void FillModelDefaults(v1::ModelSpec* m) {
 Status ReadData(Fields& root, v1::DataSpec* data) {
   Fields* f = nullptr;
   std::unique_ptr<Fields> storage;
-  std::string name = "synthetic";
+  std::string name;
   CONVEYOR_RETURN_IF_ERROR(ReadNamedSection(root, "data", &f, &storage, &name));
+  // format: idx | tensors | synthetic, the same as name: (fashion-mnist is idx).
+  std::string format;
+  bool has_format = false;
+  if (f) CONVEYOR_RETURN_IF_ERROR(f->Get("format", &format, "a data format", &has_format));
+  if (has_format) {
+    if (!name.empty()) return Invalid("data: give name or format, not both");
+    name = format == "idx" ? "fashion-mnist" : format;
+  }
+  if (name.empty()) name = "synthetic";
   v1::DataKind kind;
   Fields named(YAML::Node(), "data");
   CONVEYOR_RETURN_IF_ERROR(ParseName(f ? *f : named, "name", name, kData, &kind));
@@ -284,6 +309,17 @@ Status ReadData(Fields& root, v1::DataSpec* data) {
   if (!f) return absl::OkStatus();
   std::string path;
   bool present = false;
+  bool shuffle = true;
+  if (kind == v1::DATA_TENSORS) {
+    CONVEYOR_RETURN_IF_ERROR(f->Get("train", &path, "a path", &present));
+    if (!present || path.empty()) return Invalid("data.train: missing (the file of training inputs and targets)");
+    data->set_train(path);
+    CONVEYOR_RETURN_IF_ERROR(f->Get("test", &path, "a path", &present));
+    if (present) data->set_test(path);
+    CONVEYOR_RETURN_IF_ERROR(f->Get("shuffle", &shuffle, "true or false"));
+    data->set_no_shuffle(!shuffle);
+    return f->Finish();
+  }
   CONVEYOR_RETURN_IF_ERROR(f->Get("path", &path, "a path", &present));
   if (present) data->set_path(path);
   int64_t n = 0;
@@ -479,6 +515,23 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_virtual_stages(1);
   CONVEYOR_RETURN_IF_ERROR(f.Get("virtual_stages", &i32, "an integer", &present));
   if (present) spec->set_virtual_stages(i32);
+  std::string path;
+  CONVEYOR_RETURN_IF_ERROR(f.Get("init_from", &path, "a path", &present));
+  if (present) spec->set_init_from(path);
+  YAML::Node save = f.Child("save");
+  if (save.IsDefined() && !save.IsNull()) {
+    Fields sf(save, "save");
+    CONVEYOR_RETURN_IF_ERROR(sf.CheckIsMap());
+    CONVEYOR_RETURN_IF_ERROR(sf.Get("path", &path, "a path", &present));
+    if (!present || path.empty()) return Invalid("save.path: missing (where the trained weights go)");
+    spec->set_save_path(path);
+    std::string format = "state_dict";
+    CONVEYOR_RETURN_IF_ERROR(sf.Get("format", &format, "state_dict"));
+    if (format != "state_dict")
+      return Invalid("save.format: unknown value '" + format + "' (one of: state_dict)");
+    spec->set_save_format(v1::SAVE_FORMAT_STATE_DICT);
+    CONVEYOR_RETURN_IF_ERROR(sf.Finish());
+  }
   // recompute: true | false | [stage, ...]
   YAML::Node recompute = f.Child("recompute");
   if (recompute.IsDefined() && !recompute.IsNull()) {
@@ -584,6 +637,104 @@ Status CheckJobFiles(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// `path` with `..` and symbolic links resolved; a file that does not exist
+// yet keeps its name under its resolved folder. "" when the folder is missing.
+std::string RealPath(const std::string& path, bool* exists) {
+  char buf[PATH_MAX];
+  *exists = ::realpath(path.c_str(), buf) != nullptr;
+  if (*exists) return buf;
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::realpath(dir.c_str(), buf) == nullptr) return "";
+  return std::string(buf) + "/" + path.substr(slash == std::string::npos ? 0 : slash + 1);
+}
+
+bool Under(const std::string& path, const std::string& root) {
+  if (root == "/") return true;
+  return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+                          path[root.size()] == '/');
+}
+
+}  // namespace
+
+Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots) {
+  std::vector<std::string> real_roots;
+  for (const auto& r : roots) {
+    bool exists = false;
+    std::string real = RealPath(r, &exists);
+    if (exists) real_roots.push_back(real);
+  }
+  std::string listed;
+  for (const auto& r : roots) listed += (listed.empty() ? "" : ", ") + r;
+  auto resolve = [&](const char* key, std::string* path, bool must_exist) -> Status {
+    if (path->empty()) return absl::OkStatus();
+    std::string joined = *path;
+    if (joined[0] != '/' && !roots.empty()) joined = roots.front() + "/" + joined;
+    bool exists = false;
+    const std::string real = RealPath(joined, &exists);
+    if (real.empty() || (must_exist && !exists))
+      return absl::NotFoundError(std::string(key) + ": " + joined + " does not exist");
+    if (!roots.empty()) {
+      bool inside = false;
+      for (const auto& r : real_roots) inside |= Under(real, r);
+      if (!inside) {
+        return absl::PermissionDeniedError(std::string(key) + ": " + *path + " (" + real +
+                                           ") is outside the data roots (" + listed +
+                                           "); a server reads and writes only under its --data-root folders");
+      }
+    }
+    *path = real;
+    return absl::OkStatus();
+  };
+  std::string p = spec->model().torchscript();
+  CONVEYOR_RETURN_IF_ERROR(resolve("model.torchscript", &p, true));
+  spec->mutable_model()->set_torchscript(p);
+  p = spec->data().path();
+  if (spec->data().kind() == v1::DATA_FASHION_MNIST) {
+    CONVEYOR_RETURN_IF_ERROR(resolve("data.path", &p, true));
+    spec->mutable_data()->set_path(p);
+  }
+  p = spec->data().train();
+  CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &p, true));
+  spec->mutable_data()->set_train(p);
+  p = spec->data().test();
+  CONVEYOR_RETURN_IF_ERROR(resolve("data.test", &p, true));
+  spec->mutable_data()->set_test(p);
+  p = spec->init_from();
+  CONVEYOR_RETURN_IF_ERROR(resolve("init_from", &p, true));
+  spec->set_init_from(p);
+  p = spec->save_path();
+  CONVEYOR_RETURN_IF_ERROR(resolve("save.path", &p, false));
+  spec->set_save_path(p);
+  return CheckJobFiles(*spec);
+}
+
+void ApplyDescription(const v1::DescribeReply& r, v1::JobSpec* spec) {
+  if (spec->model().kind() == v1::MODEL_TORCHSCRIPT) {
+    v1::ModelSpec* m = spec->mutable_model();
+    m->set_num_layers(r.num_layers());
+    *m->mutable_layer_names() = r.layer_names();
+    *m->mutable_layer_parameters() = r.layer_parameters();
+  }
+  if (spec->data().kind() == v1::DATA_TENSORS) {
+    v1::DataSpec* d = spec->mutable_data();
+    *d->mutable_input_sample_shape() = r.input_sample_shape();
+    d->set_input_dtype(r.input_dtype());
+    *d->mutable_target_sample_shape() = r.target_sample_shape();
+    d->set_target_dtype(r.target_dtype());
+  }
+}
+
+std::vector<std::string> DefaultDataRoots() {
+  char cwd[PATH_MAX];
+  std::vector<std::string> roots;
+  if (::getcwd(cwd, sizeof cwd) != nullptr) roots.push_back(cwd);
+  roots.push_back(kDatasetsRoot);
+  return roots;
+}
+
 Status ValidateJobSpec(const v1::JobSpec& spec) {
   const auto& m = spec.model();
   if (m.kind() == v1::MODEL_UNSPECIFIED) return Invalid("model.name: missing");
@@ -593,6 +744,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (m.kind() == v1::MODEL_TOY && m.num_classes() != 0 && m.num_classes() != 5)
     return Invalid("model.num_classes: the toy model has 5 outputs");
   const bool gpt = m.kind() == v1::MODEL_GPT;
+  const bool script = m.kind() == v1::MODEL_TORCHSCRIPT;
+  if (script && m.torchscript().empty()) return Invalid("model.torchscript: missing");
+  if (!script && !m.torchscript().empty()) return Invalid("model.torchscript: for a TorchScript model only");
   if (!gpt && (m.vocab() || m.width() || m.blocks() || m.heads() || m.mlp_width() || m.seq_len()))
     return Invalid("model: vocab, width, blocks, heads, mlp_width and seq_len are for the gpt model only");
   if (m.kind() != v1::MODEL_RESNET50 && m.image_size() != 0)
@@ -623,7 +777,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) return Invalid("precision: missing");
   if (d.kind() == v1::DATA_FASHION_MNIST) {
     if (d.path().empty()) return Invalid("data.path: missing");
-    bool image_model = m.kind() == v1::MODEL_CONVNET ||
+    bool image_model = script || m.kind() == v1::MODEL_CONVNET ||
                        (m.kind() == v1::MODEL_MLP && (m.input_dim() == 0 || m.input_dim() == 784));
     if (!image_model)
       return Invalid("data: fashion-mnist gives 1x28x28 images; use convnet or mlp (input_dim 784)");
@@ -692,6 +846,20 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
   if (spec.partition().stages() <= 0)
     return Invalid("partition.stages: must be at least 1, got " + std::to_string(spec.partition().stages()));
+  if (d.kind() == v1::DATA_TENSORS && d.train().empty()) return Invalid("data.train: missing");
+  if (spec.save_format() != v1::SAVE_FORMAT_UNSPECIFIED && spec.save_path().empty()) return Invalid("save.path: missing");
+  if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16)
+    return Invalid("precision: unknown");
+  // A TorchScript model's layers are counted when the job is placed (stage 0
+  // reads the archive); a zoo model's are known now.
+  if (script && m.num_layers() == 0) {
+    int64_t last = 0;
+    for (int b : spec.partition().boundaries()) {
+      if (b <= last) return Invalid("partition.boundaries: must be increasing and positive");
+      last = b;
+    }
+    return absl::OkStatus();
+  }
   return PartitionLayers(spec).status();
 }
 
@@ -702,6 +870,7 @@ std::string ScheduleName(v1::ScheduleKind kind) {
 }
 
 std::string ModelName(v1::ModelKind kind) {
+  if (kind == v1::MODEL_TORCHSCRIPT) return "torchscript";
   for (const auto& [n, k] : kModels)
     if (k == kind) return n;
   return "unspecified";

@@ -24,6 +24,8 @@ namespace conveyor {
 //   recompute: false, checkpoint_every: 0 (never), keep_checkpoints: 3,
 //   recovery_timeout: 120 (seconds; 0: fail at the first stage failure).
 constexpr const char* kDefaultFashionMnistPath = "/usr/share/datasets/fashion-mnist";
+// Debian's datasets: a data root of every server by default.
+constexpr const char* kDatasetsRoot = "/usr/share/datasets";
 
 // Steps left out of steady_samples_per_second (CUDA and allocator start-up).
 constexpr int64_t kWarmupSteps = 2;
@@ -45,6 +47,22 @@ StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
 // naming the key and the path. The coordinator checks them at submission (so
 // it must see the same files as the stages that read them: see docs/jobs.md).
 Status CheckJobFiles(const v1::JobSpec& spec);
+
+// The paths a job names (model.torchscript, data.path, data.train,
+// data.test, init_from, save.path), made absolute and confined to `roots`: a
+// relative path is relative to the first root; with `..` and symbolic links
+// resolved every path must lie under one of the roots (PERMISSION_DENIED
+// naming the path and the roots; no roots: no confinement). NOT_FOUND for a
+// file that must exist and does not. Then CheckJobFiles.
+Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots);
+
+// What stage 0 found in the job's files (DescribeJob in model/partition.h):
+// the TorchScript model's layers and the data file's shapes, into the spec.
+void ApplyDescription(const v1::DescribeReply& description, v1::JobSpec* spec);
+
+// The servers' --data-root when none is given: the working folder and
+// /usr/share/datasets (Debian's datasets).
+std::vector<std::string> DefaultDataRoots();
 
 // Checks the cross-field rules (batch vs micro-batches, stages vs layers...).
 // ParseJobYaml calls it; servers call it again on specs that arrive typed.

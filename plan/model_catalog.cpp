@@ -19,6 +19,7 @@ int NumLayers(const v1::ModelSpec& model) {
     // conv1, bn1, relu, maxpool, 3 + 4 + 6 + 3 bottlenecks, avgpool, flatten, fc
     case v1::MODEL_RESNET50: return 23;
     case v1::MODEL_GPT: return model.blocks() + 3;  // embedding, blocks, final norm, output layer
+    case v1::MODEL_TORCHSCRIPT: return model.num_layers();  // counted when the job is placed
     default: return 0;
   }
 }
@@ -34,7 +35,20 @@ int NumClasses(const v1::ModelSpec& model) {
 }
 
 v1::DType InputDType(const v1::JobSpec& spec) {
+  const auto& d = spec.data();
+  if (d.kind() == v1::DATA_TENSORS && d.input_dtype() != v1::DTYPE_UNSPECIFIED) {
+    // Floating inputs take the job's precision; integers (token ids) stay as they are.
+    const bool floating = d.input_dtype() == v1::DTYPE_FLOAT32 || d.input_dtype() == v1::DTYPE_FLOAT64 ||
+                          d.input_dtype() == v1::DTYPE_FLOAT16 || d.input_dtype() == v1::DTYPE_BFLOAT16;
+    return floating ? ActivationDType(spec) : d.input_dtype();
+  }
   return spec.model().kind() == v1::MODEL_GPT ? v1::DTYPE_INT64 : ActivationDType(spec);
+}
+
+v1::DType LabelDType(const v1::JobSpec& spec) {
+  const auto& d = spec.data();
+  if (d.kind() == v1::DATA_TENSORS && d.target_dtype() != v1::DTYPE_UNSPECIFIED) return d.target_dtype();
+  return v1::DTYPE_INT64;
 }
 
 v1::DType ActivationDType(const v1::JobSpec& spec) {
@@ -42,12 +56,16 @@ v1::DType ActivationDType(const v1::JobSpec& spec) {
 }
 
 std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_TENSORS)
+    return {spec.data().target_sample_shape().begin(), spec.data().target_sample_shape().end()};
   if (spec.model().kind() == v1::MODEL_GPT) return {spec.model().seq_len()};
   return {};
 }
 
 std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
   if (spec.data().kind() == v1::DATA_FASHION_MNIST) return {1, 28, 28};
+  if (spec.data().kind() == v1::DATA_TENSORS)
+    return {spec.data().input_sample_shape().begin(), spec.data().input_sample_shape().end()};
   switch (spec.model().kind()) {
     case v1::MODEL_TOY: return {10};
     case v1::MODEL_CONVNET: return {1, 28, 28};

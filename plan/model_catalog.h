@@ -17,6 +17,9 @@ int NumLayers(const v1::ModelSpec& model);
 // activations and parameters (the job's precision).
 v1::DType InputDType(const v1::JobSpec& spec);
 v1::DType ActivationDType(const v1::JobSpec& spec);
+// dtype of the targets the last stage reads: int64 classes or tokens, or the
+// data file's own.
+v1::DType LabelDType(const v1::JobSpec& spec);
 
 // Per-sample shape of the labels: {} for a class, {seq_len} for gpt's tokens.
 std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec);

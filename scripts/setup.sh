@@ -16,7 +16,9 @@ packages=(
   iproute2 openssl
 )
 if [ "$(scripts/torch-source.sh)" = debian ]; then
-  packages+=(libtorch-dev)
+  # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
+  # libtorch-dev), the oracle that a Conveyor run must equal.
+  packages+=(libtorch-dev python3-torch)
 fi
 
 missing=()

@@ -28,7 +28,7 @@ Status CopyInto(at::Tensor& into, const at::Tensor& from, const char* what) {
 
 bool GraphedPasses::Available(const at::Device& device) { return DeviceGraph::Create(device) != nullptr; }
 
-StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, torch::nn::Sequential& layers,
+StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, Partition& layers,
                                                           const at::Tensor& input, bool input_grad,
                                                           const at::Tensor& labels, const Head& head) {
   Pair& p = pairs_[{chunk, mb}];
@@ -42,10 +42,16 @@ StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, tor
     if (input_grad) p.input.requires_grad_(true);
     auto graph = DeviceGraph::Create(device_);
     if (!graph) return absl::FailedPreconditionError(what + ": no CUDA graphs on " + device_.str());
+    Status forwarded;
     Status st = graph->Capture([&] {
-      at::Tensor out = layers->forward(p.input);
-      p.output = head ? head(out, p.labels) : out;
+      auto out = layers.Forward(p.input);
+      if (!out.ok()) {
+        forwarded = out.status();
+        return;
+      }
+      p.output = head ? head(*out, p.labels) : *out;
     });
+    if (st.ok()) st = forwarded;
     if (!st.ok()) return Annotate(st, what);
     p.forward = std::move(graph);
   } else {

@@ -14,7 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/nn/modules/container/sequential.h>
+#include "model/partition.h"
 
 #include <functional>
 #include <map>
@@ -44,7 +44,7 @@ class GraphedPasses {
   // The forward of micro-batch `mb` of local chunk `chunk`: `input` through
   // `layers`, then `head` against `labels` when `head` is set. With
   // `input_grad`, the backward gives the input's gradient.
-  StatusOr<Forwarded> Forward(int chunk, int mb, torch::nn::Sequential& layers, const at::Tensor& input,
+  StatusOr<Forwarded> Forward(int chunk, int mb, Partition& layers, const at::Tensor& input,
                               bool input_grad, const at::Tensor& labels, const Head& head);
   // Its backward, from `grad` (undefined: the output is a loss), accumulating
   // into `params`' gradients; the input's gradient, or undefined.

@@ -32,6 +32,10 @@
 #include "model/op_profile.h"
 #include "transport/tensor_codec.h"
 #include "model/training.h"
+#include "model/partition.h"
+#include "model/state_dict.h"
+#include "model/torchscript_partition.h"
+#include "model/zoo_partition.h"
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
@@ -56,20 +60,24 @@ int64_t NowUs() {
 
 int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
+
 // Output shape of `layers` for one sample of `input`; c10::Error if they
 // cannot take it.
-std::vector<int64_t> ProbeShape(torch::nn::Sequential& layers, const std::vector<int64_t>& input,
-                                at::ScalarType dtype, at::Device device) {
+StatusOr<std::vector<int64_t>> ProbeShape(Partition& layers, const std::vector<int64_t>& input, at::ScalarType dtype,
+                                         const at::Device& device) {
   at::NoGradGuard no_grad;
   std::vector<int64_t> probe{1};
   probe.insert(probe.end(), input.begin(), input.end());
   // Eval mode: BatchNorm cannot train on one sample, and the probe must not
   // move its running statistics.
-  const bool training = layers->is_training();
-  layers->eval();
-  at::Tensor out = layers->forward(at::zeros(probe, at::TensorOptions().device(device).dtype(dtype)));
-  layers->train(training);
-  return ToVector(out.sizes().slice(1));
+  const bool training = layers.is_training();
+  layers.Train(false);
+  auto out = layers.Forward(at::zeros(probe, at::TensorOptions().device(device).dtype(dtype)));
+  layers.Train(training);
+  if (!out.ok()) return out.status();
+  std::vector<int64_t> shape = ToVector(out->sizes());
+  shape.erase(shape.begin());
+  return shape;
 }
 
 // What a chunk takes in: the model's input (tokens for gpt) or activations.
@@ -104,6 +112,7 @@ class Stage::Impl {
 
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req);
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req);
+  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& spec);
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& a);
   StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& ref);
   StatusOr<v1::ConnectReply> Connect(const v1::JobRef& ref);
@@ -121,9 +130,9 @@ class Stage::Impl {
  private:
   struct Chunk {
     int index = 0;  // in the model's chain of chunks
-    torch::nn::Sequential layers{nullptr};
+    std::unique_ptr<Partition> layers;
     std::vector<int64_t> input_shape, output_shape;
-    std::vector<at::Tensor> params;
+    std::vector<at::Tensor> params;  // the trainable ones (frozen parameters get no gradient and no update)
   };
   // Everything of the configured job; touched on the executor thread only.
   struct Job {
@@ -285,25 +294,36 @@ void Stage::Impl::DropJob() {
 StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(req.spec()));
   CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(req.input_sample_shape(), "probe"));
-  CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layers,
-                            BuildLayers(req.spec(), req.layer_begin(), req.layer_end(), /*init=*/false));
+  v1::JobSpec spec = req.spec();
+  CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, options_.data_roots));
+  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layers,
+                            BuildPartition(spec, req.layer_begin(), req.layer_end(), /*init=*/false));
   std::vector<int64_t> input(req.input_sample_shape().begin(), req.input_sample_shape().end());
   v1::ProbeReply reply;
+  const std::string what = "layers [" + std::to_string(req.layer_begin()) + ", " + std::to_string(req.layer_end()) +
+                           ") cannot take samples of shape " + ShapeString(input);
   try {
     // The chain's first layer is layer 0; any later one takes activations.
-    at::ScalarType dtype = ChunkInputType(req.spec(), req.layer_begin() == 0 ? 0 : 1);
-    for (int64_t d : ProbeShape(layers, input, dtype, at::kCPU)) reply.add_output_sample_shape(d);
+    at::ScalarType dtype = ChunkInputType(spec, req.layer_begin() == 0 ? 0 : 1);
+    auto shape = ProbeShape(*layers, input, dtype, at::kCPU);
+    if (!shape.ok()) return Annotate(shape.status(), what);
+    for (int64_t d : *shape) reply.add_output_sample_shape(d);
   } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError("layers [" + std::to_string(req.layer_begin()) + ", " +
-                                      std::to_string(req.layer_end()) + ") cannot take samples of shape " +
-                                      ShapeString(input) + ": " + e.what_without_backtrace());
+    return absl::InvalidArgumentError(what + ": " + e.what_without_backtrace());
   }
   return reply;
 }
 
+StatusOr<v1::DescribeReply> Stage::Impl::Describe(const v1::JobSpec& in) {
+  v1::JobSpec spec = in;
+  CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, options_.data_roots));
+  return DescribeJob(spec);
+}
+
 StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
-  const v1::JobSpec& spec = req.spec();
+  v1::JobSpec spec = req.spec();
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, options_.data_roots));
   const int64_t rows = MicroBatchSizes(spec, spec.batch_size()).front();
   std::vector<int64_t> shape{rows};
   for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
@@ -312,7 +332,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
     at::Tensor x = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
     std::vector<int64_t> label_shape{rows};
     for (int64_t d : LabelSampleShape(spec)) label_shape.push_back(d);
-    const at::Tensor labels = at::zeros(label_shape, at::TensorOptions().device(device_).dtype(at::kLong));
+    const at::Tensor labels =
+        at::zeros(label_shape, at::TensorOptions().device(device_).dtype(FromWireDType(LabelDType(spec))));
     const int layers = NumLayers(spec.model());
     if (req.time() && device_.is_cuda()) {
       // An idle GPU runs at a fraction of its clock until it has worked for a
@@ -323,14 +344,14 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       while (Clock::now() < until) at::mm(a, a).sum().item<double>();
     }
     for (int i = 0; i < layers; ++i) {
-      CONVEYOR_ASSIGN_OR_RETURN(torch::nn::Sequential layer, BuildLayers(spec, i, i + 1, /*init=*/false));
-      layer->to(device_);
+      CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layer, BuildPartition(spec, i, i + 1, /*init=*/false));
+      layer->To(device_);
       v1::LayerCost* cost = reply.add_layers();
-      for (const auto& p : layer->parameters()) cost->set_parameters(cost->parameters() + p.numel());
+      for (const auto& p : layer->Parameters()) cost->set_parameters(cost->parameters() + p.numel());
       at::Tensor out;
       auto run = [&] {  // forward and backward, waiting for the device at the end
         at::Tensor input = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
-        out = layer->forward(input);
+        out = ValueOrThrow(layer->Forward(input));
         if (i + 1 == layers) {
           // The last layer's stage also computes the loss (for a language
           // model, over logits as large as the vocabulary): it counts here.
@@ -353,12 +374,14 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
         cost->set_seconds(seconds[2]);
       } else {
         at::NoGradGuard no_grad;
-        out = layer->forward(x);
+        out = ValueOrThrow(layer->Forward(x));
       }
       x = out.detach();
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("profiling the model: ") + e.what_without_backtrace());
+  } catch (const StatusError& e) {
+    return Annotate(e.status(), "profiling the model");
   }
   return reply;
 }
@@ -373,6 +396,17 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   }
   if (a.chunks().empty() || a.num_chunks() < a.chunks_size() || a.num_chunks() > 4096)
     return absl::InvalidArgumentError(who + ": a stage needs 1 or more of the model's chunks");
+  {
+    // The coordinator resolved the job's paths under its roots; this stage
+    // reads them only under its own.
+    v1::JobSpec checked = a.spec();
+    CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&checked, options_.data_roots));
+  }
+  NamedTensors init_from;
+  if (!a.spec().init_from().empty()) {
+    CONVEYOR_ASSIGN_OR_RETURN(init_from, ReadStateDict(a.spec().init_from()));
+    CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
+  }
   DropJob();
 
   auto job = std::make_unique<Job>();
@@ -389,22 +423,28 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     Chunk c;
     c.index = ca.index();
     c.input_shape.assign(ca.input_sample_shape().begin(), ca.input_sample_shape().end());
-    CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildLayers(a.spec(), ca.layer_begin(), ca.layer_end()));
+    CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildPartition(a.spec(), ca.layer_begin(), ca.layer_end()));
+    const std::string cannot = what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
+                               std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
+                               ShapeString(c.input_shape);
     try {
-      c.layers->to(device_);
-      c.output_shape = ProbeShape(c.layers, c.input_shape, ChunkInputType(a.spec(), c.index), device_);
+      if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
+      c.layers->To(device_);
+      auto shape = ProbeShape(*c.layers, c.input_shape, ChunkInputType(a.spec(), c.index), device_);
+      if (!shape.ok()) return Annotate(shape.status(), cannot);
+      c.output_shape = *shape;
     } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
-                                        std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
-                                        ShapeString(c.input_shape) + ": " + e.what_without_backtrace());
+      return absl::InvalidArgumentError(cannot + ": " + e.what_without_backtrace());
     }
     std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());
     if (!promised.empty() && promised != c.output_shape) {
       return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(c.output_shape) +
                                         ", the assignment says " + ShapeString(promised));
     }
-    c.params = c.layers->parameters();
-    for (const auto& p : c.params) num_params += p.numel();
+    for (const auto& p : c.layers->Parameters()) {
+      num_params += p.numel();
+      if (p.requires_grad()) c.params.push_back(p);
+    }
     all_params.insert(all_params.end(), c.params.begin(), c.params.end());
     reads_inputs |= job->IsFirst(c);
     reads_labels |= job->IsLast(c);
@@ -579,7 +619,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
       const double scale = h.scale;
       head = [this, scale](const at::Tensor& o, const at::Tensor& l) { return ComputeLoss(job_->spec(), o, l, scale); };
     }
-    auto f = job_->graphs->Forward(local, mb, c.layers, x, !first, labels, head);
+    auto f = job_->graphs->Forward(local, mb, *c.layers, x, !first, labels, head);
     if (!f.ok()) return Annotate(f.status(), Who());
     h.input = f->input;
     h.output = f->output;
@@ -593,7 +633,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     // Recomputing stages keep only the chunk's input; the forward runs again in backward.
     std::optional<at::NoGradGuard> no_grad;
     if (job_->recompute && st.train) no_grad.emplace();
-    out = c.layers->forward(x);
+    CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(x));
     if (last) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
       at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
@@ -636,7 +676,7 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
   }
   if (!h.output.defined()) {  // recompute the forward, this time with autograd
     Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
-    at::Tensor out = c.layers->forward(h.input);
+    CONVEYOR_ASSIGN_OR_RETURN(at::Tensor out, c.layers->Forward(h.input));
     h.output = last ? ComputeLoss(job_->spec(), out, h.labels, h.scale) : out;
   }
   at::Tensor input_grad;
@@ -845,7 +885,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
                                            std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
     }
     std::optional<at::NoGradGuard> no_grad;
-    for (Chunk& c : job_->chunks) st.train ? c.layers->train() : c.layers->eval();
+    for (Chunk& c : job_->chunks) c.layers->Train(st.train);
     if (st.train) {
       // Recorded graphs accumulate into the gradients they saw: zeroed in place.
       if (job_->graphs) {
@@ -926,8 +966,8 @@ std::string Stage::Impl::SerializeState() {
   torch::serialize::OutputArchive archive;
   int64_t i = 0, j = 0;
   for (const Chunk& c : job_->chunks) {
-    for (const auto& p : c.layers->parameters()) archive.write("p" + std::to_string(i++), p.detach());
-    for (const auto& b : c.layers->buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
+    for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
+    for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
   }
   if (job_->optimizer) {
     torch::serialize::OutputArchive opt;
@@ -961,8 +1001,8 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
     };
     int64_t i = 0, j = 0;
     for (const Chunk& c : job_->chunks) {
-      for (const auto& p : c.layers->parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
-      for (const auto& b : c.layers->buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
+      for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
+      for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
     }
     if (job_->optimizer) {
       torch::serialize::InputArchive opt;
@@ -1024,9 +1064,9 @@ StatusOr<v1::DigestReply> Stage::Impl::GetDigest(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::DigestReply reply;
   for (const Chunk& c : job_->chunks) {
-    for (const auto& child : c.layers->named_children()) {
-      reply.add_layer_digests(LayerDigest(*child.value()));
-      reply.add_layers(std::stoi(child.key()));  // children are named by model layer index
+    for (int i = 0; i < c.layers->num_layers(); ++i) {
+      reply.add_layer_digests(c.layers->LayerDigest(i));
+      reply.add_layers(c.layers->layer_index(i));
     }
   }
   return reply;
@@ -1036,8 +1076,13 @@ StatusOr<v1::ParametersReply> Stage::Impl::GetParameters(const v1::JobRef& ref) 
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ParametersReply reply;
   for (const Chunk& c : job_->chunks) {
-    for (const auto& [name, t] : NamedParameters(c.layers)) {
+    for (const auto& [name, t] : c.layers->NamedParameters()) {
       v1::NamedTensor* nt = reply.add_parameters();
+      nt->set_name(name);
+      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    }
+    for (const auto& [name, t] : c.layers->NamedBuffers()) {
+      v1::NamedTensor* nt = reply.add_buffers();
       nt->set_name(name);
       CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
     }
@@ -1105,6 +1150,10 @@ Status Stopped() { return absl::UnavailableError("the stage is shutting down"); 
 StatusOr<v1::ProbeReply> Stage::Probe(const v1::ProbeRequest& req) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ProbeReply>, Probe(req));
 }
+StatusOr<v1::DescribeReply> Stage::Describe(const v1::JobSpec& spec) {
+  return CONVEYOR_ON_EXECUTOR(StatusOr<v1::DescribeReply>, Describe(spec));
+}
+
 StatusOr<v1::ProfileReply> Stage::Profile(const v1::ProfileRequest& req) {
   return CONVEYOR_ON_EXECUTOR(StatusOr<v1::ProfileReply>, Profile(req));
 }

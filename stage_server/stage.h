@@ -27,6 +27,9 @@ struct StageOptions {
   std::string checkpoint_dir;
   // Where a job's profile_step writes this stage's trace; "" : checkpoint_dir.
   std::string profile_dir;
+  // The only folders whose files (models, data, weights) this stage reads;
+  // none: no confinement (see ResolveJobPaths in common/job_spec.h).
+  std::vector<std::string> data_roots;
 };
 
 class Stage {
@@ -44,6 +47,9 @@ class Stage {
   // Measures every layer of the model on this stage's device: parameters,
   // and with `time` the forward + backward seconds of one micro-batch.
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& request);
+  // What the files a job names hold: the model's layers (a TorchScript
+  // archive is read here) and the data's per-sample shapes and dtypes.
+  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& spec);
   // Builds this stage's chunks for a job (replacing any earlier job), checks
   // their shapes, loads the data it reads, makes its optimizer.
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);

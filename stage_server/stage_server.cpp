@@ -18,6 +18,7 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
   stage_options.threads = options.threads;
   stage_options.checkpoint_dir = options.checkpoint_dir;
   stage_options.profile_dir = options.profile_dir;
+  stage_options.data_roots = options.data_roots;
   stage_options.transports = s->transports_.get();
   CONVEYOR_ASSIGN_OR_RETURN(s->stage_, Stage::Create(stage_options));
   s->control_ = std::make_unique<StageControlService>(s->stage_.get());

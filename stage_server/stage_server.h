@@ -17,6 +17,7 @@ struct StageServerOptions {
   int threads = 0;
   std::string checkpoint_dir;  // "" : cannot checkpoint
   std::string profile_dir;     // "" : checkpoint_dir
+  std::vector<std::string> data_roots;  // see StageOptions
 };
 
 class StageServer {

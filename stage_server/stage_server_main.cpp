@@ -7,6 +7,7 @@
 
 #include "common/command_line.h"
 #include "model/device.h"
+#include "plan/job_spec.h"
 #include "common/net.h"
 #include "common/logging.h"
 #include "common/security.h"
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "folder for this stage's checkpoints (jobs with checkpoint_every need one)");
+  options.data_roots = conveyor::DefaultDataRoots();
+  app.add_option("--data-root", options.data_roots,
+                 "a folder whose files (models, data, weights) jobs may name (repeatable)")
+      ->capture_default_str();
   app.add_option("--profile-dir", options.profile_dir,
                  "folder for the traces of jobs with profile_step (default: the checkpoint folder)");
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();

@@ -16,6 +16,10 @@ grpc::Status StageControlService::PrepareLink(grpc::ServerContext*, const v1::Jo
   return Reply(stage_->PrepareLink(*req), reply);
 }
 
+grpc::Status StageControlService::Describe(grpc::ServerContext*, const v1::JobSpec* req, v1::DescribeReply* reply) {
+  return Reply(stage_->Describe(*req), reply);
+}
+
 grpc::Status StageControlService::Profile(grpc::ServerContext*, const v1::ProfileRequest* req,
                                           v1::ProfileReply* reply) {
   return Reply(stage_->Profile(*req), reply);

@@ -13,6 +13,7 @@ class StageControlService final : public v1::StageControl::Service {
   explicit StageControlService(Stage* stage) : stage_(stage) {}
 
   grpc::Status Profile(grpc::ServerContext*, const v1::ProfileRequest* req, v1::ProfileReply* reply) override;
+  grpc::Status Describe(grpc::ServerContext*, const v1::JobSpec* req, v1::DescribeReply* reply) override;
   grpc::Status Probe(grpc::ServerContext*, const v1::ProbeRequest* req, v1::ProbeReply* reply) override;
   grpc::Status Configure(grpc::ServerContext*, const v1::StageAssignment* req, v1::ConfigureReply* reply) override;
   grpc::Status PrepareLink(grpc::ServerContext*, const v1::JobRef* req, v1::LinkSetup* reply) override;

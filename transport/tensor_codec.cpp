@@ -13,6 +13,11 @@ StatusOr<v1::DType> ToWireDType(c10::ScalarType type) {
     case at::kBFloat16: return v1::DTYPE_BFLOAT16;
     case at::kHalf: return v1::DTYPE_FLOAT16;
     case at::kLong: return v1::DTYPE_INT64;
+    case at::kInt: return v1::DTYPE_INT32;
+    case at::kShort: return v1::DTYPE_INT16;
+    case at::kChar: return v1::DTYPE_INT8;
+    case at::kByte: return v1::DTYPE_UINT8;
+    case at::kBool: return v1::DTYPE_BOOL;
     default:
       return absl::InvalidArgumentError(std::string("dtype ") + c10::toString(type) +
                                         " cannot travel between stages");
@@ -25,6 +30,11 @@ c10::ScalarType FromWireDType(v1::DType dtype) {
     case v1::DTYPE_BFLOAT16: return at::kBFloat16;
     case v1::DTYPE_FLOAT16: return at::kHalf;
     case v1::DTYPE_INT64: return at::kLong;
+    case v1::DTYPE_INT32: return at::kInt;
+    case v1::DTYPE_INT16: return at::kShort;
+    case v1::DTYPE_INT8: return at::kChar;
+    case v1::DTYPE_UINT8: return at::kByte;
+    case v1::DTYPE_BOOL: return at::kBool;
     default: return at::kFloat;
   }
 }

@@ -192,7 +192,7 @@ TEST(FirstContact, AMissingDatasetIsRefusedAtSubmissionNamingThePathOnce) {
   const std::string job = WriteFile("no-data.yaml", "model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
   auto r = RunCommand({Binary("conveyor"), "--coordinator", cluster->coordinator_address(), "submit", job});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("data.path: /missing/fmnist is not a folder here"));
+  EXPECT_THAT(r.err, HasSubstr("data.path: /missing/fmnist does not exist"));
   EXPECT_THAT(r.err, HasSubstr("(NOT_FOUND)"));
   r = RunCommand({Binary("conveyor"), "--coordinator", cluster->coordinator_address(), "list"});
   EXPECT_THAT(r.out, HasSubstr("no jobs"));  // nothing was queued
@@ -285,6 +285,7 @@ TEST(FirstContact, ARunningJobHasALossNotAFinalLoss) {
   EXPECT_THAT(cli::Summary(s), HasSubstr("final loss 0.5000"));
   EXPECT_EQ(cli::Plural(2, "micro-batch"), "2 micro-batches");
   EXPECT_EQ(cli::Plural(1, "epoch"), "1 epoch");
+  EXPECT_EQ(cli::Plural(3, "epoch"), "3 epochs");
   v1::JobStatus queued;
   queued.set_job_id("job-2");
   queued.set_state(v1::JOB_STATE_QUEUED);

@@ -124,6 +124,9 @@ TEST(Addresses, UnreachablePeersAreSaidInWords) {
   EXPECT_EQ(DescribeUnreachable("DNS resolution failed for garbage:1: C-ares status is not ARES_SUCCESS qtype=A "
                                 "name=garbage is_balancer=0: Domain name not found"),
             "host not found ('garbage')");
+  EXPECT_THAT(DescribeUnreachable("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:4: "
+                                  "connection attempt timed out before receiving SETTINGS frame"),
+              HasSubstr("did not answer: it accepts connections but sent no gRPC handshake"));
 }
 
 TEST(DirLock, OneHolderAtATimeAndNothingLeftWhenItDies) {

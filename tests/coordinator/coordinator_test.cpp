@@ -67,13 +67,15 @@ TEST(Coordinator, BadJobsAreRefusedWithTheReason) {
   EXPECT_EQ(RunToEnd(*c, "model: toy\npartition: {stages: 2}\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
 }
 
-TEST(Coordinator, MissingDatasetFailsTheJobNamingThePath) {
+TEST(Coordinator, AMissingDatasetIsRefusedAtSubmissionNamingThePath) {
   InProcessCluster cluster(2);
   auto c = cluster.StartCoordinator();
-  v1::JobStatus s = RunToEnd(*c, "model: convnet\npartition: {stages: 2}\ndata: {name: fashion-mnist, path: /no/data}\n");
-  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
-  EXPECT_THAT(s.error(), HasSubstr("/no/data"));
-  EXPECT_THAT(s.error(), HasSubstr("stage 0"));
+  auto id = c->Submit("model: convnet\npartition: {stages: 2}\ndata: {name: fashion-mnist, path: /no/data}\n");
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(id.status().message(), HasSubstr("data.path: /no/data does not exist"));
+  auto list = c->List();
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());  // nothing was queued
 }
 
 TEST(Coordinator, CancelsRunningAndQueuedJobs) {

@@ -18,6 +18,10 @@ class InProcessStageClient : public StageClient {
   StatusOr<v1::StageInfo> GetInfo(double) override { return stage_->Info(); }
   StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double) override { return stage_->Probe(req); }
   StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double) override { return stage_->Profile(req); }
+  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double) override {
+    return stage_->GetParameters(req);
+  }
+  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double) override { return stage_->Describe(req); }
   StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
     return stage_->Configure(req);
   }

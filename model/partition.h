@@ -1,0 +1,94 @@
+// The seam between a stage's step code and the model it trains: the layers
+// [begin, end) of one model chunk, whatever their source (the built-in zoo, a
+// TorchScript archive from Python). The step code sees only this interface.
+//
+// Layers are the model's top-level children, in order; each has its
+// model-wide index and its name (the index for the zoo and for an
+// nn.Sequential built from a list, the key for one built from an OrderedDict).
+// Parameters and buffers are named as the whole model's state_dict() names
+// them: "<layer name>.<name within the layer>".
+//
+// Not thread-safe: the stage's executor thread owns a Partition.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+
+namespace torch::nn {
+class SequentialImpl;
+}  // namespace torch::nn
+
+namespace conveyor {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Partition {
+ public:
+  virtual ~Partition() = default;
+
+  struct Layer {
+    int index = 0;     // in the whole model
+    std::string name;  // the child's name in the whole model
+  };
+
+  // A micro-batch's input through the layers held, recording autograd where
+  // grad mode is on. INVALID_ARGUMENT naming the layer when the output of one
+  // is not what the next (or the stage boundary, a tensor) takes.
+  virtual StatusOr<at::Tensor> Forward(const at::Tensor& input) = 0;
+
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int layer_index(int i) const { return layers_[static_cast<std::size_t>(i)].index; }
+  const std::string& layer_name(int i) const { return layers_[static_cast<std::size_t>(i)].name; }
+  // Layer i's parameters (or buffers), named within the layer.
+  virtual NamedTensors LayerParameters(int i) const = 0;
+  virtual NamedTensors LayerBuffers(int i) const = 0;
+
+  // Moves parameters and buffers; `dtype` (if not undefined) converts the
+  // floating-point ones.
+  virtual void To(const c10::Device& device, c10::ScalarType dtype = c10::ScalarType::Undefined) = 0;
+  virtual void Train(bool on) = 0;
+  virtual bool is_training() const = 0;
+
+  // The zoo's module (CUDA graphs capture its forward); null for others.
+  virtual torch::nn::SequentialImpl* sequential() { return nullptr; }
+
+  // Over every layer held, in model order:
+  NamedTensors NamedParameters() const;  // "<layer name>.<name>"
+  NamedTensors NamedBuffers() const;
+  std::vector<at::Tensor> Parameters() const;
+  std::vector<at::Tensor> Buffers() const;
+  // Raw SHA-256 of layer i: its parameters' and buffers' names, dtypes,
+  // shapes and bytes (param_digest combines these in model order).
+  std::string LayerDigest(int i) const;
+
+ protected:
+  std::vector<Layer> layers_;
+};
+
+// The layers [begin, end) of the job's model, from the zoo or the job's
+// TorchScript archive, on the CPU in the job's precision (`init` false: the
+// zoo skips its seeded initialisation, for probing and timing).
+StatusOr<std::unique_ptr<Partition>> BuildPartition(const v1::JobSpec& spec, int begin, int end, bool init = true);
+
+// init_from's keys must all name the model's parameters or buffers (what
+// load_state_dict(strict=True) calls unexpected keys): INVALID_ARGUMENT.
+Status CheckInitialWeightNames(const v1::JobSpec& spec, const NamedTensors& weights);
+// Copies init_from's tensors into `layers` by name: every parameter and
+// buffer held must be there with its shape (a missing or mis-shaped one:
+// INVALID_ARGUMENT naming it).
+Status LoadInitialWeights(const v1::JobSpec& spec, const NamedTensors& weights, Partition& layers);
+
+// What the files of a job (its paths resolved) hold: the model's layers (a
+// TorchScript archive is read) and a data file's per-sample shapes and dtypes.
+// ApplyDescription (common/job_spec.h) puts it into the spec.
+StatusOr<v1::DescribeReply> DescribeJob(const v1::JobSpec& spec);
+
+}  // namespace conveyor

@@ -1,0 +1,164 @@
+#include "model/torchscript_partition.h"
+
+#include <sys/stat.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/script.h>
+
+#include <map>
+#include <mutex>
+
+namespace conveyor {
+namespace {
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// The archive's top-level module, checked to be an nn.Sequential.
+StatusOr<torch::jit::Module> LoadSequential(const std::string& path) {
+  static std::once_flag once;
+  std::call_once(once, [] { torch::jit::setGraphExecutorOptimize(false); });
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return absl::NotFoundError("model.torchscript: " + path + " does not exist");
+  torch::jit::Module m;
+  try {
+    m = torch::jit::load(path, c10::Device(c10::kCPU));
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError("model.torchscript: " + path + " is not a TorchScript archive (" +
+                                      FirstLine(e.what_without_backtrace()) + ")");
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError("model.torchscript: " + path + " is not a TorchScript archive (" +
+                                      FirstLine(e.what()) + ")");
+  }
+  const std::string type = m.type()->name() ? m.type()->name()->qualifiedName() : "?";
+  const std::string last = type.substr(type.rfind('.') + 1);
+  if (last != "Sequential") {
+    return absl::InvalidArgumentError("model.torchscript: the top-level module of " + path + " is " + type +
+                                      ", not an nn.Sequential: Conveyor cuts a model between the children of a "
+                                      "Sequential (see docs/models.md)");
+  }
+  return m;
+}
+
+NamedTensors Named(const torch::jit::named_parameter_list& list) {
+  NamedTensors out;
+  for (const auto& p : list) out.emplace_back(p.name, p.value);
+  return out;
+}
+
+NamedTensors Named(const torch::jit::named_buffer_list& list) {
+  NamedTensors out;
+  for (const auto& b : list) out.emplace_back(b.name, b.value);
+  return out;
+}
+
+// Pairs of layers whose parameters share storage.
+std::vector<std::pair<int, int>> TiedLayers(const std::vector<torch::jit::Module>& children) {
+  std::map<const void*, int> owner;
+  std::vector<std::pair<int, int>> tied;
+  for (int i = 0; i < static_cast<int>(children.size()); ++i) {
+    for (const auto& p : children[static_cast<std::size_t>(i)].parameters(true)) {
+      const void* key = p.storage().data();
+      auto [it, fresh] = owner.emplace(key, i);
+      if (!fresh && it->second != i) tied.emplace_back(it->second, i);
+    }
+  }
+  return tied;
+}
+
+class TorchScriptPartition final : public Partition {
+ public:
+  TorchScriptPartition(std::vector<torch::jit::Module> children, std::vector<Layer> layers)
+      : children_(std::move(children)) {
+    layers_ = std::move(layers);
+  }
+
+  StatusOr<at::Tensor> Forward(const at::Tensor& input) override {
+    c10::IValue x = input;
+    for (std::size_t i = 0; i < children_.size(); ++i) {
+      try {
+        x = children_[i].forward({x});
+      } catch (const c10::Error& e) {
+        return absl::InvalidArgumentError("layer " + std::to_string(layers_[i].index) + " (" + layers_[i].name +
+                                          "): " + FirstLine(e.what_without_backtrace()));
+      }
+    }
+    if (!x.isTensor()) {
+      return absl::InvalidArgumentError("layer " + std::to_string(layers_.back().index) + " (" + layers_.back().name +
+                                        ") returns " + x.type()->str() +
+                                        ": only a tensor crosses a stage boundary so far; cut the model elsewhere");
+    }
+    return x.toTensor();
+  }
+
+  NamedTensors LayerParameters(int i) const override {
+    return Named(children_[static_cast<std::size_t>(i)].named_parameters(true));
+  }
+  NamedTensors LayerBuffers(int i) const override {
+    return Named(children_[static_cast<std::size_t>(i)].named_buffers(true));
+  }
+  void To(const c10::Device& device, c10::ScalarType dtype) override {
+    for (auto& c : children_) {
+      if (dtype == c10::ScalarType::Undefined) {
+        c.to(device);
+      } else {
+        c.to(device, dtype);
+      }
+    }
+  }
+  void Train(bool on) override {
+    for (auto& c : children_) c.train(on);
+  }
+  bool is_training() const override { return children_.empty() || children_.front().is_training(); }
+
+ private:
+  std::vector<torch::jit::Module> children_;
+};
+
+}  // namespace
+
+StatusOr<TorchScriptSummary> DescribeTorchScript(const std::string& path) {
+  CONVEYOR_ASSIGN_OR_RETURN(torch::jit::Module m, LoadSequential(path));
+  TorchScriptSummary s;
+  std::vector<torch::jit::Module> children;
+  for (const auto& child : m.named_children()) {
+    s.layer_names.push_back(child.name);
+    int64_t n = 0;
+    for (const auto& p : child.value.parameters(true)) n += p.numel();
+    s.layer_parameters.push_back(n);
+    children.push_back(child.value);
+  }
+  if (s.layer_names.empty())
+    return absl::InvalidArgumentError("model.torchscript: " + path + " is an empty nn.Sequential");
+  s.tied_layers = TiedLayers(children);
+  return s;
+}
+
+StatusOr<std::unique_ptr<Partition>> LoadTorchScriptPartition(const std::string& path, int begin, int end) {
+  CONVEYOR_ASSIGN_OR_RETURN(torch::jit::Module m, LoadSequential(path));
+  std::vector<torch::jit::Module> all;
+  std::vector<std::string> names;
+  for (const auto& child : m.named_children()) {
+    all.push_back(child.value);
+    names.push_back(child.name);
+  }
+  const int n = static_cast<int>(all.size());
+  if (begin < 0 || end > n || begin >= end) {
+    return absl::InvalidArgumentError("layers [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                                      path + ", which has " + std::to_string(n) + " layers");
+  }
+  for (const auto& [a, b] : TiedLayers(all)) {
+    const bool in_a = a >= begin && a < end, in_b = b >= begin && b < end;
+    if (in_a != in_b) {
+      return absl::InvalidArgumentError(
+          "layers " + std::to_string(a) + " (" + names[static_cast<std::size_t>(a)] + ") and " + std::to_string(b) +
+          " (" + names[static_cast<std::size_t>(b)] +
+          ") share parameters (tied weights) but fall on different stages: two copies would train apart. Keep "
+          "them on one stage (partition.boundaries) or untie them");
+    }
+  }
+  std::vector<torch::jit::Module> mine(all.begin() + begin, all.begin() + end);
+  std::vector<Partition::Layer> layers;
+  for (int i = begin; i < end; ++i) layers.push_back({i, names[static_cast<std::size_t>(i)]});
+  return std::unique_ptr<Partition>(new TorchScriptPartition(std::move(mine), std::move(layers)));
+}
+
+}  // namespace conveyor

@@ -1,0 +1,226 @@
+// PyTorch is the oracle (issue 17): models defined, scripted and trained by
+// Debian's python3-torch (tests/python/oracle.py), the same jobs trained by
+// Conveyor over 1, 2 and 3 stage-server processes; per-step losses and the
+// exported final weights must agree. Skips where no python3 can import torch.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "cli/local_cluster.h"
+#include "model/state_dict.h"
+#include "tests/support/test_util.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::RunCommand;
+
+// The bar against PyTorch's own loop (fp32, CPU): issue 17's.
+constexpr double kRtol = 1e-4;
+constexpr double kAtol = 1e-5;
+
+std::string Python() {
+  for (const char* py : {"/usr/bin/python3", "python3"}) {
+    if (RunCommand({py, "-c", "import torch"}).exit_code == 0) return py;
+  }
+  return "";
+}
+
+std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
+
+struct Case {
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen
+  int stages;
+  int micro_batches;
+  std::string schedule;
+  bool init_from = false;
+};
+
+std::string Name(const ::testing::TestParamInfo<Case>& info) {
+  std::string n = info.param.model + "_" + std::to_string(info.param.stages) + "stages_m" +
+                  std::to_string(info.param.micro_batches) + "_" + info.param.schedule +
+                  (info.param.init_from ? "_init_from" : "");
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+class AgainstPyTorch : public ::testing::TestWithParam<Case> {
+ protected:
+  static void SetUpTestSuite() {
+    python_ = new std::string(Python());
+    if (python_->empty()) return;
+    dir_ = new std::string(testing::MakeTempDir("oracle"));
+    for (const char* model : {"mlp", "cnn-bn", "frozen"}) {
+      auto r = RunCommand({*python_, Oracle(), "make", model, *dir_ + "/" + model});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    auto r = RunCommand({*python_, Oracle(), "pretrained", *dir_ + "/mlp"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    clusters_ = new std::map<int, std::unique_ptr<cli::LocalCluster>>();
+  }
+  static void TearDownTestSuite() {
+    delete clusters_;
+    clusters_ = nullptr;
+  }
+
+  // One cluster per stage count, its data root the fixtures' folder.
+  static cli::LocalCluster* Cluster(int stages) {
+    auto& c = (*clusters_)[stages];
+    if (!c) {
+      cli::LocalClusterOptions options;
+      options.remove_run_dir = true;
+      options.stages = stages;
+      options.bin_dir = CONVEYOR_BIN_DIR;
+      options.data_roots = {*dir_};
+      auto started = cli::LocalCluster::Start(options);
+      EXPECT_TRUE(started.ok()) << started.status();
+      if (started.ok()) c = std::move(*started);
+    }
+    return c.get();
+  }
+
+  static std::string* python_;
+  static std::string* dir_;
+  static std::map<int, std::unique_ptr<cli::LocalCluster>>* clusters_;
+};
+
+std::string* AgainstPyTorch::python_ = nullptr;
+std::string* AgainstPyTorch::dir_ = nullptr;
+std::map<int, std::unique_ptr<cli::LocalCluster>>* AgainstPyTorch::clusters_ = nullptr;
+
+TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
+  if (python_->empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
+  const Case& c = GetParam();
+  const std::string folder = *dir_ + "/" + c.model;
+  const std::string tag = Name(::testing::TestParamInfo<Case>(c, 0));
+  // The job, as JSON (which is YAML): PyTorch's loop reads the same file.
+  nlohmann::json job = {
+      {"name", tag},
+      {"model", {{"torchscript", c.model + "/model.pt"}}},
+      {"data", {{"format", "tensors"}, {"train", c.model + "/train.pt"}, {"test", c.model + "/test.pt"}}},
+      {"partition", {{"stages", c.stages}}},
+      {"batch_size", 16},
+      {"micro_batches", c.micro_batches},
+      {"schedule", c.schedule},
+      {"optimizer", {{"name", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}}},
+      {"loss", "cross_entropy"},
+      {"steps", 8},
+      {"seed", 3},
+      {"save", {{"path", "out-" + tag + ".pt"}}}};
+  if (c.init_from) job["init_from"] = c.model + "/pretrained.pt";
+  const std::string job_path = *dir_ + "/" + tag + ".json";
+  std::ofstream(job_path) << job.dump(1);
+  // PyTorch reads the paths relative to the job's folder; so does Conveyor,
+  // whose first data root is that folder.
+  nlohmann::json py_job = job;
+  const std::string ref = *dir_ + "/ref-" + tag + ".json";
+  auto r = RunCommand({*python_, Oracle(), "train", job_path, ref});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto expected = nlohmann::json::parse(std::ifstream(ref))["losses"];
+
+  cli::LocalCluster* cluster = Cluster(c.stages);
+  ASSERT_NE(cluster, nullptr);
+  std::ifstream in(job_path);
+  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  v1::JobStatus s = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  ASSERT_EQ(s.losses_size(), static_cast<int>(expected.size()));
+  double worst_loss = 0;
+  for (int i = 0; i < s.losses_size(); ++i) {
+    const double want = expected[static_cast<std::size_t>(i)];
+    EXPECT_NEAR(s.losses(i), want, kAtol + kRtol * std::abs(want)) << "step " << i + 1;
+    worst_loss = std::max(worst_loss, std::abs(s.losses(i) - want));
+  }
+
+  // The weights Conveyor exported against those PyTorch trained, by name.
+  auto got = ReadStateDict(*dir_ + "/out-" + tag + ".pt");
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto want = ReadStateDict(ref.substr(0, ref.size() - 5) + ".pt");
+  ASSERT_TRUE(want.ok()) << want.status();
+  std::map<std::string, at::Tensor> by_name(want->begin(), want->end());
+  ASSERT_EQ(got->size(), want->size());
+  double worst_param = 0;
+  for (const auto& [name, t] : *got) {
+    ASSERT_EQ(by_name.count(name), 1u) << name;
+    const at::Tensor& w = by_name[name];
+    ASSERT_EQ(t.sizes(), w.sizes()) << name;
+    EXPECT_TRUE(at::allclose(t.to(at::kDouble), w.to(at::kDouble), kRtol, kAtol)) << name;
+    if (t.numel() > 0) worst_param = std::max(worst_param, (t.to(at::kDouble) - w.to(at::kDouble)).abs().max().item<double>());
+  }
+  // Python reads the export with weights_only=True.
+  r = RunCommand({*python_, "-c",
+                  "import sys, torch; torch.load(sys.argv[1], weights_only=True)", *dir_ + "/out-" + tag + ".pt"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  RecordProperty("max_loss_diff", std::to_string(worst_loss));
+  RecordProperty("max_param_diff", std::to_string(worst_param));
+  std::cout << tag << ": largest difference from PyTorch: loss " << worst_loss << ", parameter " << worst_param
+            << std::endl;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, AgainstPyTorch,
+    ::testing::Values(Case{"mlp", 1, 1, "gpipe"}, Case{"mlp", 2, 4, "1f1b"}, Case{"mlp", 3, 4, "gpipe"},
+                      Case{"mlp", 2, 4, "1f1b", /*init_from=*/true}, Case{"cnn-bn", 1, 4, "gpipe"},
+                      Case{"cnn-bn", 2, 4, "1f1b"}, Case{"cnn-bn", 3, 2, "gpipe"}, Case{"frozen", 2, 4, "1f1b"},
+                      Case{"frozen", 3, 4, "zero-bubble"}),
+    Name);
+
+// Files a job must refuse, each with a named error, the servers serving on.
+TEST(TorchScriptJobs, BadFilesAreNamed) {
+  const std::string python = Python();
+  if (python.empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
+  const std::string dir = testing::MakeTempDir("oracle-bad");
+  ASSERT_EQ(RunCommand({python, Oracle(), "make", "mlp", dir + "/mlp"}).exit_code, 0);
+  ASSERT_EQ(RunCommand({python, Oracle(), "bad", dir + "/bad"}).exit_code, 0);
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.data_roots = {dir};
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string coord = (*cluster)->coordinator_address();
+  const std::string good =
+      "model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: mlp/train.pt}\nbatch_size: 8\n"
+      "partition: {stages: 2}\nsteps: 2\n";
+  auto fails = [&](const std::string& yaml, const std::string& code, const std::string& says) {
+    v1::JobStatus s = testing::SubmitAndWait(coord, yaml);
+    EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED) << yaml;
+    EXPECT_EQ(s.error_code(), code) << s.error();
+    EXPECT_THAT(s.error(), HasSubstr(says)) << yaml;
+  };
+  fails("model: {torchscript: bad/notscript.pt}\ndata: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n",
+        "INVALID_ARGUMENT", "bad/notscript.pt is not a TorchScript archive");
+  fails("model: {torchscript: bad/module.pt}\ndata: {format: tensors, train: mlp/train.pt}\n", "INVALID_ARGUMENT",
+        "not an nn.Sequential");
+  fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: mlp/train.pt}\n"
+        "partition: {boundaries: [9]}\n",
+        "INVALID_ARGUMENT", "6 layers");
+  fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/uneven.pt}\n", "INVALID_ARGUMENT",
+        "has 10 inputs and 9 targets");
+  fails(good + "init_from: bad/wide.pt\n", "INVALID_ARGUMENT", "'1.weight' is [33, 64]");
+  fails(good + "init_from: bad/extra.pt\n", "INVALID_ARGUMENT", "'9.weight', which is no parameter or buffer");
+  fails(good + "init_from: mlp/train.pt\n", "INVALID_ARGUMENT", "init_from");
+  // A path outside the data roots is refused when the job is submitted.
+  auto r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
+                       [&] {
+                         const std::string p = dir + "/outside.yaml";
+                         std::ofstream(p) << "model: {torchscript: /etc/hostname}\n";
+                         return p;
+                       }()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("model.torchscript: /etc/hostname"));
+  EXPECT_THAT(r.err, HasSubstr("is outside the data roots"));
+  EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED"));
+  // The cluster still trains.
+  EXPECT_EQ(testing::SubmitAndWait(coord, good).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""PyTorch as the oracle: the user's side of Conveyor, in the tests.
+
+Debian's python3-torch (1.13, the same version as libtorch-dev) plays the user:
+it defines models as nn.Sequential, scripts them, writes their weights and data
+with torch.save, and trains the same job in a plain PyTorch loop, whose
+per-step losses and final parameters a Conveyor run must equal.
+
+    oracle.py make MODEL DIR      model.pt (TorchScript), init.pt (state_dict),
+                                  train.pt / test.pt ({"inputs", "targets"}),
+                                  job.yaml (a Conveyor job over them)
+    oracle.py train JOB OUT.json  trains the job (JSON; its paths relative to its
+                                  folder) in PyTorch; writes the losses of
+                                  every step and OUT.pt, the final state_dict
+    oracle.py compare OUT.json RUN.json STATE_A.pt STATE_B.pt
+                                  the largest differences, as JSON
+    oracle.py pretrained DIR      DIR/pretrained.pt: DIR's initial weights,
+                                  changed, for init_from
+    oracle.py bad DIR             files a job must refuse: notscript.pt (a
+                                  state_dict), module.pt (a scripted module
+                                  that is no Sequential), uneven.pt (inputs
+                                  and targets of different lengths),
+                                  wide.pt (a state_dict of the wrong shapes),
+                                  extra.pt (one key too many)
+
+MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
+data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
+whose first layer has requires_grad=False).
+
+The loop does what Conveyor does (docs/models.md): batch `step` of epoch e is
+rows perm_e[pos*b:(pos+1)*b] of the training set, perm_e = torch.randperm(N)
+from a generator seeded with Mix(seed, 1000 + e) (or file order with
+shuffle: false); the batch is cut into micro_batches near-equal parts
+(tensor_split); each part's loss is scaled by its share of the batch and
+back-propagated, gradients accumulate, then one optimizer step. A step's loss
+is the sum of the scaled micro-batch losses. BatchNorm sees each micro-batch
+alone, as in torchgpipe.
+"""
+import json
+import math
+import sys
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+MASK64 = (1 << 64) - 1
+
+
+def mix(seed, salt):
+    """Conveyor's seed mixer (splitmix64 finaliser), common/dataset.cpp."""
+    z = (seed + 0x9E3779B97F4A7C15 * (salt + 1)) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+# ----------------------------------------------------------------- models --
+
+class Flatten(nn.Module):
+    def forward(self, x):
+        return x.flatten(1)
+
+
+class Embed(nn.Module):
+    """Token ids -> (hidden states, causal mask): the tuple crosses boundaries."""
+
+    def __init__(self, vocab: int, width: int, seq_len: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(seq_len, width)
+
+    def forward(self, ids: torch.Tensor):
+        pos = torch.arange(ids.size(1), device=ids.device)
+        h = self.tokens(ids) + self.positions(pos)
+        n = ids.size(1)
+        mask = torch.triu(torch.ones(n, n, device=ids.device, dtype=torch.bool), diagonal=1)
+        return h, mask
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
+        h, mask = x
+        a = self.norm1(h)
+        h = h + self.attn(a, a, a, attn_mask=mask, need_weights=False)[0]
+        h = h + self.mlp(self.norm2(h))
+        return h, mask
+
+
+class Head(nn.Module):
+    def __init__(self, width: int, vocab: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
+        return self.out(self.norm(x[0]))
+
+
+def build(name):
+    torch.manual_seed(1234)
+    if name in ("mlp", "frozen"):
+        model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 10))
+        if name == "frozen":
+            for p in model[1].parameters():
+                p.requires_grad_(False)
+        return model, "images"
+    if name == "cnn-bn":
+        model = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            Flatten(), nn.Linear(8 * 8 * 8, 10))
+        return model, "images"
+    if name == "decoder":
+        vocab, width, seq = 50, 32, 16
+        model = nn.Sequential(Embed(vocab, width, seq), Block(width, 4), Block(width, 4), Head(width, vocab))
+        return model, "tokens"
+    raise SystemExit(f"oracle.py: unknown model {name}")
+
+
+def make_data(kind, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "images":
+        x = torch.randn(n, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (n,), generator=g)
+        return {"inputs": x, "targets": y}
+    ids = torch.randint(0, 50, (n, 17), generator=g)
+    return {"inputs": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
+
+
+def make(name, out):
+    import os
+    os.makedirs(out, exist_ok=True)
+    model, kind = build(name)
+    torch.jit.script(model).save(f"{out}/model.pt")
+    torch.save(model.state_dict(), f"{out}/init.pt")
+    torch.save(make_data(kind, 96, 1), f"{out}/train.pt")
+    torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
+    job = {
+        "name": name,
+        "model": {"torchscript": "model.pt"},
+        "data": {"format": "tensors", "train": "train.pt", "test": "test.pt"},
+        "batch_size": 16,
+        "micro_batches": 4,
+        "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
+        "loss": "cross_entropy",
+        "steps": 8,
+        "seed": 3,
+    }
+    with open(f"{out}/job.json", "w") as f:
+        json.dump(job, f, indent=1)
+
+
+# ------------------------------------------------------------------ train --
+
+def optimizer(model, spec):
+    params = [p for p in model.parameters() if p.requires_grad]
+    name = spec.get("name", "sgd")
+    lr = spec.get("lr", 0.01 if name == "sgd" else 1e-3)
+    wd = spec.get("weight_decay", 0.0)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=spec.get("momentum", 0.0), weight_decay=wd)
+    betas = tuple(spec.get("betas", (0.9, 0.999)))
+    eps = spec.get("eps", 1e-8)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    raise SystemExit(f"oracle.py: unknown optimizer {name}")
+
+
+def loss_fn(name, out, y):
+    if name == "cross_entropy":
+        return nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
+    if name == "mse":
+        return nn.functional.mse_loss(out, nn.functional.one_hot(y, out.size(-1)).to(out.dtype))
+    raise SystemExit(f"oracle.py: unknown loss {name}")
+
+
+def train(job_path, out_json):
+    import os
+    folder = os.path.dirname(os.path.abspath(job_path))
+    with open(job_path) as f:
+        job = json.load(f)
+    model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
+    if "init_from" in job:
+        model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
+    data = torch.load(f"{folder}/{job['data']['train']}", weights_only=True)
+    x_all, y_all = data["inputs"], data["targets"]
+    n, b = x_all.size(0), job["batch_size"]
+    m = job.get("micro_batches", 1)
+    per_epoch = n // b
+    steps = job.get("steps") or job.get("epochs", 1) * per_epoch
+    seed = job.get("seed", 0)
+    shuffle = job["data"].get("shuffle", True)
+    opt = optimizer(model, job.get("optimizer", {}))
+    model.train()
+    losses, perms = [], {}
+    for step in range(steps):
+        epoch, pos = divmod(step, per_epoch)
+        if shuffle:
+            if epoch not in perms:
+                perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(mix(seed, 1000 + epoch)))
+            idx = perms[epoch][pos * b:(pos + 1) * b]
+        else:
+            idx = torch.arange(pos * b, (pos + 1) * b)
+        x, y = x_all[idx], y_all[idx]
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for xm, ym in zip(x.tensor_split(m), y.tensor_split(m)):
+            loss = loss_fn(job.get("loss", "cross_entropy"), model(xm), ym) * (xm.size(0) / b)
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total)
+    torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
+    with open(out_json, "w") as f:
+        json.dump({"losses": losses}, f)
+
+
+def compare(ref_json, run_json, a_path, b_path):
+    ref = json.load(open(ref_json))["losses"]
+    run = json.load(open(run_json))["losses"]
+    loss_diff = max((abs(x - y) for x, y in zip(ref, run)), default=math.inf)
+    a = torch.load(a_path, weights_only=True)
+    b = torch.load(b_path, weights_only=True)
+    worst, where = 0.0, ""
+    for k in a:
+        d = (a[k].double() - b[k].double()).abs().max().item() if a[k].numel() else 0.0
+        if d > worst:
+            worst, where = d, k
+    print(json.dumps({"steps": [len(ref), len(run)], "max_loss_diff": loss_diff, "max_param_diff": worst,
+                      "worst_param": where, "keys_equal": list(a.keys()) == list(b.keys())}))
+
+
+def pretrained(folder):
+    state = torch.load(f"{folder}/init.pt", weights_only=True)
+    g = torch.Generator().manual_seed(7)
+    for k, v in state.items():
+        if v.is_floating_point():
+            state[k] = v * 0.5 + 0.01 * torch.randn(v.shape, generator=g)
+    torch.save(state, f"{folder}/pretrained.pt")
+
+
+class NotSequential(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def bad(folder):
+    import os
+    os.makedirs(folder, exist_ok=True)
+    model, _ = build("mlp")
+    torch.save(model.state_dict(), f"{folder}/notscript.pt")
+    torch.jit.script(NotSequential()).save(f"{folder}/module.pt")
+    torch.save({"inputs": torch.randn(10, 1, 8, 8), "targets": torch.randint(0, 10, (9,))}, f"{folder}/uneven.pt")
+    wide = model.state_dict()
+    wide["1.weight"] = torch.zeros(33, 64)
+    torch.save(wide, f"{folder}/wide.pt")
+    extra = model.state_dict()
+    extra["9.weight"] = torch.zeros(1)
+    torch.save(extra, f"{folder}/extra.pt")
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1:2]
+    if cmd == ["make"] and len(sys.argv) == 4:
+        make(sys.argv[2], sys.argv[3])
+    elif cmd == ["train"] and len(sys.argv) == 4:
+        train(sys.argv[2], sys.argv[3])
+    elif cmd == ["compare"] and len(sys.argv) == 6:
+        compare(*sys.argv[2:6])
+    elif cmd == ["pretrained"] and len(sys.argv) == 3:
+        pretrained(sys.argv[2])
+    elif cmd == ["bad"] and len(sys.argv) == 3:
+        bad(sys.argv[2])
+    else:
+        sys.exit(__doc__)
