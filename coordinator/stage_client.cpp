@@ -24,51 +24,18 @@ class GrpcStageClient : public StageClient {
 
   const std::string& address() const override { return address_; }
 
-  StatusOr<v1::StageInfo> GetInfo(double t) override {
-    return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t);
+#define CONVEYOR_STAGE_GRPC_CALL(Name, Request, Reply, Thread, How)             \
+  StatusOr<Reply> Name(const Request& request, double timeout_s) override {       \
+    return Invoke(&v1::StageControl::Stub::Name, request, timeout_s, CallKind::How); \
   }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_GRPC_CALL)
+#undef CONVEYOR_STAGE_GRPC_CALL
   StatusOr<v1::StageInfo> Ping(double t) override {
-    return Call(&v1::StageControl::Stub::GetInfo, v1::Empty(), t, CallKind::kFailFast);
-  }
-  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double t) override {
-    return Call(&v1::StageControl::Stub::Describe, req, t);
-  }
-  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::Profile, req, t);
-  }
-  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::Probe, req, t);
-  }
-  StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double t) override {
-    return Call(&v1::StageControl::Stub::Configure, req, t);
-  }
-  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::PrepareLink, req, t);
-  }
-  StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::Connect, req, t);
-  }
-  StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::RunStep, req, t, CallKind::kStep);
-  }
-  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::LoadCheckpoint, req, t);
+    return Invoke(&v1::StageControl::Stub::GetInfo, v1::Empty(), t, CallKind::kFailFast);
   }
   void CancelSteps() override {
     std::lock_guard<std::mutex> lock(mu_);
     for (grpc::ClientContext* ctx : steps_) ctx->TryCancel();
-  }
-  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::GetParameters, req, t);
-  }
-  StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::GetDigest, req, t);
-  }
-  Status Abort(const v1::AbortRequest& req, double t) override {
-    return Call(&v1::StageControl::Stub::Abort, req, t, CallKind::kFailFast).status();
-  }
-  Status Release(const v1::JobRef& req, double t) override {
-    return Call(&v1::StageControl::Stub::Release, req, t, CallKind::kFailFast).status();
   }
 
  private:
@@ -79,8 +46,8 @@ class GrpcStageClient : public StageClient {
   enum class CallKind { kWaitForReady, kFailFast, kStep };
 
   template <typename Req, typename Reply>
-  StatusOr<Reply> Call(grpc::Status (v1::StageControl::Stub::*method)(grpc::ClientContext*, const Req&, Reply*),
-                       const Req& req, double timeout_s, CallKind kind = CallKind::kWaitForReady) {
+  StatusOr<Reply> Invoke(grpc::Status (v1::StageControl::Stub::*method)(grpc::ClientContext*, const Req&, Reply*),
+                         const Req& req, double timeout_s, CallKind kind) {
     grpc::ClientContext ctx;
     ctx.set_deadline(DeadlineAfter(timeout_s));
     ctx.set_wait_for_ready(kind == CallKind::kWaitForReady);

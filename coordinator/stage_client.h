@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
+#include "proto/stage_control_ops.h"
 
 namespace conveyor {
 
@@ -16,26 +17,18 @@ class StageClient {
  public:
   virtual ~StageClient() = default;
   virtual const std::string& address() const = 0;
-  virtual StatusOr<v1::StageInfo> GetInfo(double timeout_s) = 0;
+  // Every operation of proto/stage_control_ops.h, by its deadline.
+#define CONVEYOR_STAGE_CLIENT_METHOD(Name, Request, Reply, Thread, How) \
+  virtual StatusOr<Reply> Name(const Request& request, double timeout_s) = 0;
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_CLIENT_METHOD)
+#undef CONVEYOR_STAGE_CLIENT_METHOD
+  StatusOr<v1::StageInfo> GetInfo(double timeout_s) { return GetInfo(v1::Empty(), timeout_s); }
   // GetInfo that fails at once when the stage cannot be reached (a refused
   // connection, an unknown host) instead of waiting for it.
-  virtual StatusOr<v1::StageInfo> Ping(double timeout_s) { return GetInfo(timeout_s); }
-  virtual StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double timeout_s) = 0;
-  virtual StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double timeout_s) = 0;
-  virtual StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double timeout_s) = 0;
-  virtual StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double timeout_s) = 0;
-  virtual StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double timeout_s) = 0;
-  virtual StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double timeout_s) = 0;
-  virtual StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double timeout_s) = 0;
-  virtual StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double timeout_s) = 0;
-  virtual StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double timeout_s) = 0;
-  virtual StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req,
-                                                            double timeout_s) = 0;
-  virtual Status Abort(const v1::AbortRequest& req, double timeout_s) = 0;
+  virtual StatusOr<v1::StageInfo> Ping(double timeout_s) { return GetInfo(v1::Empty(), timeout_s); }
   // Ends the RunStep calls in flight at once (they return CANCELLED), from any
   // thread: a step that failed elsewhere must not wait for a stage that is gone.
   virtual void CancelSteps() {}
-  virtual Status Release(const v1::JobRef& req, double timeout_s) = 0;
 };
 
 std::unique_ptr<StageClient> MakeGrpcStageClient(const std::string& address);

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "conveyor.pb.h"
+#include "proto/stage_control_ops.h"
 #include "transport/transport.h"
 
 namespace conveyor {
@@ -41,39 +42,14 @@ class Stage {
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
 
-  // Builds layers alone and says what per-sample shape they output; keeps
-  // nothing (the coordinator chains these to learn every chunk's shapes).
-  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& request);
-  // Measures every layer of the model on this stage's device: parameters,
-  // and with `time` the forward + backward seconds of one micro-batch.
-  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& request);
-  // What the files a job names hold: the model's layers (a TorchScript
-  // archive is read here) and the data's per-sample shapes and dtypes.
-  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& spec);
-  // Builds this stage's chunks for a job (replacing any earlier job), checks
-  // their shapes, loads the data it reads, makes its optimizer.
-  StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& assignment);
-  // The upstream end of an NCCL link: makes the ids of the link's two
-  // communicators (activations, gradients), keeps them for Connect and
-  // returns them for the downstream neighbour's Connect. FAILED_PRECONDITION
-  // where this stage cannot use NCCL.
-  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& job);
-  // Opens the long-lived links to both neighbours (the upstream one as
-  // `job.upstream_link` says, the downstream one as PrepareLink made it).
-  StatusOr<v1::ConnectReply> Connect(const v1::JobRef& job);
-  // Runs one step's action list: forward and backward of every micro-batch,
-  // then the optimizer step (train), or forward only (eval); with `checkpoint`
-  // it then writes the checkpoint of step + 1 steps done.
-  StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& request);
-  StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& job);
-  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& job);
-  // Puts parameters, buffers, optimizer state and RNG back to the checkpoint
-  // of `step` (Configure alone gives the initial parameters).
-  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& request);
-  // Fails the step in progress (if any) with `reason`; safe from any thread.
-  Status Abort(const v1::AbortRequest& request);
-  // Drops the job: layers, optimizer, links.
-  Status Release(const v1::JobRef& job);
+  // The operations of proto/stage_control_ops.h (what each does is said
+  // there): each takes its request and returns its reply; the kExecutor ones
+  // run on the stage's executor, which owns the model, the kAnyThread ones on
+  // the calling thread.
+#define CONVEYOR_STAGE_METHOD(Name, Request, Reply, Thread, How) StatusOr<Reply> Name(const Request& request);
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_METHOD)
+#undef CONVEYOR_STAGE_METHOD
+  // GetInfo's reply, directly.
   v1::StageInfo Info() const;
 
   // Where the transports deliver this stage's incoming frames.

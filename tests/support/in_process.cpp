@@ -15,25 +15,10 @@ class InProcessStageClient : public StageClient {
  public:
   InProcessStageClient(Stage* stage, std::string address) : stage_(stage), address_(std::move(address)) {}
   const std::string& address() const override { return address_; }
-  StatusOr<v1::StageInfo> GetInfo(double) override { return stage_->Info(); }
-  StatusOr<v1::ProbeReply> Probe(const v1::ProbeRequest& req, double) override { return stage_->Probe(req); }
-  StatusOr<v1::ProfileReply> Profile(const v1::ProfileRequest& req, double) override { return stage_->Profile(req); }
-  StatusOr<v1::ParametersReply> GetParameters(const v1::JobRef& req, double) override {
-    return stage_->GetParameters(req);
-  }
-  StatusOr<v1::DescribeReply> Describe(const v1::JobSpec& req, double) override { return stage_->Describe(req); }
-  StatusOr<v1::ConfigureReply> Configure(const v1::StageAssignment& req, double) override {
-    return stage_->Configure(req);
-  }
-  StatusOr<v1::LinkSetup> PrepareLink(const v1::JobRef& req, double) override { return stage_->PrepareLink(req); }
-  StatusOr<v1::ConnectReply> Connect(const v1::JobRef& req, double) override { return stage_->Connect(req); }
-  StatusOr<v1::RunStepReply> RunStep(const v1::RunStepRequest& req, double) override { return stage_->RunStep(req); }
-  StatusOr<v1::DigestReply> GetDigest(const v1::JobRef& req, double) override { return stage_->GetDigest(req); }
-  StatusOr<v1::LoadCheckpointReply> LoadCheckpoint(const v1::LoadCheckpointRequest& req, double) override {
-    return stage_->LoadCheckpoint(req);
-  }
-  Status Abort(const v1::AbortRequest& req, double) override { return stage_->Abort(req); }
-  Status Release(const v1::JobRef& req, double) override { return stage_->Release(req); }
+#define CONVEYOR_STAGE_IN_PROCESS(Name, Request, Reply, Thread, How) \
+  StatusOr<Reply> Name(const Request& request, double) override { return stage_->Name(request); }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_IN_PROCESS)
+#undef CONVEYOR_STAGE_IN_PROCESS
 
  private:
   Stage* stage_;

@@ -1,0 +1,234 @@
+// The inside of a Stage (stage.h), shared by the files that implement it:
+//   stage.cpp          the facade, and the control operations (probe, describe,
+//                      profile, configure, links, release, abort, info)
+//   step_runner.cpp    one step's action loop: forward, backward, weight and
+//                      recompute passes, sends and receives, the device wait
+//   stage_state.cpp    checkpoints (serialise, restore), digests, parameters
+// Private to stage_server/: nothing outside includes it.
+#pragma once
+
+#include "stage_server/stage.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "model/compat.h"
+#include "model/dataset.h"
+#include "model/device.h"
+#include "model/digest.h"
+#include "common/executor.h"
+#include "common/files.h"
+#include "common/sha256.h"
+#include "plan/job_spec.h"
+#include "common/logging.h"
+#include "plan/model_catalog.h"
+#include "model/models.h"
+#include "model/op_profile.h"
+#include "transport/tensor_codec.h"
+#include "model/training.h"
+#include "model/partition.h"
+#include "model/state_dict.h"
+#include "model/torchscript_partition.h"
+#include "model/zoo_partition.h"
+#include "common/wire.h"
+#include "stage_server/checkpoint.h"
+#include "stage_server/device_clock.h"
+#include "stage_server/graphed_passes.h"
+#include "transport/nccl/header_ring.h"
+#include "transport/inbox.h"
+#include "transport/nccl/nccl_channel.h"
+#include "plan/schedule.h"
+#include "transport/tensor_payload.h"
+
+namespace conveyor {
+namespace stage_internal {
+using Clock = std::chrono::steady_clock;
+
+inline std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
+
+inline int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+
+// What a chunk takes in: the model's input (tokens for gpt) or activations.
+inline at::ScalarType ChunkInputType(const v1::JobSpec& spec, int chunk) {
+  return FromWireDType(chunk == 0 ? InputDType(spec) : ActivationDType(spec));
+}
+
+// One chunk's micro-batch, from its forward until its backward (or, with
+// zero-bubble, its weight pass) is done.
+struct Held {
+  at::Tensor input;   // requires grad unless it is the model's input
+  at::Tensor output;  // the activation sent on, or the scaled loss; undefined while recomputing
+  at::Tensor grad;    // zero-bubble: the output gradient, kept for the weight pass
+  at::Tensor labels;  // last chunk with recompute: to rebuild the loss
+  double scale = 1;
+  int64_t bytes = 0;
+};
+}  // namespace stage_internal
+
+using namespace stage_internal;  // NOLINT: the implementation files' own helpers
+
+class Stage::Impl {
+ public:
+  Impl(const StageOptions& options, at::Device device)
+      : options_(options), device_(device), checkpoints_(options.checkpoint_dir), clock_(DeviceClock::Create(device)) {}
+
+  // The logic of each operation of proto/stage_control_ops.h.
+#define CONVEYOR_STAGE_LOGIC(Name, Request, Reply, Thread, How) StatusOr<Reply> Name(const Request& request);
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_LOGIC)
+#undef CONVEYOR_STAGE_LOGIC
+  v1::StageInfo Info() const;
+
+  SerialExecutor& executor() { return executor_; }
+  Inbox& inbox() { return inbox_; }
+
+ private:
+  struct Chunk {
+    int index = 0;  // in the model's chain of chunks
+    std::unique_ptr<Partition> layers;
+    std::vector<int64_t> input_shape, output_shape;
+    std::vector<at::Tensor> params;  // the trainable ones (frozen parameters get no gradient and no update)
+  };
+  // Everything of the configured job; touched on the executor thread only.
+  struct Job {
+    v1::StageAssignment assignment;
+    std::vector<Chunk> chunks;  // local chunk i holds model chunk i * P + stage
+    std::unique_ptr<torch::optim::Optimizer> optimizer;
+    std::unique_ptr<Dataset> data;
+    std::unique_ptr<BatchLoader> loader;  // over `data`
+    std::unique_ptr<Transport> transport;
+    v1::LinkSetup downstream_link;  // made by PrepareLink
+    std::shared_ptr<LinkRings> downstream_rings;  // made by PrepareLink, then the transport's
+    bool recompute = false;
+    std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
+    bool trained_eagerly = false;           // a training step ran without graphs
+    bool graphs_recorded = false;
+    const v1::JobSpec& spec() const { return assignment.spec(); }
+    bool IsFirst(const Chunk& c) const { return c.index == 0; }
+    bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
+  };
+
+  // The state of one step in progress.
+  struct StepState {
+    const v1::RunStepRequest* req = nullptr;
+    bool train = true;
+    bool graphed = false;  // forwards and backwards replayed as CUDA graphs
+    std::vector<int64_t> sizes, offsets;
+    at::Tensor inputs, labels;
+    Clock::duration timeout;
+    std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
+    int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
+    double busy = 0, loss_sum = 0;
+    at::Tensor loss_total;  // last chunk: the step's loss so far, on the device
+    // Summed on the device: reading each micro-batch's loss would make the
+    // host wait for the device, and the device then wait for launches.
+    void AddLoss(const at::Tensor& loss) {
+      at::Tensor l = loss.detach().to(at::kDouble);
+      loss_total = loss_total.defined() ? loss_total + l : l;
+    }
+    int64_t correct = 0, predictions = 0;
+    v1::RunStepReply* reply = nullptr;
+    DeviceClock* clock = nullptr;  // null: host times
+    int64_t origin_us = 0;         // host time of the clock's mark 0
+    struct DeviceSpan {
+      int event, start_mark, end_mark;
+    };
+    std::vector<DeviceSpan> device_spans;
+  };
+
+  // Records one action on the timeline; compute actions also count as busy.
+  // With a device clock, compute actions are timed on the device (marks that
+  // RunStep turns into times once the step's work is done).
+  class Span {
+   public:
+    Span(StepState& st, v1::TraceEvent::Kind kind, int chunk, int mb)
+        : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()),
+          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE) {
+      if (compute_ && st_.clock) start_mark_ = st_.clock->Mark();
+    }
+    ~Span() {
+      v1::TraceEvent* e = st_.reply->add_events();
+      e->set_kind(kind_);
+      e->set_chunk(chunk_);
+      e->set_micro_batch(mb_);
+      e->set_start_us(start_);
+      e->set_end_us(NowUs());
+      if (start_mark_ >= 0) {
+        st_.device_spans.push_back({st_.reply->events_size() - 1, start_mark_, st_.clock->Mark()});
+      } else if (compute_) {
+        st_.busy += static_cast<double>(e->end_us() - e->start_us()) * 1e-6;
+      }
+    }
+
+   private:
+    StepState& st_;
+    v1::TraceEvent::Kind kind_;
+    int chunk_, mb_;
+    int64_t start_;
+    bool compute_;
+    int start_mark_ = -1;
+  };
+
+  Status CheckJob(const std::string& job_id) const;
+  void DropJob();
+  // Sizes matmuls to leave SMs to this stage's NCCL kernels, as the job's
+  // matmul_sm_carveout says (auto: none without NCCL links).
+  void ReserveSmsForNccl();
+  // The job's profile_step, when this is it and there is a folder for it.
+  std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
+  // Whether this training step replays (or first records) CUDA graphs.
+  bool UseGraphs(const v1::RunStepRequest& req) const;
+  void FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step);
+  const std::string& ProfileDir() const {
+    return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
+  }
+  std::string Who() const { return "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1); }
+  StatusOr<at::Tensor> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
+  Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t);
+  Status Forward(StepState& st, int local, int mb);
+  Status Backward(StepState& st, int local, int mb, bool input_grad_only);
+  Status WeightPass(StepState& st, int local, int mb);
+  void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
+  Status RunActions(StepState& st);
+  // Waits for the step's work on the device, watching the links meanwhile.
+  Status FinishOnDevice(StepState& st);
+  v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;
+  // The job's parameters, buffers, optimizer state and CPU RNG as an archive.
+  std::string SerializeState();
+  Status RestoreState(const std::string& payload, const std::string& path);
+  StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step);
+
+  const StageOptions options_;
+  const at::Device device_;
+  CheckpointFiles checkpoints_;
+  const std::unique_ptr<DeviceClock> clock_;  // null off CUDA
+  SerialExecutor executor_;
+  Inbox inbox_;
+  std::unique_ptr<Job> job_;
+
+  mutable std::mutex info_mu_;  // guards the two fields below, read by Info() and Abort()
+  std::string job_id_;
+  int stage_index_ = -1;
+};
+
+}  // namespace conveyor

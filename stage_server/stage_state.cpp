@@ -1,0 +1,152 @@
+// A stage's state: checkpoints, digests and parameters (see stage_impl.h).
+#include "stage_server/stage.h"
+#include "stage_server/stage_impl.h"
+
+namespace conveyor {
+
+v1::CheckpointHeader Stage::Impl::CheckpointHeaderFor(int64_t step) const {
+  v1::CheckpointHeader h;
+  h.set_job_id(job_->assignment.job_id());
+  h.set_stage_index(job_->assignment.stage_index());
+  h.set_step(step);
+  for (const auto& c : job_->assignment.chunks()) {
+    v1::ChunkAssignment* ca = h.add_chunks();
+    ca->set_index(c.index());
+    ca->set_layer_begin(c.layer_begin());
+    ca->set_layer_end(c.layer_end());
+  }
+  Sha256 sum;
+  sum.Update(job_->spec().SerializeAsString());
+  h.set_spec_digest(HexString(sum.Final()));
+  return h;
+}
+
+std::string Stage::Impl::SerializeState() {
+  torch::serialize::OutputArchive archive;
+  int64_t i = 0, j = 0;
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
+    for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
+  }
+  if (job_->optimizer) {
+    torch::serialize::OutputArchive opt;
+    job_->optimizer->save(opt);
+    archive.write("optimizer", opt);
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    archive.write("rng_cpu", gen.get_state(), /*is_buffer=*/true);
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+Status Stage::Impl::RestoreState(const std::string& payload, const std::string& path) {
+  try {
+    torch::serialize::InputArchive archive;
+    std::istringstream in(payload);
+    archive.load_from(in, device_);
+    at::NoGradGuard no_grad;
+    auto load = [&](const std::string& key, const at::Tensor& into, bool buffer) -> Status {
+      at::Tensor t;
+      archive.read(key, t, buffer);
+      if (!t.defined() || t.sizes() != into.sizes() || t.scalar_type() != into.scalar_type())
+        return absl::FailedPreconditionError("checkpoint " + path + ": " + key + " does not fit this stage's layers");
+      at::Tensor dst = into;
+      dst.copy_(t);
+      return absl::OkStatus();
+    };
+    int64_t i = 0, j = 0;
+    for (const Chunk& c : job_->chunks) {
+      for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
+      for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
+    }
+    if (job_->optimizer) {
+      torch::serialize::InputArchive opt;
+      archive.read("optimizer", opt);
+      job_->optimizer->load(opt);
+    }
+    at::Tensor rng;
+    archive.read("rng_cpu", rng, true);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng.to(at::kCPU));
+  } catch (const c10::Error& e) {
+    return absl::DataLossError("checkpoint " + path + " cannot be read: " + e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
+  std::string payload;
+  try {
+    payload = SerializeState();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(std::string("serialising the state: ") + e.what_without_backtrace());
+  }
+  auto start = Clock::now();
+  CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
+                            checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
+  LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
+            " bytes) in ", std::chrono::duration<double>(Clock::now() - start).count(), " s");
+  return record;
+}
+
+StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadCheckpointRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  if (req.step() < 1) return absl::InvalidArgumentError(Who() + ": checkpoints start at step 1");
+  v1::LoadCheckpointReply reply;
+  v1::CheckpointHeader header;
+  const int stage = job_->assignment.stage_index();
+  CONVEYOR_ASSIGN_OR_RETURN(std::string payload,
+                            checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
+  const v1::CheckpointHeader expected = CheckpointHeaderFor(req.step());
+  if (header.spec_digest() != expected.spec_digest())
+    return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
+                                         " was written for another job spec");
+  for (int i = 0; i < expected.chunks_size(); ++i) {
+    if (header.chunks_size() != expected.chunks_size() ||
+        header.chunks(i).SerializeAsString() != expected.chunks(i).SerializeAsString())
+      return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
+                                           " holds another partition of the model");
+  }
+  CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
+  // Training goes on at step `step`: its tensors may arrive before its RunStep.
+  inbox_.BeginStep(v1::PHASE_TRAIN, req.step() - 1);
+  LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
+  return reply;
+}
+
+StatusOr<v1::DigestReply> Stage::Impl::GetDigest(const v1::JobRef& ref) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  v1::DigestReply reply;
+  for (const Chunk& c : job_->chunks) {
+    for (int i = 0; i < c.layers->num_layers(); ++i) {
+      reply.add_layer_digests(c.layers->LayerDigest(i));
+      reply.add_layers(c.layers->layer_index(i));
+    }
+  }
+  return reply;
+}
+
+StatusOr<v1::ParametersReply> Stage::Impl::GetParameters(const v1::JobRef& ref) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  v1::ParametersReply reply;
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& [name, t] : c.layers->NamedParameters()) {
+      v1::NamedTensor* nt = reply.add_parameters();
+      nt->set_name(name);
+      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    }
+    for (const auto& [name, t] : c.layers->NamedBuffers()) {
+      v1::NamedTensor* nt = reply.add_buffers();
+      nt->set_name(name);
+      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    }
+  }
+  return reply;
+}
+
+}  // namespace conveyor

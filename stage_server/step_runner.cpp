@@ -1,0 +1,394 @@
+// One step of a stage: the action loop and the passes it runs (see stage_impl.h).
+#include "stage_server/stage.h"
+#include "stage_server/stage_impl.h"
+
+namespace conveyor {
+
+StatusOr<at::Tensor> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
+  Span span(st, v1::TraceEvent::RECEIVE, local, mb);
+  const int chunk = job_->chunks[local].index;
+  CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, chunk, mb, Clock::now() + st.timeout));
+  if (frame.header.tensor().shape(0) != st.sizes[mb]) {
+    return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
+                                      (kind == v1::FRAME_ACTIVATION ? "activation" : "gradient") + " has " +
+                                      std::to_string(frame.header.tensor().shape(0)) + " samples, expected " +
+                                      std::to_string(st.sizes[mb]));
+  }
+  return TakeTensor(frame, device_);
+}
+
+Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t) {
+  const int from_chunk = kind == v1::FRAME_ACTIVATION ? to_chunk - 1 : to_chunk + 1;
+  Span span(st, v1::TraceEvent::SEND, from_chunk / job_->assignment.num_stages(), mb);
+  Frame frame;
+  v1::TensorFrame& h = frame.header;
+  h.set_job_id(st.req->job_id());
+  h.set_phase(st.req->phase());
+  h.set_step(st.req->step());
+  h.set_micro_batch(mb);
+  h.set_kind(kind);
+  h.set_chunk(to_chunk);
+  h.set_from_stage(job_->assignment.stage_index());
+  CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
+  h.mutable_tensor()->set_dtype(dtype);
+  for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
+  frame.payload = MakeTensorPayload(t);
+  if (job_->assignment.num_stages() == 1) {  // to its own next chunk: a copy, as a neighbour would get
+    frame.payload = CopyPayload(*frame.payload);
+    return inbox_.Deliver(std::move(frame));
+  }
+  const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
+  return Annotate(job_->transport->Send(peer, std::move(frame)), Who());
+}
+
+Status Stage::Impl::Forward(StepState& st, int local, int mb) {
+  Chunk& c = job_->chunks[local];
+  const bool first = job_->IsFirst(c), last = job_->IsLast(c);
+  const int64_t rows = st.sizes[mb];
+  at::Tensor x;
+  if (first) {
+    x = st.inputs.narrow(0, st.offsets[mb], rows);
+  } else {
+    CONVEYOR_ASSIGN_OR_RETURN(x, Receive(st, v1::FRAME_ACTIVATION, local, mb));
+    if (st.train) x.requires_grad_(true);
+  }
+  Held h;
+  h.input = x;
+  h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size());
+  at::Tensor out;
+  if (st.graphed) {
+    Span span(st, v1::TraceEvent::FORWARD, local, mb);
+    GraphedPasses::Head head;
+    at::Tensor labels;
+    if (last) {
+      labels = st.labels.narrow(0, st.offsets[mb], rows);
+      const double scale = h.scale;
+      head = [this, scale](const at::Tensor& o, const at::Tensor& l) { return ComputeLoss(job_->spec(), o, l, scale); };
+    }
+    auto f = job_->graphs->Forward(local, mb, *c.layers, x, !first, labels, head);
+    if (!f.ok()) return Annotate(f.status(), Who());
+    h.input = f->input;
+    h.output = f->output;
+    if (last) {
+      st.AddLoss(f->output);
+    } else {
+      out = f->output;
+    }
+  } else {
+    Span span(st, v1::TraceEvent::FORWARD, local, mb);
+    // Recomputing stages keep only the chunk's input; the forward runs again in backward.
+    std::optional<at::NoGradGuard> no_grad;
+    if (job_->recompute && st.train) no_grad.emplace();
+    CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(x));
+    if (last) {
+      h.labels = st.labels.narrow(0, st.offsets[mb], rows);
+      at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
+      st.AddLoss(loss);
+      if (!st.train) {
+        st.correct += CountCorrect(out, h.labels);
+        st.predictions += h.labels.numel();
+      }
+      if (!job_->recompute) h.output = loss;
+    } else if (!job_->recompute) {
+      h.output = out;
+    }
+  }
+  if (!last) CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_ACTIVATION, c.index + 1, mb, out));
+  if (st.train) {
+    h.bytes = Bytes(h.input) + Bytes(h.output);
+    st.held_bytes += h.bytes;
+    st.held.emplace(std::make_pair(local, mb), std::move(h));
+    st.peak_count = std::max<int64_t>(st.peak_count, static_cast<int64_t>(st.held.size()));
+    st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
+  }
+  return absl::OkStatus();
+}
+
+void Stage::Impl::Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it) {
+  st.held_bytes -= it->second.bytes;
+  st.held.erase(it);
+}
+
+Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_only) {
+  Chunk& c = job_->chunks[local];
+  const bool first = job_->IsFirst(c), last = job_->IsLast(c);
+  auto it = st.held.find({local, mb});
+  if (it == st.held.end())
+    return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
+  Held& h = it->second;
+  at::Tensor grad;
+  if (!last) {
+    CONVEYOR_ASSIGN_OR_RETURN(grad, Receive(st, v1::FRAME_GRADIENT, local, mb));
+  }
+  if (!h.output.defined()) {  // recompute the forward, this time with autograd
+    Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
+    CONVEYOR_ASSIGN_OR_RETURN(at::Tensor out, c.layers->Forward(h.input));
+    h.output = last ? ComputeLoss(job_->spec(), out, h.labels, h.scale) : out;
+  }
+  at::Tensor input_grad;
+  {
+    Span span(st, v1::TraceEvent::BACKWARD, local, mb);
+    if (h.output.requires_grad() && st.graphed) {
+      auto g = job_->graphs->Backward(local, mb, grad, c.params);
+      if (!g.ok()) return Annotate(g.status(), Who());
+      input_grad = *g;
+    } else if (h.output.requires_grad()) {
+      std::vector<at::Tensor> grads;
+      if (grad.defined()) grads.push_back(grad);
+      if (input_grad_only) {
+        // Zero-bubble: the input gradient now, the weights' in WeightPass.
+        h.grad = grad;
+        if (!first) input_grad = torch::autograd::grad({h.output}, {h.input}, grads, /*retain_graph=*/true)[0];
+      } else {
+        torch::autograd::backward({h.output}, grads);
+        if (!first) input_grad = h.input.grad();
+      }
+    }
+  }
+  if (!first) {
+    if (!input_grad.defined()) input_grad = at::zeros_like(h.input);
+    CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grad));
+  }
+  if (input_grad_only) {
+    st.held_bytes += Bytes(h.grad);
+    h.bytes += Bytes(h.grad);
+    st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
+  } else {
+    Release(st, it);
+  }
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
+  auto it = st.held.find({local, mb});
+  if (it == st.held.end())
+    return absl::InternalError(Who() + ": weight pass without backward of micro-batch " + std::to_string(mb));
+  Held& h = it->second;
+  {
+    Span span(st, v1::TraceEvent::WEIGHT, local, mb);
+    std::vector<at::Tensor> params;
+    for (const auto& p : job_->chunks[local].params)
+      if (p.requires_grad()) params.push_back(p);
+    if (h.output.requires_grad() && !params.empty()) {
+      std::vector<at::Tensor> grads;
+      if (h.grad.defined()) grads.push_back(h.grad);
+      torch::autograd::backward({h.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+    }
+  }
+  Release(st, it);
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::RunActions(StepState& st) {
+  const v1::JobSpec& spec = job_->spec();
+  const v1::StageAssignment& a = job_->assignment;
+  const int m = static_cast<int>(st.sizes.size());
+  const int local_chunks = static_cast<int>(job_->chunks.size());
+  std::vector<Action> actions;
+  if (st.train) {
+    CONVEYOR_ASSIGN_OR_RETURN(actions, BuildSchedule(spec.schedule(), a.stage_index(), a.num_stages(), m, local_chunks));
+  } else {
+    actions = ForwardOnly(m, local_chunks);
+  }
+  const bool zero_bubble = st.train && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE;
+  std::string doing;
+  try {
+    for (const Action& act : actions) {
+      doing = std::string(act.type == ActionType::kForward ? "forward" : act.type == ActionType::kBackward ? "backward" : "weight pass") +
+              " of micro-batch " + std::to_string(act.micro_batch);
+      switch (act.type) {
+        case ActionType::kForward: CONVEYOR_RETURN_IF_ERROR(Forward(st, act.chunk, act.micro_batch)); break;
+        case ActionType::kBackward: CONVEYOR_RETURN_IF_ERROR(Backward(st, act.chunk, act.micro_batch, zero_bubble)); break;
+        case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
+      }
+    }
+    if (st.train && job_->optimizer) {
+      doing = "optimizer step";
+      Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
+      job_->optimizer->step();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(Who() + " step " + std::to_string(st.req->step()) + ", " + doing + ": " +
+                               e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::FinishOnDevice(StepState& st) {
+  // The device may wait for NCCL transfers that a broken link never ends:
+  // the host polls instead of blocking, so that it sees the link break (and
+  // the transfers end, aborted) rather than hang in a synchronize.
+  if (device_.is_cuda()) {
+    c10::Event done(device_.type());
+    done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+    // The host may have queued the whole step: stage_timeout bounds the wait
+    // for the device's next action, not for all of them.
+    auto last_progress = Clock::now();
+    int passed = 0;
+    for (int spins = 0; !done.query(); ++spins) {
+      if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
+      const int now_passed = st.clock ? st.clock->Passed() : 0;
+      if (now_passed > passed) {
+        passed = now_passed;
+        last_progress = Clock::now();
+      }
+      if (Clock::now() - last_progress > st.timeout)
+        return absl::DeadlineExceededError(Who() + ": the device made no progress on step " +
+                                           std::to_string(st.req->step()) + " within stage_timeout");
+      if (spins < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+  // A transfer that ended because its link broke ended early: check again.
+  if (job_->transport) return Annotate(job_->transport->status(), Who());
+  return absl::OkStatus();
+}
+
+bool Stage::Impl::UseGraphs(const v1::RunStepRequest& req) const {
+  if (!job_->graphs || req.batch_size() != job_->spec().batch_size()) return false;
+  // One step first runs as it is (lazy initialisation, kernel choices, the
+  // allocator's pools), and a profiled step is not the one that records.
+  if (job_->graphs_recorded) return true;
+  return job_->trained_eagerly && job_->spec().profile_step() != req.step() + 1;
+}
+
+std::unique_ptr<OpProfile> Stage::Impl::MaybeStartProfile(const v1::RunStepRequest& req) {
+  if (req.phase() != v1::PHASE_TRAIN || job_->spec().profile_step() != req.step() + 1) return nullptr;
+  if (ProfileDir().empty()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), ": profile_step ", req.step() + 1,
+             " asked, but this stage server has neither --profile-dir nor --checkpoint-dir: not profiled");
+    return nullptr;
+  }
+  auto profile = OpProfile::Start(device_.is_cuda());
+  if (!profile.ok()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), ": not profiled: ", profile.status().message());
+    return nullptr;
+  }
+  return std::move(*profile);
+}
+
+// A profile is a diagnosis: failing to write it is logged, and the step goes on.
+void Stage::Impl::FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step) {
+  const std::string path = ProfilePath(ProfileDir(), job_->assignment.job_id(), step,
+                                       "stage" + std::to_string(job_->assignment.stage_index()));
+  Status st = profile->Finish(path);
+  if (st.ok()) {
+    LOG_INFO("job ", job_->assignment.job_id(), " ", Who(), ": profile of step ", step, " written to ", path);
+  } else {
+    LOG_WARN("job ", job_->assignment.job_id(), " ", Who(), ": ", st.message());
+  }
+}
+
+StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  const v1::JobSpec& spec = job_->spec();
+  if (req.phase() != v1::PHASE_TRAIN && req.phase() != v1::PHASE_EVAL)
+    return absl::InvalidArgumentError(Who() + ": step without a phase");
+  if (req.phase() == v1::PHASE_EVAL && !spec.eval())
+    return absl::InvalidArgumentError(Who() + ": this job does not evaluate");
+  const int64_t max_batch = req.phase() == v1::PHASE_TRAIN ? spec.batch_size() : spec.eval_batch_size();
+  if (req.batch_size() < 1 || req.batch_size() > max_batch)
+    return absl::InvalidArgumentError(Who() + ": batch_size " + std::to_string(req.batch_size()) +
+                                      " is out of range [1, " + std::to_string(max_batch) + "]");
+  if (req.step() < 0) return absl::InvalidArgumentError(Who() + ": negative step");
+  if (job_->data && req.phase() == v1::PHASE_EVAL && req.step() >= job_->data->EvalBatches())
+    return absl::InvalidArgumentError(Who() + ": eval batch " + std::to_string(req.step()) + " is past the test split");
+  if (!job_->transport && job_->assignment.num_stages() > 1)
+    return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
+
+  inbox_.BeginStep(req.phase(), req.step());
+  if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
+  auto start = Clock::now();
+  v1::RunStepReply reply;
+  StepState st;
+  st.req = &req;
+  st.reply = &reply;
+  st.train = req.phase() == v1::PHASE_TRAIN;
+  st.sizes = MicroBatchSizes(spec, req.batch_size());
+  st.offsets = {0};
+  for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
+  st.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
+  if (clock_) {
+    st.clock = clock_.get();
+    st.origin_us = NowUs();
+    clock_->Begin();  // the device is idle here (the last step was waited for): mark 0 is about now
+  }
+  Status status;
+  try {
+    if (job_->loader && job_->data->train_size() > 0) {
+      BatchLoader::Batch batch = job_->loader->Get(req.phase(), req.step());
+      st.inputs = std::move(batch.inputs);
+      st.labels = std::move(batch.labels);
+      // The next batch is gathered on the host while this step is launched.
+      job_->loader->Prefetch(req.phase(), req.step() + 1);
+    }
+    if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
+        (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
+      return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
+                                           std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
+    }
+    std::optional<at::NoGradGuard> no_grad;
+    for (Chunk& c : job_->chunks) c.layers->Train(st.train);
+    if (st.train) {
+      // Recorded graphs accumulate into the gradients they saw: zeroed in place.
+      if (job_->graphs) {
+        for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
+      } else if (job_->optimizer) {
+        job_->optimizer->zero_grad();
+      }
+      st.graphed = UseGraphs(req);
+    } else {
+      no_grad.emplace();
+    }
+    std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
+    status = RunActions(st);
+    if (status.ok()) status = FinishOnDevice(st);
+    if (status.ok() && st.train) {
+      if (st.graphed) {
+        job_->graphs_recorded = true;
+      } else {
+        job_->trained_eagerly = true;
+      }
+      reply.set_graphed(st.graphed);
+    }
+    if (profile) FinishProfile(std::move(profile), req.step() + 1);
+    if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
+    if (status.ok() && st.clock) {  // the device's own times for its compute spans
+      const std::vector<double> us = st.clock->ElapsedUs();
+      for (const auto& d : st.device_spans) {
+        v1::TraceEvent* e = reply.mutable_events(d.event);
+        e->set_start_us(st.origin_us + static_cast<int64_t>(us[d.start_mark]));
+        e->set_end_us(st.origin_us + static_cast<int64_t>(us[d.end_mark]));
+        st.busy += (us[d.end_mark] - us[d.start_mark]) * 1e-6;
+      }
+    }
+  } catch (const c10::Error& e) {
+    status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
+  }
+  if (!status.ok()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
+    return status;
+  }
+  reply.set_loss_sum(st.loss_sum);
+  reply.set_correct(st.correct);
+  reply.set_samples(st.train || st.predictions == 0 ? req.batch_size() : st.predictions);
+  reply.set_peak_activations(st.peak_count);
+  reply.set_peak_activation_bytes(st.peak_bytes);
+  reply.set_busy_seconds(st.busy);
+  if (st.train && req.checkpoint()) {
+    auto record = SaveCheckpoint(req.step() + 1);
+    if (!record.ok()) {
+      LOG_WARN("job ", req.job_id(), " ", Who(), ": checkpoint of step ", req.step() + 1, " failed: ",
+               record.status().message());
+      return Annotate(record.status(), Who() + " writing the checkpoint of step " + std::to_string(req.step() + 1));
+    }
+    *reply.mutable_checkpoint() = std::move(*record);
+  }
+  reply.set_step_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+  return reply;
+}
+
+}  // namespace conveyor
