@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/export.h"
 #include "cli/local_cluster.h"
 #include "cli/output.h"
 #include "cli/reference_options.h"
@@ -270,6 +271,32 @@ int CmdTrace(const Common& c, const std::string& job_id, int64_t step, const std
   return WriteStepTrace(*stub, job_id, step, prefix, std::cout);
 }
 
+// Gathers a job's weights from its stage servers (this process calls each
+// one: it must reach them) and writes them to `out` on this host.
+int CmdExport(const Common& c, const std::string& job_id, const std::string& out, const std::string& format) {
+  if (format == "torchscript") {
+    return Fail(absl::InvalidArgumentError(
+        "export --format torchscript is not supported yet: export writes a state_dict (--format state_dict), which "
+        "the scripted model's load_state_dict(torch.load(FILE, weights_only=True)) takes"));
+  }
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  req.set_omit_losses(true);
+  v1::JobStatus status;
+  Status st = Call(*stub, &v1::Coordinator::Stub::GetJob, req, &status);
+  if (!st.ok()) return Fail(st);
+  auto wrote = ExportWeights(status, out);
+  if (!wrote.ok()) return Fail(wrote.status());
+  std::ostringstream said;
+  said << "wrote " << out << ": " << wrote->tensors << " tensors (" << FormatBytes(wrote->bytes) << ") of " << job_id
+       << " from " << wrote->stages << " stage(s)";
+  if (status.state() != v1::JOB_STATE_SUCCEEDED)
+    said << "; the job is " << JobStateName(status.state()) << ": each stage gave its weights between two of its steps";
+  std::cout << said.str() << "\n";
+  return 0;
+}
+
 // The standard health check; with `wait_s` > 0 it waits that long for a
 // server that is still starting. A coordinator also lists its stage servers.
 int CmdHealth(const std::string& address, double wait_s) {
@@ -465,10 +492,21 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   health->add_option("--wait", health_wait, "wait up to SECONDS for a server that is still starting")
       ->check(CLI::NonNegativeNumber);
 
+  std::string export_format = "state_dict", export_out;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a job's weights to a file: this CLI fetches them from the job's stage servers and writes FILE "
+                "on this host (a job that succeeded keeps its weights on the stages until the next job runs)");
+  export_cmd->add_option("job_id", job_id, "job id")->required();
+  export_cmd->add_option("--out", export_out, "the file to write (a state_dict: torch.load(FILE, weights_only=True))")
+      ->required();
+  export_cmd->add_option("--format", export_format, "state_dict (torchscript: not supported yet)")
+      ->check(CLI::IsMember({"state_dict", "torchscript"}))
+      ->capture_default_str();
+
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (*health) {
     if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
-  } else if (*submit || *status || *list || *cancel || *trace) {
+  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd) {
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
         !st.ok())
@@ -489,6 +527,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);
+  if (*export_cmd) return CmdExport(common, job_id, export_out, export_format);
   return kExitUsage;
 }
 

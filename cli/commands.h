@@ -1,5 +1,5 @@
 // The `conveyor` command line: submit, status, list, cancel, train
-// --reference, local, health.
+// --reference, local, trace, health, export.
 #pragma once
 
 #include "cli/reference_options.h"
