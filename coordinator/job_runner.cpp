@@ -147,7 +147,8 @@ StatusOr<std::vector<v1::LinkSetup>> JobRunner::PlanLinks(bool ring) {
 
 Status JobRunner::DescribeFiles() {
   const bool script = spec_.model().kind() == v1::MODEL_TORCHSCRIPT;
-  if (!script && spec_.data().kind() != v1::DATA_TENSORS) return absl::OkStatus();
+  const bool data_files = spec_.data().kind() == v1::DATA_TENSORS || spec_.data().kind() == v1::DATA_TOKENS;
+  if (!script && !data_files) return absl::OkStatus();
   // Stage 0 reads the archive and the data file; what it finds completes the
   // spec that every stage then gets.
   auto reply = stages_[0]->Describe(spec_, kControlDeadlineS);

@@ -2,11 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include "plan/job_spec.h"
 #include "plan/model_catalog.h"
 #include "model/state_dict.h"
 
@@ -86,6 +92,98 @@ StatusOr<at::Tensor> ReadIdx(const std::string& path, std::vector<int64_t> want_
 
 }  // namespace
 
+// One token file, mapped read-only; unmapped by the destructor.
+class TokenFile {
+ public:
+  // NOT_FOUND for a missing file; INVALID_ARGUMENT naming `key` and the path
+  // for one that is not a whole number of token ids (TokenSamples).
+  static StatusOr<std::unique_ptr<TokenFile>> Open(const v1::DataSpec& data, const std::string& key,
+                                                   const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return absl::NotFoundError(key + ": " + path + " does not exist");
+      return absl::PermissionDeniedError(key + ": cannot open " + path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::InvalidArgumentError(key + ": " + path + " is not a regular file");
+    }
+    std::unique_ptr<TokenFile> f(new TokenFile());
+    f->bytes_ = static_cast<std::size_t>(st.st_size);
+    f->width_ = TokenWidth(data.token_dtype());
+    f->seq_len_ = data.seq_len();
+    auto samples = TokenSamples(data, key, path, static_cast<int64_t>(st.st_size));
+    if (!samples.ok()) {
+      ::close(fd);
+      return samples.status();
+    }
+    f->samples_ = *samples;
+    if (f->bytes_ > 0) {
+      void* map = ::mmap(nullptr, f->bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int mmap_errno = errno;
+      ::close(fd);  // the mapping keeps the file
+      if (map == MAP_FAILED)
+        return absl::ResourceExhaustedError(key + ": cannot map " + path + ": " + std::strerror(mmap_errno));
+      f->base_ = static_cast<const unsigned char*>(map);
+    } else {
+      ::close(fd);
+    }
+    return f;
+  }
+  ~TokenFile() {
+    if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), bytes_);
+  }
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t samples() const { return samples_; }
+
+  // Windows `idx` (sample indices, each < samples()) as int64 [n, seq_len]:
+  // tokens[i*N + shift : i*N + N + shift]; shift 0 for inputs, 1 for targets.
+  at::Tensor Gather(const at::Tensor& idx, int64_t shift, bool pinned) const {
+    const at::Tensor rows = idx.to(at::kLong).contiguous();
+    const int64_t n = rows.numel(), len = seq_len_;
+    at::Tensor out = at::empty({n, len}, at::TensorOptions(at::kLong).pinned_memory(pinned));
+    const int64_t* r = rows.data_ptr<int64_t>();
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t k = 0; k < n; ++k) {
+      const unsigned char* src = base_ + static_cast<std::size_t>((r[k] * len + shift) * width_);
+      int64_t* dst = o + k * len;
+      if (width_ == 2) {
+        for (int64_t j = 0; j < len; ++j) {
+          uint16_t v;
+          std::memcpy(&v, src + 2 * j, 2);  // little-endian hosts only, as the files
+          dst[j] = v;
+        }
+      } else {
+        for (int64_t j = 0; j < len; ++j) {
+          uint32_t v;
+          std::memcpy(&v, src + 4 * j, 4);
+          dst[j] = v;  // ids >= 2^31 stay positive in int64
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  TokenFile() = default;
+
+  const unsigned char* base_ = nullptr;  // the mapping; null for an empty file
+  std::size_t bytes_ = 0;
+  int width_ = 2;
+  int64_t seq_len_ = 1;
+  int64_t samples_ = 0;
+};
+
+Dataset::~Dataset() = default;
+
+at::Tensor Dataset::SampleOf(bool inputs) const {
+  if (train_tokens_) return train_tokens_->Gather(at::zeros({1}, at::kLong), inputs ? 0 : 1, false)[0];
+  return (inputs ? train_x_ : train_y_)[0];
+}
+
 StatusOr<int64_t> IdxItemCount(const std::string& path) {
   CONVEYOR_RETURN_IF_ERROR(CheckExists(path));
   GzFile f(path);
@@ -122,6 +220,14 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
     if ((inputs && d->train_x_.size(0) != d->train_size_) ||
         (inputs && d->test_x_.size(0) != d->test_size_))
       return absl::InvalidArgumentError(dir + ": image and label files disagree on the count");
+  } else if (data.kind() == v1::DATA_TOKENS) {
+    d->scale_bytes_ = false;
+    CONVEYOR_ASSIGN_OR_RETURN(d->train_tokens_, TokenFile::Open(data, "data.train", data.train()));
+    d->train_size_ = d->train_tokens_->samples();
+    if (!data.test().empty()) {
+      CONVEYOR_ASSIGN_OR_RETURN(d->test_tokens_, TokenFile::Open(data, "data.test", data.test()));
+      d->test_size_ = d->test_tokens_->samples();
+    }
   } else if (data.kind() == v1::DATA_TENSORS) {
     d->scale_bytes_ = false;
     auto load = [&](const std::string& key, const std::string& path, at::Tensor* x, at::Tensor* y) -> Status {
@@ -224,6 +330,10 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType
 }  // namespace
 
 at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
+  if (train_tokens_) {
+    const TokenFile& f = phase == v1::PHASE_TRAIN ? *train_tokens_ : *test_tokens_;
+    return f.Gather(Indices(phase, step), /*shift=*/0, pinned);
+  }
   const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
   const at::Tensor idx = Indices(phase, step);
   if (x.scalar_type() != at::kByte || !scale_bytes_) return GatherRows(x, idx, x.scalar_type(), pinned);
@@ -231,6 +341,10 @@ at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
 }
 
 at::Tensor Dataset::Labels(v1::Phase phase, int64_t step, bool pinned) {
+  if (train_tokens_) {
+    const TokenFile& f = phase == v1::PHASE_TRAIN ? *train_tokens_ : *test_tokens_;
+    return f.Gather(Indices(phase, step), /*shift=*/1, pinned);
+  }
   const at::Tensor& y = phase == v1::PHASE_TRAIN ? train_y_ : test_y_;
   return GatherRows(y, Indices(phase, step), y.scalar_type(), pinned);
 }

@@ -5,6 +5,13 @@
 // network. Training steps walk a permutation of the training split drawn from
 // (seed, epoch); the last, incomplete mini-batch of an epoch is dropped. Eval
 // batches walk the test split in order, the last one may be smaller.
+//
+// data: {format: tokens}: each file is a flat array of little-endian uint16
+// or uint32 token ids, mapped read-only for the Dataset's lifetime. Sample i
+// is the window tokens[i*N : i*N+N] (N = seq_len; windows do not overlap),
+// its target tokens[i*N+1 : i*N+N+1]; a file of T tokens has (T-1) / N
+// samples, the tail shorter than a window (plus its one target token) is
+// dropped. Both come as int64 [B, N].
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,8 +25,12 @@
 
 namespace conveyor {
 
+class TokenFile;
+
 class Dataset {
  public:
+  ~Dataset();
+
   // Loads what is asked for; NOT_FOUND or INVALID_ARGUMENT names the file.
   static StatusOr<std::unique_ptr<Dataset>> Open(const v1::JobSpec& spec, bool inputs, bool labels);
 
@@ -36,7 +47,7 @@ class Dataset {
   at::Tensor Inputs(v1::Phase phase, int64_t step, bool pinned = false);
   at::Tensor Labels(v1::Phase phase, int64_t step, bool pinned = false);
   // The first training sample's input (or target), as the file holds it.
-  at::Tensor SampleOf(bool inputs) const { return (inputs ? train_x_ : train_y_)[0]; }
+  at::Tensor SampleOf(bool inputs) const;
 
  private:
   Dataset() = default;
@@ -49,6 +60,8 @@ class Dataset {
   // data file's own dtypes (tensors, taken as they are).
   at::Tensor train_x_, train_y_, test_x_, test_y_;
   bool scale_bytes_ = true;
+  // data: {format: tokens}: the mapped files (null otherwise, or no test file).
+  std::unique_ptr<TokenFile> train_tokens_, test_tokens_;
   std::mutex mu_;  // guards perms_
   std::map<int64_t, at::Tensor> perms_;  // epoch -> permutation (last two kept)
 };

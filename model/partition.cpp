@@ -125,7 +125,9 @@ StatusOr<v1::DescribeReply> DescribeJob(const v1::JobSpec& spec) {
   } else {
     reply.set_num_layers(NumLayers(spec.model()));
   }
-  if (spec.data().kind() == v1::DATA_TENSORS) {
+  // tensors: the file's own shapes and dtypes; tokens: int64 windows {seq_len}
+  // (the file is opened all the same, so a bad one fails the job here).
+  if (spec.data().kind() == v1::DATA_TENSORS || spec.data().kind() == v1::DATA_TOKENS) {
     CONVEYOR_ASSIGN_OR_RETURN(auto data, Dataset::Open(spec, /*inputs=*/true, /*labels=*/true));
     const at::Tensor x = data->SampleOf(true), y = data->SampleOf(false);
     for (int64_t d : x.sizes()) reply.add_input_sample_shape(d);

@@ -196,7 +196,10 @@ const std::vector<std::pair<std::string, v1::TransportKind>> kTransports = {
 const std::vector<std::pair<std::string, v1::Precision>> kPrecisions = {
     {"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}};
 const std::vector<std::pair<std::string, v1::DataKind>> kData = {
-    {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}, {"tensors", v1::DATA_TENSORS}};
+    {"synthetic", v1::DATA_SYNTHETIC}, {"fashion-mnist", v1::DATA_FASHION_MNIST}, {"tensors", v1::DATA_TENSORS},
+    {"tokens", v1::DATA_TOKENS}};
+const std::vector<std::pair<std::string, v1::TokenDType>> kTokenDTypes = {{"uint16", v1::TOKEN_DTYPE_UINT16},
+                                                                          {"uint32", v1::TOKEN_DTYPE_UINT32}};
 const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
     {"gpipe", v1::SCHEDULE_GPIPE},
     {"1f1b", v1::SCHEDULE_1F1B},
@@ -310,9 +313,24 @@ Status ReadData(Fields& root, v1::DataSpec* data) {
   std::string path;
   bool present = false;
   bool shuffle = true;
-  if (kind == v1::DATA_TENSORS) {
+  if (kind == v1::DATA_TENSORS || kind == v1::DATA_TOKENS) {
+    const bool tokens = kind == v1::DATA_TOKENS;
     CONVEYOR_RETURN_IF_ERROR(f->Get("train", &path, "a path", &present));
-    if (!present || path.empty()) return Invalid("data.train: missing (the file of training inputs and targets)");
+    if (!present || path.empty())
+      return Invalid(tokens ? "data.train: missing (the file of training token ids)"
+                            : "data.train: missing (the file of training inputs and targets)");
+    if (tokens) {
+      std::string dtype;
+      CONVEYOR_RETURN_IF_ERROR(f->Get("dtype", &dtype, "uint16 or uint32", &present));
+      if (!present) return Invalid("data.dtype: missing (the width of the file's token ids: uint16 or uint32)");
+      v1::TokenDType token_dtype;
+      CONVEYOR_RETURN_IF_ERROR(ParseName(*f, "dtype", dtype, kTokenDTypes, &token_dtype));
+      data->set_token_dtype(token_dtype);
+      int64_t seq_len = 0;
+      CONVEYOR_RETURN_IF_ERROR(f->Get("seq_len", &seq_len, "an integer", &present));
+      if (!present) return Invalid("data.seq_len: missing (the tokens in one sample)");
+      data->set_seq_len(seq_len);
+    }
     data->set_train(path);
     CONVEYOR_RETURN_IF_ERROR(f->Get("test", &path, "a path", &present));
     if (present) data->set_test(path);
@@ -620,7 +638,39 @@ StatusOr<v1::JobSpec> LoadJobFile(const std::string& path) {
   return spec;
 }
 
+int TokenWidth(v1::TokenDType dtype) {
+  switch (dtype) {
+    case v1::TOKEN_DTYPE_UINT16: return 2;
+    case v1::TOKEN_DTYPE_UINT32: return 4;
+    default: return 0;
+  }
+}
+
+StatusOr<int64_t> TokenSamples(const v1::DataSpec& data, const std::string& key, const std::string& path,
+                               int64_t bytes) {
+  const int width = TokenWidth(data.token_dtype());
+  if (width == 0) return Invalid("data.dtype: missing (uint16 or uint32)");
+  if (data.seq_len() <= 0) return Invalid("data.seq_len: must be positive");
+  const std::string name = width == 2 ? "uint16" : "uint32";
+  if (bytes % width != 0) {
+    return Invalid(key + ": " + path + " is " + std::to_string(bytes) + " bytes, not a whole number of " + name +
+                   " token ids (" + std::to_string(width) + " bytes each): is data.dtype right?");
+  }
+  const int64_t tokens = bytes / width;
+  return tokens > 0 ? (tokens - 1) / data.seq_len() : 0;
+}
+
 Status CheckJobFiles(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_TOKENS) {
+    for (const auto& [key, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
+                                    std::pair<std::string, std::string>{"data.test", spec.data().test()}}) {
+      if (path.empty()) continue;
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0) return absl::NotFoundError(key + ": " + path + " does not exist");
+      if (!S_ISREG(st.st_mode)) return Invalid(key + ": " + path + " is not a regular file");
+      CONVEYOR_RETURN_IF_ERROR(TokenSamples(spec.data(), key, path, static_cast<int64_t>(st.st_size)).status());
+    }
+  }
   if (spec.data().kind() == v1::DATA_FASHION_MNIST) {
     const std::string& dir = spec.data().path();
     struct stat st {};
@@ -718,7 +768,7 @@ void ApplyDescription(const v1::DescribeReply& r, v1::JobSpec* spec) {
     *m->mutable_layer_names() = r.layer_names();
     *m->mutable_layer_parameters() = r.layer_parameters();
   }
-  if (spec->data().kind() == v1::DATA_TENSORS) {
+  if (spec->data().kind() == v1::DATA_TENSORS || spec->data().kind() == v1::DATA_TOKENS) {
     v1::DataSpec* d = spec->mutable_data();
     *d->mutable_input_sample_shape() = r.input_sample_shape();
     d->set_input_dtype(r.input_dtype());
@@ -846,7 +896,21 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
   if (spec.partition().stages() <= 0)
     return Invalid("partition.stages: must be at least 1, got " + std::to_string(spec.partition().stages()));
-  if (d.kind() == v1::DATA_TENSORS && d.train().empty()) return Invalid("data.train: missing");
+  if ((d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.train().empty())
+    return Invalid("data.train: missing");
+  if (d.kind() == v1::DATA_TOKENS) {
+    if (TokenWidth(d.token_dtype()) == 0) return Invalid("data.dtype: missing (uint16 or uint32)");
+    if (d.seq_len() <= 0 || d.seq_len() > (1 << 24))
+      return Invalid("data.seq_len: must be between 1 and " + std::to_string(1 << 24) + ", got " +
+                     std::to_string(d.seq_len()));
+    if (!script && !gpt)
+      return Invalid("data: tokens give int64 token ids [batch, seq_len]; use the gpt model or a TorchScript one");
+    if (gpt && d.seq_len() > m.seq_len())
+      return Invalid("data.seq_len: " + std::to_string(d.seq_len()) + " is longer than model.seq_len " +
+                     std::to_string(m.seq_len()));
+  } else if (d.token_dtype() != v1::TOKEN_DTYPE_UNSPECIFIED || d.seq_len() != 0) {
+    return Invalid("data: dtype and seq_len are for format: tokens only");
+  }
   if (spec.save_format() != v1::SAVE_FORMAT_UNSPECIFIED && spec.save_path().empty()) return Invalid("save.path: missing");
   if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16)
     return Invalid("precision: unknown");

@@ -44,9 +44,21 @@ StatusOr<std::string> ReadJobFile(const std::string& path);
 StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
 
 // The files a job names, checked on this host before it is queued: NOT_FOUND
-// naming the key and the path. The coordinator checks them at submission (so
+// naming the key and the path; INVALID_ARGUMENT for a token file whose size
+// is not a whole number of token ids. The coordinator checks them at submission (so
 // it must see the same files as the stages that read them: see docs/jobs.md).
 Status CheckJobFiles(const v1::JobSpec& spec);
+
+// data: {format: tokens}: bytes per token id of `dtype` (2 or 4; 0: none).
+int TokenWidth(v1::TokenDType dtype);
+// The samples in a token file of `bytes` bytes, for data.seq_len N and
+// data.token_dtype: sample i is tokens[i*N : i*N+N], its target
+// tokens[i*N+1 : i*N+N+1], so there are (tokens - 1) / N of them (the last
+// window needs one token after it; a shorter tail is dropped).
+// INVALID_ARGUMENT naming `key` and `path` when `bytes` is not a whole number
+// of token ids.
+StatusOr<int64_t> TokenSamples(const v1::DataSpec& data, const std::string& key, const std::string& path,
+                               int64_t bytes);
 
 // The paths a job names (model.torchscript, data.path, data.train,
 // data.test, init_from, save.path), made absolute and confined to `roots`: a

@@ -36,6 +36,7 @@ int NumClasses(const v1::ModelSpec& model) {
 
 v1::DType InputDType(const v1::JobSpec& spec) {
   const auto& d = spec.data();
+  if (d.kind() == v1::DATA_TOKENS) return v1::DTYPE_INT64;
   if (d.kind() == v1::DATA_TENSORS && d.input_dtype() != v1::DTYPE_UNSPECIFIED) {
     // Floating inputs take the job's precision; integers (token ids) stay as they are.
     const bool floating = d.input_dtype() == v1::DTYPE_FLOAT32 || d.input_dtype() == v1::DTYPE_FLOAT64 ||
@@ -56,6 +57,7 @@ v1::DType ActivationDType(const v1::JobSpec& spec) {
 }
 
 std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_TOKENS) return {spec.data().seq_len()};
   if (spec.data().kind() == v1::DATA_TENSORS)
     return {spec.data().target_sample_shape().begin(), spec.data().target_sample_shape().end()};
   if (spec.model().kind() == v1::MODEL_GPT) return {spec.model().seq_len()};
@@ -64,6 +66,7 @@ std::vector<int64_t> LabelSampleShape(const v1::JobSpec& spec) {
 
 std::vector<int64_t> InputSampleShape(const v1::JobSpec& spec) {
   if (spec.data().kind() == v1::DATA_FASHION_MNIST) return {1, 28, 28};
+  if (spec.data().kind() == v1::DATA_TOKENS) return {spec.data().seq_len()};
   if (spec.data().kind() == v1::DATA_TENSORS)
     return {spec.data().input_sample_shape().begin(), spec.data().input_sample_shape().end()};
   switch (spec.model().kind()) {

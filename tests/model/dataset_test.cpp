@@ -73,5 +73,91 @@ TEST(Dataset, CorruptFilesAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
 }
 
+// A flat token file of `tokens` ids, little-endian, `width` bytes each.
+template <typename T>
+std::string WriteTokens(const std::string& name, const std::vector<T>& tokens) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * sizeof(T)));
+  return path;
+}
+
+std::string TokensJob(const std::string& path, const std::string& dtype, int seq_len, int batch, bool shuffle) {
+  return "model: {name: gpt, vocab: 70000, width: 8, blocks: 1, heads: 2, seq_len: 8}\nbatch_size: " +
+         std::to_string(batch) + "\ndata: {format: tokens, train: " + path + ", test: " + path + ", dtype: " + dtype +
+         ", seq_len: " + std::to_string(seq_len) + (shuffle ? "" : ", shuffle: false") + "}\n";
+}
+
+TEST(Dataset, TokenWindowsAndShiftedTargets) {
+  std::vector<uint16_t> ids(23);
+  for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<uint16_t>(1000 + 7 * k);
+  const std::string path = WriteTokens("tokens23.bin", ids);
+  auto d = Dataset::Open(Spec(TokensJob(path, "uint16", 5, 2, /*shuffle=*/false)), true, true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  // 23 tokens: windows at 0, 5, 10, 15 (the last one's target ends at token
+  // 20); tokens 20..22 are a tail too short for a fifth.
+  EXPECT_EQ((*d)->train_size(), 4);
+  EXPECT_EQ((*d)->StepsPerEpoch(), 2);
+  at::Tensor x = (*d)->Inputs(v1::PHASE_TRAIN, 1), y = (*d)->Labels(v1::PHASE_TRAIN, 1);
+  EXPECT_EQ(x.scalar_type(), at::kLong);
+  EXPECT_EQ(x.sizes(), (at::IntArrayRef{2, 5}));
+  at::Tensor all = at::arange(0, 23, at::kLong) * 7 + 1000;
+  EXPECT_TRUE(at::equal(x, all.slice(0, 10, 20).view({2, 5})));  // samples 2 and 3, in file order
+  EXPECT_TRUE(at::equal(y, all.slice(0, 11, 21).view({2, 5})));  // the same windows, one token later
+  EXPECT_TRUE(at::equal((*d)->SampleOf(true), all.slice(0, 0, 5)));
+  EXPECT_TRUE(at::equal((*d)->SampleOf(false), all.slice(0, 1, 6)));
+  // Test batches walk the file in order too.
+  EXPECT_TRUE(at::equal((*d)->Labels(v1::PHASE_EVAL, 0), all.slice(0, 1, 21).view({4, 5})));
+
+  // (T - 1) / N: 21 tokens still give 4 windows, 20 give 3.
+  for (auto [n, want] : {std::pair<std::size_t, int64_t>{21, 4}, {20, 3}, {6, 1}, {5, 0}}) {
+    const std::string p = WriteTokens("tokens" + std::to_string(n) + ".bin", std::vector<uint16_t>(ids.begin(), ids.begin() + n));
+    auto e = Dataset::Open(Spec(TokensJob(p, "uint16", 5, 1, false)), true, true);
+    if (want == 0) {
+      EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();  // batch_size 1 > 0 samples
+      continue;
+    }
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ((*e)->train_size(), want) << n << " tokens";
+  }
+
+  // Shuffled: each row is some window, its target the same window shifted.
+  auto s = Dataset::Open(Spec(TokensJob(path, "uint16", 5, 4, /*shuffle=*/true)), true, true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  x = (*s)->Inputs(v1::PHASE_TRAIN, 0);
+  y = (*s)->Labels(v1::PHASE_TRAIN, 0);
+  at::Tensor starts = (x.select(1, 0) - 1000).div(7, "floor");
+  EXPECT_TRUE(at::equal(starts.remainder(5), at::zeros({4}, at::kLong)));
+  EXPECT_TRUE(at::equal(std::get<0>(starts.sort()), at::arange(0, 20, 5, at::kLong)));  // all four, once
+  EXPECT_TRUE(at::equal(y, x + 7));
+}
+
+TEST(Dataset, Uint32TokenIdsPast2To31StayPositive) {
+  const std::vector<uint32_t> ids = {0xFFFFFFF0u, 1, 0x80000000u, 2, 3};
+  const std::string path = WriteTokens("tokens32.bin", ids);
+  auto d = Dataset::Open(Spec(TokensJob(path, "uint32", 2, 2, false)), true, true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(at::equal((*d)->Inputs(v1::PHASE_TRAIN, 0),
+                        at::tensor(std::vector<int64_t>{4294967280LL, 1, 2147483648LL, 2}, at::kLong).view({2, 2})));
+  EXPECT_TRUE(at::equal((*d)->Labels(v1::PHASE_TRAIN, 0),
+                        at::tensor(std::vector<int64_t>{1, 2147483648LL, 2, 3}, at::kLong).view({2, 2})));
+}
+
+TEST(Dataset, ATokenFileOfAPartialTokenIsNamed) {
+  const std::string path = ::testing::TempDir() + "/odd-tokens.bin";
+  std::ofstream(path, std::ios::binary) << std::string(47, 'x');  // 23.5 uint16 ids
+  v1::JobSpec spec = Spec(TokensJob(path, "uint16", 5, 2, false));
+  auto d = Dataset::Open(spec, true, true);
+  EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("data.train: " + path + " is 47 bytes, not a whole number of uint16 token ids (2 bytes each)"));
+  // The same before anything is placed: at submission (ResolveJobPaths) ...
+  Status st = ResolveJobPaths(&spec, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("odd-tokens.bin is 47 bytes, not a whole number"));
+  // ... and 47 bytes are no whole number of uint32 ids either; 48 are.
+  EXPECT_FALSE(Dataset::Open(Spec(TokensJob(path, "uint32", 5, 2, false)), true, true).ok());
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -34,12 +34,22 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens
   int stages;
   int micro_batches;
   std::string schedule;
   bool init_from = false;
+  std::string data = "tensors";  // the job's data format: tensors (train.pt) or tokens (train.bin)
 };
+
+// The job's data block over the files `oracle.py make` wrote into MODEL/.
+nlohmann::json DataBlock(const Case& c) {
+  if (c.data == "tokens") {
+    return {{"format", "tokens"}, {"train", c.model + "/train.bin"}, {"test", c.model + "/test.bin"},
+            {"dtype", "uint16"},  {"seq_len", 8}};
+  }
+  return {{"format", "tensors"}, {"train", c.model + "/train.pt"}, {"test", c.model + "/test.pt"}};
+}
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string n = info.param.model + "_" + std::to_string(info.param.stages) + "stages_m" +
@@ -56,7 +66,7 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
     python_ = new std::string(Python());
     if (python_->empty()) return;
     dir_ = new std::string(testing::MakeTempDir("oracle"));
-    for (const char* model : {"mlp", "cnn-bn", "frozen"}) {
+    for (const char* model : {"mlp", "cnn-bn", "frozen", "tokens"}) {
       auto r = RunCommand({*python_, Oracle(), "make", model, *dir_ + "/" + model});
       ASSERT_EQ(r.exit_code, 0) << r.err;
     }
@@ -103,7 +113,7 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   nlohmann::json job = {
       {"name", tag},
       {"model", {{"torchscript", c.model + "/model.pt"}}},
-      {"data", {{"format", "tensors"}, {"train", c.model + "/train.pt"}, {"test", c.model + "/test.pt"}}},
+      {"data", DataBlock(c)},
       {"partition", {{"stages", c.stages}}},
       {"batch_size", 16},
       {"micro_batches", c.micro_batches},
@@ -168,7 +178,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"mlp", 1, 1, "gpipe"}, Case{"mlp", 2, 4, "1f1b"}, Case{"mlp", 3, 4, "gpipe"},
                       Case{"mlp", 2, 4, "1f1b", /*init_from=*/true}, Case{"cnn-bn", 1, 4, "gpipe"},
                       Case{"cnn-bn", 2, 4, "1f1b"}, Case{"cnn-bn", 3, 2, "gpipe"}, Case{"frozen", 2, 4, "1f1b"},
-                      Case{"frozen", 3, 4, "zero-bubble"}),
+                      Case{"frozen", 3, 4, "zero-bubble"}, Case{"tokens", 1, 2, "gpipe", false, "tokens"},
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens"}),
     Name);
 
 // Files a job must refuse, each with a named error, the servers serving on.
@@ -218,6 +229,18 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   EXPECT_THAT(r.err, HasSubstr("model.torchscript: /etc/hostname"));
   EXPECT_THAT(r.err, HasSubstr("is outside the data roots"));
   EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED"));
+  // A token file that is no whole number of token ids, refused at submission.
+  r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
+                  [&] {
+                    const std::string p = dir + "/odd-tokens.yaml";
+                    std::ofstream(p) << "model: {torchscript: mlp/model.pt}\n"
+                                        "data: {format: tokens, train: bad/odd.bin, dtype: uint16, seq_len: 4}\n";
+                    return p;
+                  }()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("data.train: "));
+  EXPECT_THAT(r.err, HasSubstr("/bad/odd.bin is 47 bytes, not a whole number of uint16 token ids"));
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
   // The cluster still trains.
   EXPECT_EQ(testing::SubmitAndWait(coord, good).state(), v1::JOB_STATE_SUCCEEDED);
 }

@@ -323,5 +323,35 @@ TEST(ModelCatalog, EvenPartitionsAndBoundaries) {
   EXPECT_EQ((*ranges)[3].begin, 11);
 }
 
+TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
+  const std::string model = "model: {name: gpt, vocab: 50, width: 8, blocks: 1, heads: 2, seq_len: 8}\n";
+  auto spec = ParseJobYaml(model + "data: {format: tokens, train: a.bin, test: b.bin, dtype: uint32, seq_len: 8}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data().kind(), v1::DATA_TOKENS);
+  EXPECT_EQ(spec->data().token_dtype(), v1::TOKEN_DTYPE_UINT32);
+  EXPECT_EQ(spec->data().seq_len(), 8);
+  EXPECT_EQ(spec->data().train(), "a.bin");
+  EXPECT_EQ(InputSampleShape(*spec), (std::vector<int64_t>{8}));
+  EXPECT_EQ(LabelSampleShape(*spec), (std::vector<int64_t>{8}));
+  EXPECT_EQ(InputDType(*spec), v1::DTYPE_INT64);
+  EXPECT_EQ(LabelDType(*spec), v1::DTYPE_INT64);
+  auto fails = [&](const std::string& yaml, const std::string& says) {
+    auto s = ParseJobYaml(yaml);
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << yaml;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(says)) << yaml;
+  };
+  fails(model + "data: {format: tokens, train: a.bin, seq_len: 8}\n", "data.dtype: missing");
+  fails(model + "data: {format: tokens, train: a.bin, dtype: int8, seq_len: 8}\n",
+        "data.dtype: unknown value 'int8' (one of: uint16, uint32)");
+  fails(model + "data: {format: tokens, train: a.bin, dtype: uint16}\n", "data.seq_len: missing");
+  fails(model + "data: {format: tokens, train: a.bin, dtype: uint16, seq_len: '8'}\n", "data.seq_len: expected an integer");
+  fails(model + "data: {format: tokens, train: a.bin, dtype: uint16, seq_len: 0}\n", "data.seq_len: must be between 1");
+  fails(model + "data: {format: tokens, dtype: uint16, seq_len: 8}\n", "data.train: missing");
+  fails(model + "data: {format: tokens, train: a.bin, dtype: uint16, seq_len: 9}\n",
+        "data.seq_len: 9 is longer than model.seq_len 8");
+  fails("model: toy\ndata: {format: tokens, train: a.bin, dtype: uint16, seq_len: 8}\n", "use the gpt model or a TorchScript");
+  fails(model + "data: {format: tensors, train: a.pt, seq_len: 8}\n", "data.seq_len: unknown key");
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -7,8 +7,10 @@ with torch.save, and trains the same job in a plain PyTorch loop, whose
 per-step losses and final parameters a Conveyor run must equal.
 
     oracle.py make MODEL DIR      model.pt (TorchScript), init.pt (state_dict),
-                                  train.pt / test.pt ({"inputs", "targets"}),
-                                  job.yaml (a Conveyor job over them)
+                                  train.pt / test.pt ({"inputs", "targets"};
+                                  the tokens model: train.bin / test.bin, flat
+                                  uint16 token ids), job.json (a Conveyor job
+                                  over them)
     oracle.py train JOB OUT.json  trains the job (JSON; its paths relative to its
                                   folder) in PyTorch; writes the losses of
                                   every step and OUT.pt, the final state_dict
@@ -21,11 +23,17 @@ per-step losses and final parameters a Conveyor run must equal.
                                   that is no Sequential), uneven.pt (inputs
                                   and targets of different lengths),
                                   wide.pt (a state_dict of the wrong shapes),
-                                  extra.pt (one key too many)
+                                  extra.pt (one key too many), odd.bin (a
+                                  token file of 47 bytes: 23.5 uint16 ids)
 
 MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
 data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
-whose first layer has requires_grad=False).
+whose first layer has requires_grad=False), tokens (Embedding, Linear, GELU,
+Linear over a flat token file: data {format: tokens}).
+
+data {format: tokens, dtype, seq_len: N} is read as Conveyor reads it
+(model/dataset.h): a file of T token ids holds (T - 1) // N samples, sample i
+the window tokens[i*N : i*N+N], its target tokens[i*N+1 : i*N+N+1].
 
 The loop does what Conveyor does (docs/models.md): batch `step` of epoch e is
 rows perm_e[pos*b:(pos+1)*b] of the training set, perm_e = torch.randperm(N)
@@ -122,6 +130,11 @@ def build(name):
         vocab, width, seq = 50, 32, 16
         model = nn.Sequential(Embed(vocab, width, seq), Block(width, 4), Block(width, 4), Head(width, vocab))
         return model, "tokens"
+    if name == "tokens":
+        vocab, width = 64, 16
+        model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
+                              nn.Linear(width, vocab))
+        return model, "token-file"
     raise SystemExit(f"oracle.py: unknown model {name}")
 
 
@@ -135,18 +148,48 @@ def make_data(kind, n, seed):
     return {"inputs": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
 
 
+TOKEN_TYPECODES = {"uint16": "H", "uint32": "I"}  # array's native (little-endian) widths
+
+
+def write_tokens(path, n, seed, vocab=64):
+    """A flat uint16 token file, as nanoGPT's prepare.py writes its .bin files."""
+    import array
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+    with open(path, "wb") as f:
+        array.array(TOKEN_TYPECODES["uint16"], ids).tofile(f)
+
+
+def read_tokens(path, dtype, seq_len):
+    """(inputs, targets), int64 [samples, seq_len]: windows and the same shifted by one."""
+    import array
+    ids = array.array(TOKEN_TYPECODES[dtype])
+    with open(path, "rb") as f:
+        ids.frombytes(f.read())
+    tokens = torch.tensor(ids.tolist(), dtype=torch.int64)
+    n = (tokens.numel() - 1) // seq_len if tokens.numel() else 0
+    return tokens[:n * seq_len].view(n, seq_len), tokens[1:n * seq_len + 1].view(n, seq_len)
+
+
 def make(name, out):
     import os
     os.makedirs(out, exist_ok=True)
     model, kind = build(name)
     torch.jit.script(model).save(f"{out}/model.pt")
     torch.save(model.state_dict(), f"{out}/init.pt")
-    torch.save(make_data(kind, 96, 1), f"{out}/train.pt")
-    torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
+    if kind == "token-file":
+        # 96 windows of 8 and the token after the last, then a tail of 3 that is dropped.
+        write_tokens(f"{out}/train.bin", 96 * 8 + 1 + 3, 1)
+        write_tokens(f"{out}/test.bin", 32 * 8 + 1, 2)
+        data = {"format": "tokens", "train": "train.bin", "test": "test.bin", "dtype": "uint16", "seq_len": 8}
+    else:
+        torch.save(make_data(kind, 96, 1), f"{out}/train.pt")
+        torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
+        data = {"format": "tensors", "train": "train.pt", "test": "test.pt"}
     job = {
         "name": name,
         "model": {"torchscript": "model.pt"},
-        "data": {"format": "tensors", "train": "train.pt", "test": "test.pt"},
+        "data": data,
         "batch_size": 16,
         "micro_batches": 4,
         "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9},
@@ -192,8 +235,12 @@ def train(job_path, out_json):
     model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
     if "init_from" in job:
         model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
-    data = torch.load(f"{folder}/{job['data']['train']}", weights_only=True)
-    x_all, y_all = data["inputs"], data["targets"]
+    spec = job["data"]
+    if spec.get("format") == "tokens":
+        x_all, y_all = read_tokens(f"{folder}/{spec['train']}", spec["dtype"], spec["seq_len"])
+    else:
+        data = torch.load(f"{folder}/{spec['train']}", weights_only=True)
+        x_all, y_all = data["inputs"], data["targets"]
     n, b = x_all.size(0), job["batch_size"]
     m = job.get("micro_batches", 1)
     per_epoch = n // b
@@ -271,6 +318,8 @@ def bad(folder):
     extra = model.state_dict()
     extra["9.weight"] = torch.zeros(1)
     torch.save(extra, f"{folder}/extra.pt")
+    with open(f"{folder}/odd.bin", "wb") as f:
+        f.write(bytes(47))
 
 
 if __name__ == "__main__":
