@@ -123,7 +123,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   }
   j["epochs"] = epochs;
   j["param_digest"] = s.param_digest();
-  j["schedule"] = s.schedule();
+  j["schedule"] = ScheduleName(s.schedule());
   j["micro_batches"] = s.micro_batches();
   j["batch_size"] = s.batch_size();
   nlohmann::json stages = nlohmann::json::array();
@@ -132,7 +132,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                       {"address", st.address()},
                       {"layers", {st.layer_begin(), st.layer_end()}},
                       {"device", st.device()},
-                      {"transport", st.transport()},
+                      {"transport", LinkName(st.transport())},
                       {"num_parameters", st.num_parameters()},
                       {"peak_activations", st.peak_activations()},
                       {"peak_activation_bytes", st.peak_activation_bytes()},
@@ -162,7 +162,7 @@ std::string Summary(const v1::JobStatus& s) {
   if (s.total_steps() > 0) {
     out << "  steps " << s.step() << "/" << s.total_steps() << " (" << Plural(s.total_epochs(), "epoch")
         << "), batch " << s.batch_size() << " in " << Plural(s.micro_batches(), "micro-batch")
-        << ", schedule " << s.schedule();
+        << ", schedule " << ScheduleName(s.schedule());
     if (s.virtual_stages() > 1) out << " with " << s.virtual_stages() << " chunks per stage";
     out << "\n";
   }
@@ -184,7 +184,7 @@ std::string Summary(const v1::JobStatus& s) {
         << std::setprecision(0) << 100 * st.busy_fraction() << "%, idle " << 100 * st.idle_fraction()
         << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak "
         << Plural(st.peak_activations(), "micro-batch") << " held (" << FormatBytes(st.peak_activation_bytes()) << ")";
-    if (!st.transport().empty()) out << ", " << st.transport() << " to next";
+    if (st.transport() != v1::LINK_NONE) out << ", " << LinkName(st.transport()) << " to next";
     if (st.graphed_steps() > 0) out << ", " << Plural(st.graphed_steps(), "step") << " as CUDA graphs";
     out << "\n";
   }

@@ -51,7 +51,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_job_id("reference");
   s.set_name(spec.name());
   s.set_state(v1::JOB_STATE_RUNNING);
-  s.set_schedule("reference");
+  s.set_schedule(v1::SCHEDULE_REFERENCE);
   s.set_batch_size(spec.batch_size());
   s.set_micro_batches(1);
   const int64_t per_epoch = data->StepsPerEpoch();

@@ -1,6 +1,7 @@
 #include "cli/trace.h"
 
 #include "cli/output.h"
+#include "plan/job_spec.h"
 
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -99,7 +100,7 @@ nlohmann::json TraceToChrome(const v1::StepTrace& trace, double theoretical_idle
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", 0},
                     {"args", {{"name", trace.job_id() + " step " + std::to_string(trace.step()) + " (" +
-                                           trace.schedule() + ")"}}}});
+                                           ScheduleName(trace.schedule()) + ")"}}}});
   for (const auto& st : trace.stages()) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", st.stage()},
                       {"args", {{"name", "stage " + std::to_string(st.stage())}}}});
@@ -124,7 +125,7 @@ nlohmann::json TraceToChrome(const v1::StepTrace& trace, double theoretical_idle
   std::vector<double> idle = IdleFractions(trace);
   nlohmann::json meta = {{"job_id", trace.job_id()},
                          {"step", trace.step()},
-                         {"schedule", trace.schedule()},
+                         {"schedule", ScheduleName(trace.schedule())},
                          {"micro_batches", trace.micro_batches()},
                          {"virtual_stages", trace.virtual_stages()},
                          {"step_us", hi - lo},
@@ -146,7 +147,7 @@ StatusOr<std::string> WriteTrace(const v1::StepTrace& trace, double theoretical_
     out << TraceToChrome(trace, theoretical_idle).dump() << "\n";
   }
   std::ostringstream said;
-  said << "step " << trace.step() << " of " << trace.job_id() << " (" << trace.schedule() << ", "
+  said << "step " << trace.step() << " of " << trace.job_id() << " (" << ScheduleName(trace.schedule()) << ", "
        << Plural(trace.micro_batches(), "micro-batch") << ")\n";
   std::vector<double> idle = IdleFractions(trace);
   for (std::size_t s = 0; s < idle.size(); ++s)

@@ -253,7 +253,7 @@ Status JobRunner::ConfigureAll() {
     *ref.mutable_upstream_link() = links[s];
     auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
     if (!reply.ok()) return ForStage(reply.status(), s);
-    status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : "");
+    status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : v1::LINK_NONE);
   }
   return absl::OkStatus();
 }
@@ -319,7 +319,7 @@ void JobRunner::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& rep
   trace.set_since_previous_us(since_previous_us);
   trace.set_job_id(status_.job_id());
   trace.set_step(step);
-  trace.set_schedule(ScheduleName(spec_.schedule()));
+  trace.set_schedule(spec_.schedule());
   trace.set_micro_batches(status_.micro_batches());
   trace.set_virtual_stages(spec_.virtual_stages());
   for (std::size_t s = 0; s < replies.size(); ++s) {
@@ -632,7 +632,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
 v1::JobStatus JobRunner::Run() {
   status_.set_state(v1::JOB_STATE_RUNNING);
   status_.set_started_unix_ms(NowUnixMs());
-  status_.set_schedule(ScheduleName(spec_.schedule()));
+  status_.set_schedule(spec_.schedule());
   status_.set_batch_size(spec_.batch_size());
   status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
   status_.set_virtual_stages(spec_.virtual_stages());

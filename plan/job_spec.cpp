@@ -200,6 +200,8 @@ const std::vector<std::pair<std::string, v1::DataKind>> kData = {
     {"tokens", v1::DATA_TOKENS}};
 const std::vector<std::pair<std::string, v1::TokenDType>> kTokenDTypes = {{"uint16", v1::TOKEN_DTYPE_UINT16},
                                                                           {"uint32", v1::TOKEN_DTYPE_UINT32}};
+const std::vector<std::pair<std::string, v1::NcclHeaders>> kNcclHeaders = {
+    {"shm", v1::NCCL_HEADERS_SHM}, {"grpc", v1::NCCL_HEADERS_GRPC}};
 const std::vector<std::pair<std::string, v1::ScheduleKind>> kSchedules = {
     {"gpipe", v1::SCHEDULE_GPIPE},
     {"1f1b", v1::SCHEDULE_1F1B},
@@ -513,11 +515,12 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
     const bool number = carveout.IsScalar() && ReadScalar(carveout, &sms);
     if (!number && carveout.IsScalar()) ReadScalar(carveout, &word);
     if (word == "auto") {
-      spec->set_matmul_sm_carveout(-1);
+      spec->set_matmul_sm_carveout(v1::SM_CARVEOUT_AUTO);
     } else if (word != "off") {
       if (!number || sms < 1 || sms > 64)
         return Invalid("matmul_sm_carveout: expected auto, off or a number of SMs from 1 to 64, got " + Show(carveout));
-      spec->set_matmul_sm_carveout(sms);
+      spec->set_matmul_sm_carveout(v1::SM_CARVEOUT_FIXED);
+      spec->set_matmul_sm_carveout_sms(sms);
     }
   }
   bool graphs = false;
@@ -525,9 +528,9 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
   spec->set_cuda_graphs(graphs);
   std::string headers = "shm";
   CONVEYOR_RETURN_IF_ERROR(f.Get("nccl_headers", &headers, "shm or grpc"));
-  if (headers != "shm" && headers != "grpc")
-    return Invalid("nccl_headers: expected shm or grpc, got '" + headers + "'");
-  spec->set_nccl_headers_on_grpc(headers == "grpc");
+  v1::NcclHeaders header_path;
+  CONVEYOR_RETURN_IF_ERROR(ParseName(f, "nccl_headers", headers, kNcclHeaders, &header_path));
+  spec->set_nccl_headers(header_path);
   CONVEYOR_RETURN_IF_ERROR(f.Get("profile_step", &i64, "an integer", &present));
   if (present) spec->set_profile_step(i64);
   spec->set_virtual_stages(1);
@@ -867,8 +870,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!(spec.recovery_timeout_s() >= 0)) return Invalid("recovery_timeout: must be 0 or a positive number of seconds");
   if (spec.nccl_ctas() < 0 || spec.nccl_ctas() > 64)
     return Invalid("nccl_ctas: must be between 0 (NCCL's default) and 64, got " + std::to_string(spec.nccl_ctas()));
-  if (spec.matmul_sm_carveout() < -1 || spec.matmul_sm_carveout() > 64)
-    return Invalid("matmul_sm_carveout: must be 0 (off), -1 (auto) or 1 to 64 SMs");
+  if (spec.matmul_sm_carveout() == v1::SM_CARVEOUT_FIXED &&
+      (spec.matmul_sm_carveout_sms() < 1 || spec.matmul_sm_carveout_sms() > 64))
+    return Invalid("matmul_sm_carveout: must be off, auto or 1 to 64 SMs");
   if (spec.profile_step() < 0) return Invalid("profile_step: must be 0 (none) or a training step, from 1");
   if (spec.steps() > 0 && spec.profile_step() > spec.steps())
     return Invalid("profile_step: " + std::to_string(spec.profile_step()) + " is past the job's last step (" +
@@ -928,9 +932,19 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
 }
 
 std::string ScheduleName(v1::ScheduleKind kind) {
+  if (kind == v1::SCHEDULE_REFERENCE) return "reference";
   for (const auto& [n, k] : kSchedules)
     if (k == kind) return n;
   return "unspecified";
+}
+
+std::string LinkName(v1::LinkKind kind) {
+  switch (kind) {
+    case v1::LINK_IN_PROCESS: return "inproc";
+    case v1::LINK_GRPC: return "grpc";
+    case v1::LINK_NCCL: return "nccl";
+    default: return "";
+  }
 }
 
 std::string ModelName(v1::ModelKind kind) {

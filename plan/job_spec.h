@@ -81,6 +81,8 @@ std::vector<std::string> DefaultDataRoots();
 Status ValidateJobSpec(const v1::JobSpec& spec);
 
 std::string ScheduleName(v1::ScheduleKind kind);
+// "grpc", "nccl", "inproc"; "" for none.
+std::string LinkName(v1::LinkKind kind);
 std::string ModelName(v1::ModelKind kind);
 std::string JobStateName(v1::JobState state);
 // Succeeded, failed or cancelled: the job will not change again.

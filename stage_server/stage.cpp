@@ -44,11 +44,11 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
 
 void Stage::Impl::ReserveSmsForNccl() {
   const v1::JobSpec& spec = job_->spec();
-  int sms = spec.matmul_sm_carveout();
-  if (sms < 0) {  // auto: what this stage's NCCL kernels may hold at once
+  int sms = spec.matmul_sm_carveout() == v1::SM_CARVEOUT_FIXED ? spec.matmul_sm_carveout_sms() : 0;
+  if (spec.matmul_sm_carveout() == v1::SM_CARVEOUT_AUTO) {  // what this stage's NCCL kernels may hold at once
     int links = 0;
-    if (!job_->assignment.upstream().empty() && job_->transport->Name(Peer::kUpstream) == "nccl") ++links;
-    if (!job_->assignment.downstream().empty() && job_->transport->Name(Peer::kDownstream) == "nccl") ++links;
+    if (!job_->assignment.upstream().empty() && job_->transport->Kind(Peer::kUpstream) == v1::LINK_NCCL) ++links;
+    if (!job_->assignment.downstream().empty() && job_->transport->Kind(Peer::kDownstream) == v1::LINK_NCCL) ++links;
     sms = spec.nccl_ctas() * 2 * links;  // a communicator each way per link
   }
   if (!SetMatmulSmCarveout(sms)) {
@@ -294,7 +294,7 @@ StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {
   CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
   job_->downstream_link = link;
   job_->downstream_rings.reset();
-  if (!job_->spec().nccl_headers_on_grpc()) {
+  if (job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM) {
     // Made before the downstream stage hears of the link, so that one on
     // this host finds it when it connects (header_ring.h).
     auto rings = LinkRings::Create(LinkRings::NameFor(link.activation_nccl_id()));
@@ -311,7 +311,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
   if (job_->assignment.num_stages() == 1) {  // chunks pass tensors to themselves
-    reply.set_transport("local");
+    reply.set_transport(v1::LINK_NONE);
     return reply;
   }
   if (job_->transport) job_->transport->Shutdown();
@@ -324,14 +324,14 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   links.inbox = &inbox_;
   links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
   links.nccl_ctas = job_->spec().nccl_ctas();
-  links.shm_headers = !job_->spec().nccl_headers_on_grpc();
+  links.shm_headers = job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM;
   links.downstream_rings = std::move(job_->downstream_rings);
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
   ReserveSmsForNccl();
   // The link this stage reports is the one to its next stage (the last stage: from its previous one).
-  reply.set_transport(job_->transport->Name(job_->assignment.downstream().empty() ? Peer::kUpstream : Peer::kDownstream));
+  reply.set_transport(job_->transport->Kind(job_->assignment.downstream().empty() ? Peer::kUpstream : Peer::kDownstream));
   return reply;
 }
 

@@ -28,7 +28,7 @@ class DelayedTransport : public Transport {
     cv_.notify_one();
     return absl::OkStatus();
   }
-  std::string Name(Peer peer) const override { return inner_->Name(peer) + "+delay"; }
+  v1::LinkKind Kind(Peer peer) const override { return inner_->Kind(peer); }
   Status status() const override { return inner_->status(); }
   void Shutdown() override {
     {

@@ -17,7 +17,7 @@ class InProcTransport : public Transport {
     if (frame.payload) frame.payload = CopyPayload(*frame.payload);
     return to->Deliver(std::move(frame));
   }
-  std::string Name(Peer) const override { return "inproc"; }
+  v1::LinkKind Kind(Peer) const override { return v1::LINK_IN_PROCESS; }
   void Shutdown() override {}
 
  private:

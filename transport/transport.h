@@ -36,8 +36,8 @@ class Transport {
   // link can break after the frames of a step were handed over (an NCCL
   // transfer still in flight), so a stage asks again once its step is done.
   virtual Status status() const { return absl::OkStatus(); }
-  // What the link to `peer` uses: "grpc", "nccl", "inproc" (+"delay").
-  virtual std::string Name(Peer peer) const = 0;
+  // What the link to `peer` uses (a delayed link: what it wraps).
+  virtual v1::LinkKind Kind(Peer peer) const = 0;
   // Closes the links, idempotent. Queued frames may be dropped.
   virtual void Shutdown() = 0;
 };

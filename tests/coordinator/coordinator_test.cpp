@@ -38,7 +38,7 @@ TEST(Coordinator, RunsAJobAndAnswersAboutIt) {
   EXPECT_EQ(s.step(), 5);
   EXPECT_EQ(s.losses_size(), 5);
   EXPECT_EQ(s.stages_size(), 3);
-  EXPECT_EQ(s.stages(0).transport(), "inproc");
+  EXPECT_EQ(s.stages(0).transport(), v1::LINK_IN_PROCESS);
   EXPECT_EQ(s.param_digest().size(), 64u);
   auto list = c->List();
   ASSERT_TRUE(list.ok());
@@ -164,7 +164,7 @@ TEST(Coordinator, NcclOnCpuStagesFailsTheJobNamingTheLink) {
   for (const char* t : {"auto", "grpc"}) {
     s = RunToEnd(*c, toy + "transport: " + t + "\n");
     EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << t << ": " << s.error();
-    EXPECT_EQ(s.stages(0).transport(), "inproc");
+    EXPECT_EQ(s.stages(0).transport(), v1::LINK_IN_PROCESS);
   }
   auto id = c->Submit(toy + "transport: infiniband\n");
   EXPECT_TRUE(absl::IsInvalidArgument(id.status()));

@@ -89,7 +89,7 @@ TEST_F(Hosts, ACutLinkIsADeadStageAndRestoringItRecovers) {
       "recovery_timeout: 120\nseed: 3\n";
   const v1::JobStatus clean = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
   ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
-  EXPECT_EQ(clean.stages(0).transport(), "grpc");
+  EXPECT_EQ(clean.stages(0).transport(), v1::LINK_GRPC);
 
   bool cut = false, restored = false;
   v1::JobStatus end = testing::SubmitAndWait(cluster->coordinator_address(), yaml, [&](const v1::JobStatus& s) {

@@ -40,7 +40,7 @@ TEST(Processes, ToyOverThreeStageServersEqualsReference) {
       "model: toy\npartition: {stages: 3}\nbatch_size: 16\nmicro_batches: 4\nschedule: 1f1b\nsteps: 20\n"
       "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 11\n";
   v1::JobStatus run = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
-  EXPECT_EQ(run.stages(0).transport(), "grpc");
+  EXPECT_EQ(run.stages(0).transport(), v1::LINK_GRPC);
   testing::ExpectMatchesReference(run, testing::ServerParameters(cluster->stage_addresses(), run.job_id()),
                                   testing::Reference(yaml));
 }

@@ -129,7 +129,7 @@ TEST_F(Tls, AJobRunsEndToEndOverMutualTls) {
   EXPECT_EQ(status.state(), v1::JOB_STATE_SUCCEEDED) << status.error();
   EXPECT_EQ(status.losses_size(), 3);
   ASSERT_EQ(status.stages_size(), 2);
-  EXPECT_EQ(status.stages(0).transport(), "grpc");
+  EXPECT_EQ(status.stages(0).transport(), v1::LINK_GRPC);
 }
 
 TEST_F(Tls, ClientsWithoutTheRightCertificateAreRefused) {

@@ -64,19 +64,21 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->checkpoint_every(), 0);
   EXPECT_EQ(spec->keep_checkpoints(), 3);
   EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
-  EXPECT_EQ(spec->matmul_sm_carveout(), 0);  // off
+  EXPECT_EQ(spec->matmul_sm_carveout(), v1::SM_CARVEOUT_OFF);
   EXPECT_FALSE(spec->cuda_graphs());
-  EXPECT_FALSE(spec->nccl_headers_on_grpc());  // shared memory where both ends have it
+  EXPECT_EQ(spec->nccl_headers(), v1::NCCL_HEADERS_SHM);  // shared memory where both ends have it
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
 
 TEST(JobSpec, NcclHeadersMayStayOnTheGrpcStream) {
   auto spec = ParseJobYaml("model: toy\nnccl_headers: grpc\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_TRUE(spec->nccl_headers_on_grpc());
+  EXPECT_EQ(spec->nccl_headers(), v1::NCCL_HEADERS_GRPC);
   spec = ParseJobYaml("model: toy\nnccl_headers: shm\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_FALSE(spec->nccl_headers_on_grpc());
+  EXPECT_EQ(spec->nccl_headers(), v1::NCCL_HEADERS_SHM);
+  EXPECT_THAT(ParseJobYaml("model: toy\nnccl_headers: tcp\n").status().message(),
+              HasSubstr("nccl_headers: unknown value 'tcp' (one of: shm, grpc)"));
 }
 
 TEST(JobSpec, UnknownKeysAreNamed) {
@@ -140,7 +142,7 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
       {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
       {"model: toy\ncuda_graphs: maybe\n", "cuda_graphs"},
-      {"model: toy\nnccl_headers: tcp\n", "nccl_headers: expected shm or grpc, got 'tcp'"},
+      {"model: toy\nnccl_headers: tcp\n", "nccl_headers: unknown value 'tcp' (one of: shm, grpc)"},
       {"model: toy\ncuda_graphs: true\nrecompute: true\n", "cuda_graphs: cannot be combined with recompute"},
       {"model: toy\ncuda_graphs: true\nrecompute: [0]\n", "cuda_graphs: cannot be combined with recompute"},
       {"model: toy\ncuda_graphs: true\nschedule: zero-bubble\n", "cuda_graphs: cannot be combined with the zero-bubble"},

@@ -70,7 +70,7 @@ class Link {
     return absl::OkStatus();
   }
 
-  std::string Name() const { return nccl_ ? "nccl" : "grpc"; }
+  v1::LinkKind Kind() const { return nccl_ ? v1::LINK_NCCL : v1::LINK_GRPC; }
 
   // A tensor for an NCCL link is enqueued on the device here, on the
   // caller's thread, and its header goes into shared memory or after the
@@ -344,9 +344,9 @@ class GrpcTransport : public Transport {
     if (!link) return absl::FailedPreconditionError("no neighbour on that side");
     return link->Send(std::move(frame));
   }
-  std::string Name(Peer peer) const override {
+  v1::LinkKind Kind(Peer peer) const override {
     const Link* link = peer == Peer::kUpstream ? up_.get() : down_.get();
-    return link ? link->Name() : "grpc";
+    return link ? link->Kind() : v1::LINK_GRPC;
   }
   Status status() const override {
     for (const auto& f : fetchers_) CONVEYOR_RETURN_IF_ERROR(f->status());
