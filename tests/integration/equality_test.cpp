@@ -1,13 +1,24 @@
-// The pipeline equals the single-process reference: every model, stage count,
-// micro-batch count and schedule, 20 steps, in-process over the in-memory
-// transport, per-step losses and final parameters within rtol 1e-5/atol 1e-6.
+// The pipeline equals the single-process reference, per-step losses and final
+// parameters within rtol 1e-5/atol 1e-6 after 20 steps: one suite over the
+// transports (in-memory, delayed, gRPC in this process, stage server
+// processes, NCCL on 2 GPUs) x schedules x models, stage and micro-batch counts.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
-#include <map>
-#include <tuple>
+#include <ATen/Context.h>
 
+#include <cstdlib>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+
+#include "cli/local_cluster.h"
+#include "coordinator/coordinator.h"
+#include "model/device.h"
 #include "plan/job_spec.h"
+#include "stage_server/stage_server.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
 
@@ -46,63 +57,251 @@ const cli::ReferenceResult& CachedReference(const std::string& model) {
   return it->second;
 }
 
-using Case = std::tuple<std::string, int, int, std::string>;  // model, stages, micro-batches, schedule
+// How the stages of a case are joined.
+enum class Via {
+  kInProc,     // Stages in this process over the in-memory transport
+  kDelayed,    // the same, every tensor held back a random time (fixed seed)
+  kGrpc,       // StageServers in this process (GrpcTransportFactory, StageData) on loopback, port 0
+  kProcesses,  // stage_server and coordinator processes (cli::LocalCluster)
+  kNccl,       // stage_server processes on 2 GPUs, links over NCCL
+  kGpuGrpc,    // the same over the chunked gRPC stream (pinned staging)
+};
 
-class EqualityTest : public ::testing::TestWithParam<Case> {
+const char* ViaName(Via via) {
+  switch (via) {
+    case Via::kInProc: return "inproc";
+    case Via::kDelayed: return "delayed";
+    case Via::kGrpc: return "grpc";
+    case Via::kProcesses: return "processes";
+    case Via::kNccl: return "nccl";
+    case Via::kGpuGrpc: return "gpu_grpc";
+  }
+  return "?";
+}
+
+struct Case {
+  Via via;
+  std::string model;
+  int stages;
+  int micro_batches;
+  std::string schedule;
+  std::string extra = "";  // more job keys
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << ViaName(c.via) << ", " << c.model << ", " << c.stages << " stages, " << c.micro_batches
+      << " micro-batches, " << c.schedule << (c.extra.empty() ? "" : ", ") << c.extra;
+}
+
+// A GPT that fits two GPUs' test budget; convolutions are left out on GPUs
+// (cuDNN picks its algorithms by batch size: micro-batched ConvNets drift
+// ~1e-3 from the full-batch reference there).
+const char* kGpuGpt =
+    "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"
+    "data: {name: synthetic, train_samples: 128}\nbatch_size: 16\nsteps: 20\n"
+    "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n";
+
+// One run of a job on freshly started stages: its final status and parameters.
+struct RunResult {
+  v1::JobStatus status;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+};
+
+RunResult RunInProcess(const Case& c, const std::string& yaml) {
+  DelayedTransportFactory::Delay delay;
+  if (c.via == Via::kDelayed) {
+    auto rng = std::make_shared<std::mt19937_64>(16);
+    auto mu = std::make_shared<std::mutex>();
+    delay = [rng, mu] {
+      std::lock_guard<std::mutex> lock(*mu);
+      return std::chrono::microseconds((*rng)() % 300);
+    };
+  }
+  InProcessCluster cluster(c.stages, delay);
+  auto coordinator = cluster.StartCoordinator();
+  RunResult run;
+  run.status = RunToEnd(*coordinator, yaml);
+  run.parameters = cluster.Parameters(run.status.job_id(), c.stages);
+  return run;
+}
+
+// Stage servers in this process, a coordinator over their gRPC addresses.
+RunResult RunOverGrpcInProcess(const Case& c, const std::string& yaml) {
+  std::vector<std::unique_ptr<StageServer>> servers;
+  CoordinatorOptions options;
+  for (int i = 0; i < c.stages; ++i) {
+    StageServerOptions o;
+    o.threads = 1;
+    auto server = StageServer::Start(o);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return {};
+    options.stages.push_back((*server)->address());
+    servers.push_back(std::move(*server));
+  }
+  auto coordinator = Coordinator::Start(options);
+  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+  if (!coordinator.ok()) return {};
+  RunResult run;
+  run.status = RunToEnd(**coordinator, yaml);
+  run.parameters = testing::ServerParameters(options.stages, run.status.job_id());
+  coordinator->reset();
+  // Each server waits out a grace period (2 s) for the stream its neighbour
+  // still has open: all at once, not one after another.
+  std::vector<std::future<void>> stops;
+  for (auto& server : servers) stops.push_back(std::async(std::launch::async, [&server] { server->Shutdown(); }));
+  for (auto& stop : stops) stop.wait();
+  return run;
+}
+
+RunResult RunOverProcesses(const Case& c, const std::string& yaml, std::vector<std::string> devices) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = c.stages;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.threads_per_stage = 1;
+  options.devices = std::move(devices);
+  auto cluster = cli::LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return {};
+  RunResult run;
+  run.status = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
+  run.parameters = testing::ServerParameters((*cluster)->stage_addresses(), run.status.job_id());
+  return run;
+}
+
+// TF32 off in cuBLAS and cuDNN before any handle exists (as gpu_test does).
+const bool kNoTf32 = [] { return setenv("NVIDIA_TF32_OVERRIDE", "0", 1) == 0; }();
+
+class PipelineEquality : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() { at::set_num_threads(1); }
 };
 
-TEST_P(EqualityTest, PipelineEqualsReference) {
-  const auto& [model, stages, mbs, schedule] = GetParam();
-  std::string yaml = kModels.at(model) + "partition: {stages: " + std::to_string(stages) +
-                     "}\nmicro_batches: " + std::to_string(mbs) + "\nschedule: " + schedule + "\n";
-  if (schedule == "interleaved") yaml += "virtual_stages: 2\n";
-  InProcessCluster cluster(stages);
-  auto coordinator = cluster.StartCoordinator();
-  v1::JobStatus run = RunToEnd(*coordinator, yaml);
-  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), stages), CachedReference(model));
+TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
+  const Case& c = GetParam();
+  const bool gpu = c.via == Via::kNccl || c.via == Via::kGpuGrpc;
+  if (gpu && CudaDeviceCount() < 2) {
+    GTEST_SKIP() << "GPU cases need 2 CUDA devices; this machine has " << CudaDeviceCount();
+  }
+  std::string yaml = (gpu ? std::string(kGpuGpt) : kModels.at(c.model)) + "partition: {stages: " +
+                     std::to_string(c.stages) + "}\nmicro_batches: " + std::to_string(c.micro_batches) +
+                     "\nschedule: " + c.schedule + "\n" + c.extra;
+  if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
+  RunResult run;
+  switch (c.via) {
+    case Via::kInProc:
+    case Via::kDelayed: run = RunInProcess(c, yaml); break;
+    case Via::kGrpc: run = RunOverGrpcInProcess(c, yaml); break;
+    case Via::kProcesses: run = RunOverProcesses(c, yaml, {}); break;
+    case Via::kNccl:
+    case Via::kGpuGrpc:
+      (void)kNoTf32;
+      at::globalContext().setAllowTF32CuBLAS(false);
+      at::globalContext().setAllowTF32CuDNN(false);
+      at::globalContext().setDeterministicCuDNN(true);
+      at::globalContext().setBenchmarkCuDNN(false);
+      yaml += c.via == Via::kNccl ? "transport: nccl\n" : "transport: grpc\n";
+      run = RunOverProcesses(c, yaml, {"cuda:0", "cuda:1"});
+      break;
+  }
+  ASSERT_EQ(run.status.state(), v1::JOB_STATE_SUCCEEDED) << run.status.error();
+  const v1::LinkKind expected_link = c.via == Via::kNccl ? v1::LINK_NCCL
+                                     : c.via == Via::kInProc || c.via == Via::kDelayed ? v1::LINK_IN_PROCESS
+                                                                                        : v1::LINK_GRPC;
+  if (c.stages > 1) EXPECT_EQ(run.status.stages(0).transport(), expected_link);
+  // Against a fresh reference where the job differs from the cached one's.
+  const bool cached = !gpu && c.extra.empty();
+  const cli::ReferenceResult ref = cached ? CachedReference(c.model) : Reference(yaml, gpu ? "cuda:0" : "cpu");
+  ExpectMatchesReference(run.status, run.parameters, ref);
+  if (ref.status.has_eval()) EXPECT_NEAR(run.status.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
   // Activation memory: GPipe holds every micro-batch, 1F1B at most P - s,
   // ZB-H1 keeps some longer for their deferred weight passes.
-  for (int s = 0; s < run.stages_size(); ++s) {
-    int64_t bound = mbs;
-    if (schedule == "1f1b") bound = std::min(mbs, stages - s);
-    if (schedule == "zero-bubble") bound = std::min(mbs, 2 * (stages - s) - 1);
-    if (schedule == "interleaved") continue;
-    EXPECT_EQ(run.stages(s).peak_activations(), bound) << "stage " << s;
+  if (gpu) {
+    const int graphed = c.extra.find("cuda_graphs: true") != std::string::npos ? 19 : 0;
+    for (const auto& stage : run.status.stages()) EXPECT_EQ(stage.graphed_steps(), graphed) << stage.index();
+    return;
+  }
+  if (c.schedule == "interleaved") return;
+  for (int s = 0; s < run.status.stages_size(); ++s) {
+    int64_t bound = c.micro_batches;
+    if (c.schedule == "1f1b") bound = std::min(c.micro_batches, c.stages - s);
+    if (c.schedule == "zero-bubble") bound = std::min(c.micro_batches, 2 * (c.stages - s) - 1);
+    EXPECT_EQ(run.status.stages(s).peak_activations(), bound) << "stage " << s;
   }
 }
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
-  const auto& [model, stages, mbs, schedule] = info.param;
-  std::string name = schedule == "1f1b" ? "1F1B" : schedule == "zero-bubble" ? "ZeroBubble" :
-                     schedule == "interleaved" ? "Interleaved" : "GPipe";
-  return model + "_" + std::to_string(stages) + "stages_" + std::to_string(mbs) + "mb_" + name;
+  const Case& c = info.param;
+  std::string name = c.schedule == "1f1b" ? "1F1B" : c.schedule == "zero-bubble" ? "ZeroBubble" :
+                     c.schedule == "interleaved" ? "Interleaved" : "GPipe";
+  name = std::string(ViaName(c.via)) + "_" + c.model + "_" + std::to_string(c.stages) + "stages_" +
+         std::to_string(c.micro_batches) + "mb_" + name;
+  if (c.extra.find("eval: true") != std::string::npos) name += "_eval";
+  if (c.extra.find("cuda_graphs: true") != std::string::npos) name += "_graphs";
+  if (c.extra.find("nccl_headers: grpc") != std::string::npos) name += "_grpc_headers";
+  return name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Toy, EqualityTest,
-                         ::testing::Combine(::testing::Values("toy"), ::testing::Values(1, 2, 3),
-                                            ::testing::Values(1, 4, 8),
-                                            ::testing::Values("gpipe", "1f1b", "zero-bubble")),
+// Every (model, stages, micro-batches, schedule) of `combos` over `via`.
+std::vector<Case> Over(Via via, const std::string& model, std::vector<int> stages, std::vector<int> mbs,
+                       std::vector<std::string> schedules, const std::string& extra = "") {
+  std::vector<Case> out;
+  for (int p : stages)
+    for (int m : mbs)
+      for (const std::string& s : schedules) out.push_back(Case{via, model, p, m, s, extra});
+  return out;
+}
+std::vector<Case> Join(std::vector<std::vector<Case>> parts) {
+  std::vector<Case> out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+const std::vector<std::string> kPlain = {"gpipe", "1f1b", "zero-bubble"};
+const std::vector<std::string> kAll = {"gpipe", "1f1b", "interleaved", "zero-bubble"};
+
+// In-process, in-memory: the wide grid (every model, stage count and
+// micro-batch count); interleaved needs micro-batches a multiple of the stages.
+INSTANTIATE_TEST_SUITE_P(InProc, PipelineEquality,
+                         ::testing::ValuesIn(Join({
+                             Over(Via::kInProc, "toy", {1, 2, 3}, {1, 4, 8}, kPlain),
+                             Over(Via::kInProc, "convnet", {1, 2, 4}, {1, 4, 8}, kPlain),
+                             Over(Via::kInProc, "convnet", {1, 2, 4}, {4, 8}, {"interleaved"}),
+                             // The GPT decoder (7 layers here) with the schedules a 1.34 B model would use.
+                             Over(Via::kInProc, "gpt", {1, 2, 3}, {1, 4}, {"1f1b", "zero-bubble"}),
+                             Over(Via::kInProc, "gpt", {2}, {4}, {"interleaved"}),
+                         })),
                          Name);
-INSTANTIATE_TEST_SUITE_P(ConvNet, EqualityTest,
-                         ::testing::Combine(::testing::Values("convnet"), ::testing::Values(1, 2, 4),
-                                            ::testing::Values(1, 4, 8),
-                                            ::testing::Values("gpipe", "1f1b", "zero-bubble")),
+// Tensors arriving late and out of order (timing_noise_test draws 100 random runs).
+INSTANTIATE_TEST_SUITE_P(Delayed, PipelineEquality,
+                         ::testing::ValuesIn(Join({
+                             Over(Via::kDelayed, "toy", {3}, {4}, kPlain),
+                             Over(Via::kDelayed, "convnet", {2}, {4}, kAll),
+                         })),
                          Name);
-// The GPT decoder (7 layers here) with the schedules a 1.34 B model would use.
-INSTANTIATE_TEST_SUITE_P(Gpt, EqualityTest,
-                         ::testing::Combine(::testing::Values("gpt"), ::testing::Values(1, 2, 3),
-                                            ::testing::Values(1, 4), ::testing::Values("1f1b", "zero-bubble")),
+// The real gRPC links (chunked streams into StageData services), in-process.
+INSTANTIATE_TEST_SUITE_P(Grpc, PipelineEquality,
+                         ::testing::ValuesIn(Join({
+                             Over(Via::kGrpc, "toy", {3}, {4}, kPlain),
+                             Over(Via::kGrpc, "convnet", {2}, {4}, kAll),
+                         })),
                          Name);
-INSTANTIATE_TEST_SUITE_P(GptInterleaved, EqualityTest,
-                         ::testing::Combine(::testing::Values("gpt"), ::testing::Values(2),
-                                            ::testing::Values(4), ::testing::Values("interleaved")),
+// Stage server processes (was process_test's Processes and ProcessSchedules).
+INSTANTIATE_TEST_SUITE_P(Processes, PipelineEquality,
+                         ::testing::ValuesIn(Join({
+                             Over(Via::kProcesses, "toy", {3}, {4}, {"1f1b"}),
+                             Over(Via::kProcesses, "convnet", {4}, {8}, kAll, "eval: true\n"),
+                         })),
                          Name);
-// Interleaved: two chunks per stage, micro-batches a multiple of the stages.
-INSTANTIATE_TEST_SUITE_P(ConvNetInterleaved, EqualityTest,
-                         ::testing::Combine(::testing::Values("convnet"), ::testing::Values(1, 2, 4),
-                                            ::testing::Values(4, 8), ::testing::Values("interleaved")),
+// Two GPUs (gpu_test's GpuLinks cases): NCCL, and gRPC through pinned staging;
+// skipped without two.
+INSTANTIATE_TEST_SUITE_P(Nccl, PipelineEquality,
+                         ::testing::Values(Case{Via::kNccl, "gpt", 2, 4, "1f1b"},
+                                           Case{Via::kNccl, "gpt", 2, 8, "interleaved"},
+                                           Case{Via::kNccl, "gpt", 2, 8, "zero-bubble"},
+                                           Case{Via::kNccl, "gpt", 2, 4, "1f1b", "cuda_graphs: true\n"},
+                                           Case{Via::kNccl, "gpt", 2, 4, "1f1b", "nccl_headers: grpc\n"},
+                                           Case{Via::kGpuGrpc, "gpt", 2, 4, "1f1b"},
+                                           Case{Via::kGpuGrpc, "gpt", 2, 4, "gpipe", "cuda_graphs: true\n"}),
                          Name);
 
 // A job given in epochs reports each: its mean training loss (of the losses
