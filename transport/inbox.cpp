@@ -48,9 +48,20 @@ void Inbox::BeginStep(v1::Phase phase, int64_t step) {
   }
 }
 
-Status Inbox::CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes) const {
+Status Inbox::CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  return Check(header, payload_bytes);
+  return FailStepOnMalformed(header, Check(header, payload_bytes));
+}
+
+Status Inbox::FailStepOnMalformed(const v1::TensorFrame& header, Status st) {
+  // A malformed tensor of the current job will never be followed by a good
+  // one: fail the step now rather than time out.
+  if (!st.ok() && open_ && header.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
+    failure_ = st;
+    changes_.fetch_add(1, std::memory_order_release);
+    cv_.notify_all();
+  }
+  return st;
 }
 
 void Inbox::SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher) {
@@ -104,16 +115,7 @@ Status Inbox::Deliver(Frame frame) {
   Status st = frame.payload || fetch ? Check(frame.header, frame.payload ? frame.payload->bytes() : -1)
                                      : absl::InvalidArgumentError("stage " + std::to_string(expect_.stage_index) +
                                                                   ": a frame without its tensor's bytes");
-  if (!st.ok()) {
-    // A malformed tensor of the current job will never be followed by a good
-    // one: fail the step now rather than time out.
-    if (open_ && frame.header.job_id() == expect_.job_id && absl::IsInvalidArgument(st)) {
-      failure_ = st;
-      changes_.fetch_add(1, std::memory_order_release);
-      cv_.notify_all();
-    }
-    return st;
-  }
+  if (!st.ok()) return FailStepOnMalformed(frame.header, st);
   const v1::TensorFrame& h = frame.header;
   Key key{h.phase(), h.step(), h.kind(), h.chunk(), h.micro_batch()};
   if (frames_.count(key)) {

@@ -66,8 +66,9 @@ class Inbox {
 
   // The checks of Deliver() on a header alone, holding nothing: a receiver
   // runs them before it allocates room for the payload. `payload_bytes` -1:
-  // not known yet.
-  Status CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes) const;
+  // not known yet. A malformed header of the current job fails the step, as
+  // in Deliver().
+  Status CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes);
 
   // Where headers of `kind` that travel without their bytes go; nullptr
   // unregisters. Not owned; once unregistered, never called again.
@@ -88,6 +89,9 @@ class Inbox {
   std::size_t held() const;
 
  private:
+  // `st`, and with it the step in progress when `header` (of the current
+  // job) is malformed: a good tensor will not follow. REQUIRES: mu_ held.
+  Status FailStepOnMalformed(const v1::TensorFrame& header, Status st);
   using Key = std::tuple<int, int64_t, int, int, int>;  // phase, step, kind, chunk, micro-batch
   Status Check(const v1::TensorFrame& frame, int64_t payload_bytes) const;
 

@@ -104,61 +104,8 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
 }
 
-// Stage server processes on two GPUs, each link's transport as the job asks:
-// NCCL (the link must report "nccl", never a fallback) and the chunked gRPC
-// stream through pinned staging. Equal to the GPU reference, under the
-// schedules whose transfers interleave differently (interleaved: two chunks
-// per GPU and a link back from the last stage to the first).
-struct LinkCase {
-  std::string transport, schedule;
-  int micro_batches;
-  bool graphs = false;        // cuda_graphs
-  bool grpc_headers = false;  // nccl_headers: grpc (else through shared memory: one host)
-};
-void PrintTo(const LinkCase& c, std::ostream* os) {
-  *os << c.transport << ", " << c.schedule << ", " << c.micro_batches << " micro-batches"
-      << (c.graphs ? ", CUDA graphs" : "") << (c.grpc_headers ? ", headers on gRPC" : "");
-}
-
-class GpuLinks : public GpuTest, public ::testing::WithParamInterface<LinkCase> {};
-
-TEST_P(GpuLinks, GptOverTwoGpuStageServersEqualsTheGpuReference) {
-  if (gpus_ < 2) GTEST_SKIP() << "needs 2 GPUs";
-  const LinkCase& c = GetParam();
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.devices = {"cuda:0", "cuda:1"};
-  auto cluster = cli::LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::string yaml = std::string(kGpt) + "partition: {stages: 2}\nmicro_batches: " + std::to_string(c.micro_batches) +
-                     "\nschedule: " + c.schedule + "\ntransport: " + c.transport + "\n";
-  if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
-  if (c.graphs) yaml += "cuda_graphs: true\n";
-  if (c.grpc_headers) yaml += "nccl_headers: grpc\n";
-  v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
-  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
-  EXPECT_EQ(LinkName(run.stages(0).transport()), c.transport);
-  for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), c.graphs ? 19 : 0) << stage.index();
-  testing::ExpectMatchesReference(run, testing::ServerParameters((*cluster)->stage_addresses(), run.job_id()),
-                                  testing::Reference(yaml, "cuda:0"));
-}
-
-INSTANTIATE_TEST_SUITE_P(Transports, GpuLinks,
-                         ::testing::Values(LinkCase{"nccl", "1f1b", 4}, LinkCase{"nccl", "interleaved", 8},
-                                           LinkCase{"nccl", "zero-bubble", 8}, LinkCase{"grpc", "1f1b", 4},
-                                           LinkCase{"nccl", "1f1b", 4, true}, LinkCase{"grpc", "gpipe", 4, true},
-                                           LinkCase{"nccl", "1f1b", 4, false, true}),
-                         [](const ::testing::TestParamInfo<LinkCase>& info) {
-                           std::string name = info.param.transport + "_" + info.param.schedule + "_" +
-                                              std::to_string(info.param.micro_batches) +
-                                              (info.param.graphs ? "_graphs" : "") +
-                                              (info.param.grpc_headers ? "_grpc_headers" : "");
-                           for (char& ch : name)
-                             if (ch == '-') ch = '_';
-                           return name;
-                         });
+// Stage server processes on two GPUs over NCCL and the gRPC stream: the Nccl
+// cases of PipelineEquality (equality_test.cpp), parameterised over transports.
 
 // The loader's prefetched batch (pinned host memory, copied asynchronously)
 // is the batch it gathers when nothing was prefetched, and a prefetch of
