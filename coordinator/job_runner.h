@@ -12,9 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <chrono>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -23,6 +21,7 @@
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
 #include "coordinator/job_store.h"
+#include "coordinator/progress.h"
 #include "coordinator/stage_client.h"
 
 namespace conveyor {
@@ -49,12 +48,10 @@ class JobRunner {
   // Stops the job at the next chance, from any thread; it ends CANCELLED.
   void Cancel(const std::string& reason);
 
-  // Timelines kept so far: the first kFirstTraces steps and the last
-  // kLastTraces. Thread-safe. step -1: the last one kept.
-  static constexpr int kFirstTraces = 3;
-  static constexpr int kLastTraces = 10;
-  StatusOr<v1::StepTrace> Trace(int64_t step) const;
-  std::vector<v1::StepTrace> Traces() const;
+  // Timelines kept so far: the first Progress::kFirstTraces steps and the
+  // last Progress::kLastTraces. Thread-safe. step -1: the last one kept.
+  StatusOr<v1::StepTrace> Trace(int64_t step) const { return progress_.Trace(step); }
+  std::vector<v1::StepTrace> Traces() const { return progress_.Traces(); }
 
   // Recoveries in a row that fail again at the same step before the job
   // fails instead.
@@ -62,11 +59,8 @@ class JobRunner {
 
  private:
   // Checks the stages, balances the partition and learns every chunk's shapes
-  // (once per job).
+  // (once per job: job_planner.h).
   Status Setup();
-  // A TorchScript model's layers and a data file's shapes, from stage 0,
-  // into spec_.
-  Status DescribeFiles();
   // With save.path: every stage's parameters and buffers, written by the
   // coordinator as one state_dict.
   Status SaveWeights();
@@ -85,21 +79,13 @@ class JobRunner {
   Status AwaitStages(const Status& failure);
   void Event(const std::string& text);
   v1::JobRef Ref() const;  // this job's id, as stage calls take it
-  // Every stage's info, asked in order within stage_timeout; the first that
-  // does not answer is the error.
-  StatusOr<std::vector<v1::StageInfo>> InfoAll();
-  // partition.balance params or time: profiles the model on stage 0 and sets
-  // the boundaries that make the costliest chunk as cheap as possible.
-  Status BalancePartition();
-  // Decides each link's transport from spec.transport and the stages (CUDA
-  // device, NCCL built in) and has the upstream end of every NCCL link make
-  // its ids. Returns, per stage, the setup of the link from its upstream
-  // neighbour. FAILED_PRECONDITION naming the link for transport: nccl on a
-  // link that cannot use it.
-  StatusOr<std::vector<v1::LinkSetup>> PlanLinks(bool ring);
   Status Train();
-  // Reports the epoch that step `done` ended, evaluating after it with eval.
-  Status EndEpoch(int64_t first_step, int64_t done, std::chrono::steady_clock::duration took);
+  // After training step `done`: the checkpoint just taken is complete on
+  // every stage.
+  void RecordCheckpoint(int64_t done, const std::vector<v1::RunStepReply>& replies);
+  // Reports the epoch that step `done` ended (`seconds` long), evaluating
+  // after it with eval.
+  Status EndEpoch(int64_t first_step, int64_t done, double seconds);
   Status Evaluate();
   // Whether the job trains for epochs (not a number of steps).
   bool ByEpochs() const { return spec_.steps() == 0 && steps_per_epoch_ > 0; }
@@ -108,8 +94,6 @@ class JobRunner {
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   void AbortAll(const std::string& reason);
   void Publish();
-  void KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies, int64_t wall_us,
-                 int64_t since_previous_us);
 
   v1::JobStatus status_;
   v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()
@@ -128,13 +112,7 @@ class JobRunner {
   int same_step_recoveries_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
-  std::vector<double> busy_, wall_;  // per stage, summed over steps
-
-  mutable std::mutex trace_mu_;  // guards traces_
-  std::map<int64_t, v1::StepTrace> traces_;
+  Progress progress_{&status_};  // status fields, epochs and traces of the steps
 };
-
-// Finds a step's trace among `traces`; NOT_FOUND names the steps kept.
-StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step);
 
 }  // namespace conveyor

@@ -88,4 +88,13 @@ std::unique_ptr<StageClient> MakeGrpcStageClient(const std::string& address) {
   return std::make_unique<GrpcStageClient>(address);
 }
 
+Status ForStage(const Status& st, int64_t stage) {
+  if (st.ok()) return st;
+  const std::string who = "stage " + std::to_string(stage);
+  const auto m = st.message();
+  if (m.substr(0, who.size()) == who && m.size() > who.size() && (m[who.size()] == ':' || m[who.size()] == ' '))
+    return st;
+  return Annotate(st, who);
+}
+
 }  // namespace conveyor

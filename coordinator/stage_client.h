@@ -33,4 +33,16 @@ class StageClient {
 
 std::unique_ptr<StageClient> MakeGrpcStageClient(const std::string& address);
 
+// Deadlines the coordinator gives its stage calls (gRPC decides them, in real
+// time). Generous for steps: a step's own waits are bounded by stage_timeout
+// on the stages, and a vanished stage breaks the call through keepalive long
+// before this.
+constexpr double kStepDeadlineS = 3600;
+constexpr double kControlDeadlineS = 600;
+constexpr double kAbortDeadlineS = 5;
+
+// "stage N: " before a stage's error, unless the stage named itself already
+// (stage servers do, for their own logs): a message names its stage once.
+Status ForStage(const Status& st, int64_t stage);
+
 }  // namespace conveyor

@@ -1,0 +1,151 @@
+#include "coordinator/job_planner.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "plan/job_spec.h"
+#include "plan/model_catalog.h"
+
+namespace conveyor {
+namespace {
+
+// partition.balance params or time: profiles the model on stage 0 and sets
+// the boundaries that make the costliest chunk as cheap as possible.
+Status BalancePartition(const std::string& job_id, StageClient* stage0, v1::JobSpec* spec) {
+  v1::PartitionSpec* part = spec->mutable_partition();
+  const int chunks = part->stages() * std::max(1, spec->virtual_stages());
+  if (part->boundaries_size() > 0 || chunks == 1 ||
+      (part->balance() != v1::BALANCE_PARAMS && part->balance() != v1::BALANCE_TIME)) {
+    return absl::OkStatus();
+  }
+  v1::ProfileRequest req;
+  *req.mutable_spec() = *spec;
+  req.set_time(part->balance() == v1::BALANCE_TIME);
+  auto reply = stage0->Profile(req, kControlDeadlineS);
+  if (!reply.ok()) return Annotate(reply.status(), "stage 0 profiling the model");
+  std::vector<double> costs;
+  for (const auto& layer : reply->layers())
+    costs.push_back(req.time() ? layer.seconds() : static_cast<double>(layer.parameters()));
+  if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
+  std::string cut;
+  const int micro_batches = static_cast<int>(MicroBatchSizes(*spec, spec->batch_size()).size());
+  for (int b : ScheduledBoundaries(costs, spec->schedule(), part->stages(), micro_batches,
+                                   std::max(1, spec->virtual_stages()))) {
+    part->add_boundaries(b);
+    cut += (cut.empty() ? "" : ", ") + std::to_string(b);
+  }
+  LOG_INFO("job ", job_id, ": balanced by ", req.time() ? "time" : "parameters", ", boundaries [", cut, "]");
+  return absl::OkStatus();
+}
+
+// A TorchScript model's layers and a data file's shapes, from stage 0, into
+// `spec`.
+Status DescribeFiles(const std::string& job_id, StageClient* stage0, v1::JobSpec* spec) {
+  const bool script = spec->model().kind() == v1::MODEL_TORCHSCRIPT;
+  const bool data_files = spec->data().kind() == v1::DATA_TENSORS || spec->data().kind() == v1::DATA_TOKENS;
+  if (!script && !data_files) return absl::OkStatus();
+  // Stage 0 reads the archive and the data file; what it finds completes the
+  // spec that every stage then gets.
+  auto reply = stage0->Describe(*spec, kControlDeadlineS);
+  if (!reply.ok()) return ForStage(reply.status(), 0);
+  ApplyDescription(*reply, spec);
+  LOG_INFO("job ", job_id, ": ", reply->num_layers(), " layers", script ? " in " + spec->model().torchscript() : "");
+  return ValidateJobSpec(*spec);  // now with the layer count: stages against layers, boundaries
+}
+
+}  // namespace
+
+StatusOr<std::vector<v1::StageInfo>> InfoAll(const std::vector<StageClient*>& stages, double timeout_s) {
+  std::vector<v1::StageInfo> infos;
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    // Fails at once on a refused connection: a job does not wait for a stage
+    // server that is not there (a resumed job waits in recovery instead).
+    auto info = stages[s]->Ping(timeout_s);
+    if (!info.ok()) return ForStage(info.status(), s);
+    infos.push_back(std::move(*info));
+  }
+  return infos;
+}
+
+StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, const std::vector<StageClient*>& stages,
+                                                   v1::JobSpec* spec) {
+  const int p = static_cast<int>(stages.size());
+  // Every stage must answer before any is configured: a dead address fails
+  // the job within stage_timeout instead of hanging it.
+  CONVEYOR_RETURN_IF_ERROR(InfoAll(stages, spec->stage_timeout_s()).status());
+  CONVEYOR_RETURN_IF_ERROR(DescribeFiles(job_id, stages[0], spec));
+  CONVEYOR_RETURN_IF_ERROR(BalancePartition(job_id, stages[0], spec));
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(*spec));
+  const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
+  // Each chunk's shapes, probed along the chain on the stage that will hold it.
+  std::vector<std::vector<int64_t>> shapes{InputSampleShape(*spec)};
+  for (int c = 0; c < chunks; ++c) {
+    v1::ProbeRequest probe;
+    *probe.mutable_spec() = *spec;
+    probe.set_layer_begin(ranges[c].begin);
+    probe.set_layer_end(ranges[c].end);
+    for (int64_t d : shapes.back()) probe.add_input_sample_shape(d);
+    auto reply = stages[c % p]->Probe(probe, kControlDeadlineS);
+    if (!reply.ok()) return ForStage(reply.status(), c % p);
+    shapes.emplace_back(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
+  }
+  const bool ring = chunks > p;  // interleaved: the last stage feeds the first
+  std::vector<v1::StageAssignment> assignments;
+  for (int s = 0; s < p; ++s) {
+    v1::StageAssignment a;
+    a.set_job_id(job_id);
+    *a.mutable_spec() = *spec;
+    a.set_stage_index(s);
+    a.set_num_stages(p);
+    a.set_num_chunks(chunks);
+    if (s > 0 || ring) a.set_upstream(stages[(s + p - 1) % p]->address());
+    if (s + 1 < p || ring) a.set_downstream(stages[(s + 1) % p]->address());
+    for (int c = s; c < chunks; c += p) {
+      v1::ChunkAssignment* ca = a.add_chunks();
+      ca->set_index(c);
+      ca->set_layer_begin(ranges[c].begin);
+      ca->set_layer_end(ranges[c].end);
+      for (int64_t d : shapes[c]) ca->add_input_sample_shape(d);
+      for (int64_t d : shapes[c + 1]) ca->add_output_sample_shape(d);
+    }
+    assignments.push_back(std::move(a));
+  }
+  return assignments;
+}
+
+StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const v1::JobSpec& spec,
+                                               const std::vector<StageClient*>& stages, bool ring) {
+  const int p = static_cast<int>(stages.size());
+  std::vector<v1::LinkSetup> upstream(p);
+  const v1::TransportKind want = spec.transport() == v1::TRANSPORT_UNSPECIFIED ? v1::TRANSPORT_AUTO : spec.transport();
+  if (p == 1 || want == v1::TRANSPORT_GRPC) return upstream;
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll(stages, spec.stage_timeout_s()));
+  auto gpu = [](const std::string& device) { return device == "cuda" ? std::string("cuda:0") : device; };
+  for (int s = 0; s < (ring ? p : p - 1); ++s) {
+    const int d = (s + 1) % p;
+    const std::string link = "stage " + std::to_string(s) + " -> stage " + std::to_string(d);
+    std::string why;
+    for (int e : {s, d}) {
+      if (why.empty() && !infos[e].nccl()) {
+        why = "stage " + std::to_string(e) + " is on " + infos[e].device() +
+              (infos[e].device().rfind("cuda", 0) == 0 ? " in a server built without NCCL" : ", not a CUDA device");
+      }
+    }
+    if (why.empty() && gpu(infos[s].device()) == gpu(infos[d].device()))
+      why = "both stages are on " + gpu(infos[s].device());
+    if (!why.empty()) {
+      if (want == v1::TRANSPORT_NCCL)
+        return absl::FailedPreconditionError("transport nccl: the link " + link + " cannot use NCCL: " + why);
+      LOG_INFO("job ", job_id, ": link ", link, " uses gRPC (", why, ")");
+      continue;
+    }
+    v1::JobRef ref;
+    ref.set_job_id(job_id);
+    auto setup = stages[s]->PrepareLink(ref, kControlDeadlineS);
+    if (!setup.ok()) return Annotate(setup.status(), "link " + link);
+    upstream[d] = *setup;
+  }
+  return upstream;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,42 @@
+// Job planning: turns a job's spec and its stages into what each stage is
+// told. Once per job, before any stage is configured: every stage must answer,
+// stage 0 describes the model and data files, the partition is balanced, each
+// chunk's shapes are probed along the chain on the stage that will hold it.
+// Each time the job is deployed: which transport each link uses.
+//
+// Free functions over StageClients (not owned; thread-safe, so these may run
+// on any thread); they keep no state between calls.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "conveyor.pb.h"
+#include "coordinator/stage_client.h"
+
+namespace conveyor {
+
+// Completes `spec` (a TorchScript model's layers and a data file's shapes
+// from stage 0; partition.balance params or time: the boundaries, profiled on
+// stage 0) and returns every stage's assignment, in stage order.
+// REQUIRES: stages.size() == spec->partition().stages(). `job_id` names the
+// job in the assignments and in log lines. On failure `spec` may be partly
+// completed (what a later call then skips).
+StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, const std::vector<StageClient*>& stages,
+                                                   v1::JobSpec* spec);
+
+// Every stage's info, asked in order within `timeout_s`; the first that does
+// not answer is the error (at once for a refused connection).
+StatusOr<std::vector<v1::StageInfo>> InfoAll(const std::vector<StageClient*>& stages, double timeout_s);
+
+// Decides each link's transport from spec.transport and the stages (CUDA
+// device, NCCL built in) and has the upstream end of every NCCL link make its
+// ids. Returns, per stage, the setup of the link from its upstream neighbour.
+// `ring`: the last stage feeds the first (interleaved schedule).
+// FAILED_PRECONDITION naming the link for transport: nccl on a link that
+// cannot use it.
+StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const v1::JobSpec& spec,
+                                               const std::vector<StageClient*>& stages, bool ring);
+
+}  // namespace conveyor

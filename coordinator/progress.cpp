@@ -1,0 +1,122 @@
+#include "coordinator/progress.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "plan/job_spec.h"
+
+namespace conveyor {
+
+void Progress::InitStages(std::size_t stages) {
+  if (!busy_.empty()) return;
+  busy_.assign(stages, 0);
+  wall_.assign(stages, 0);
+}
+
+bool Progress::StartRun(int64_t first, int64_t total, int64_t batch, int64_t steps_per_epoch, bool by_epochs) {
+  first_ = first;
+  total_ = total;
+  batch_ = batch;
+  steps_per_epoch_ = steps_per_epoch;
+  start_ = SteadyClock::now();
+  steady_start_ = start_;
+  warmup_ = first + std::min<int64_t>(kWarmupSteps, total - first - 1);
+  // Epochs that a resumed run trains again are reported again; one that
+  // ended where it resumes (a checkpoint at its end, a failure while it was
+  // evaluated) is reported now.
+  auto* epochs = status_->mutable_epochs();
+  while (!epochs->empty() && epochs->rbegin()->epoch() * steps_per_epoch > first) epochs->RemoveLast();
+  return by_epochs && first > 0 && first % steps_per_epoch == 0 &&
+         (epochs->empty() || epochs->rbegin()->epoch() * steps_per_epoch < first);
+}
+
+void Progress::StartEpoch(int64_t first_step) {
+  epoch_start_ = SteadyClock::now();
+  epoch_first_step_ = first_step;
+}
+
+double Progress::EpochSeconds() const {
+  return std::chrono::duration<double>(SteadyClock::now() - epoch_start_).count();
+}
+
+void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replies, SteadyClock::time_point start,
+                       SteadyClock::time_point end) {
+  const v1::RunStepReply& last = replies.back();
+  status_->add_losses(static_cast<float>(last.loss_sum()));
+  status_->set_loss(static_cast<float>(last.loss_sum()));
+  for (std::size_t s = 0; s < replies.size(); ++s) {
+    busy_[s] += replies[s].busy_seconds();
+    wall_[s] += replies[s].step_seconds();
+    v1::StageReport* r = status_->mutable_stages(static_cast<int>(s));
+    r->set_peak_activations(std::max(r->peak_activations(), replies[s].peak_activations()));
+    if (replies[s].graphed()) r->set_graphed_steps(r->graphed_steps() + 1);
+    r->set_peak_activation_bytes(std::max(r->peak_activation_bytes(), replies[s].peak_activation_bytes()));
+    r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
+    r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);
+  }
+  auto us = [](SteadyClock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+  KeepTrace(step + 1, replies, us(end - start), step > first_ ? us(start - previous_step_end_) : 0);
+  previous_step_end_ = end;
+  const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start_).count();
+  const int64_t done = step + 1;
+  status_->set_step(done);
+  status_->set_epoch(static_cast<int>(step / steps_per_epoch_) + 1);
+  status_->set_elapsed_seconds(elapsed);
+  status_->set_samples_per_second(elapsed > 0 ? static_cast<double>((done - first_) * batch_) / elapsed : 0);
+  status_->set_eta_seconds(elapsed / static_cast<double>(done - first_) * static_cast<double>(total_ - done));
+  if (done == warmup_) steady_start_ = SteadyClock::now();
+  if (done > warmup_) {
+    const double steady = std::chrono::duration<double>(SteadyClock::now() - steady_start_).count();
+    status_->set_steady_samples_per_second(static_cast<double>((done - warmup_) * batch_) / steady);
+  }
+}
+
+void Progress::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies, int64_t wall_us,
+                         int64_t since_previous_us) {
+  v1::StepTrace trace;
+  trace.set_wall_us(wall_us);
+  trace.set_since_previous_us(since_previous_us);
+  trace.set_job_id(status_->job_id());
+  trace.set_step(step);
+  trace.set_schedule(status_->schedule());
+  trace.set_micro_batches(status_->micro_batches());
+  trace.set_virtual_stages(status_->virtual_stages());
+  for (std::size_t s = 0; s < replies.size(); ++s) {
+    v1::StageTrace* st = trace.add_stages();
+    st->set_stage(static_cast<int>(s));
+    st->set_step_us(static_cast<int64_t>(replies[s].step_seconds() * 1e6));
+    *st->mutable_events() = replies[s].events();
+  }
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  traces_[step] = std::move(trace);
+  // Keep the first steps (start-up) and the last ones (steady state).
+  while (static_cast<int>(traces_.size()) > kFirstTraces + kLastTraces) {
+    auto it = traces_.begin();
+    std::advance(it, kFirstTraces);
+    traces_.erase(it);
+  }
+  status_->clear_traced_steps();
+  for (const auto& [k, v] : traces_) status_->add_traced_steps(k);
+}
+
+StatusOr<v1::StepTrace> Progress::Trace(int64_t step) const { return FindTrace(Traces(), step); }
+
+std::vector<v1::StepTrace> Progress::Traces() const {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  std::vector<v1::StepTrace> out;
+  for (const auto& [k, v] : traces_) out.push_back(v);
+  return out;
+}
+
+StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step) {
+  if (traces.empty()) return absl::NotFoundError("no step of this job has a timeline yet");
+  if (step < 0) return traces.back();
+  std::string kept;
+  for (const auto& t : traces) {
+    if (t.step() == step) return t;
+    kept += (kept.empty() ? "" : ", ") + std::to_string(t.step());
+  }
+  return absl::NotFoundError("step " + std::to_string(step) + " has no timeline; kept: " + kept);
+}
+
+}  // namespace conveyor
