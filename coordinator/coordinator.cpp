@@ -17,6 +17,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
   }
   CONVEYOR_ASSIGN_OR_RETURN(c->store_, JobStore::Open(db));
   c->data_roots_ = options.data_roots;
+  if (options.clock) c->clock_ = options.clock;
   if (!options.client_factory) options.client_factory = MakeGrpcStageClient;
   for (const auto& address : options.stages) c->clients_.push_back(options.client_factory(address));
 
@@ -165,7 +166,7 @@ StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* 
                                            std::chrono::steady_clock::time_point deadline, bool omit_losses) {
   {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, deadline, [&] { return stop_ || version_ != *version; });
+    clock_->WaitUntil(cv_, lock, deadline, [&] { return stop_ || version_ != *version; });
     *version = version_;
   }
   return Get(job_id, omit_losses);
@@ -201,7 +202,8 @@ void Coordinator::RunJob(const std::string& job_id) {
   }
   std::vector<StageClient*> stages;
   for (auto& c : clients_) stages.push_back(c.get());
-  JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); });
+  JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); },
+                   clock_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_id_ = job_id;

@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
+#include "coordinator/clock.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/stage_client.h"
@@ -35,6 +36,10 @@ struct CoordinatorOptions {
   bool defer_scheduling = false;
   // Makes the client of one stage; gRPC unless a test substitutes its own.
   std::function<std::unique_ptr<StageClient>(const std::string& address)> client_factory;
+  // Decides Watch deadlines and how long a recovery waits for its stages;
+  // not owned, outlives the coordinator. RealClock() when null; tests pass a
+  // FakeClock.
+  Clock* clock = nullptr;
 };
 
 class Coordinator {
@@ -58,13 +63,16 @@ class Coordinator {
   // for a job that already ended.
   StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
   // Waits until anything changed since `*version` (then updates it) or until
-  // `deadline`, and returns the job's status.
+  // `deadline` by clock(), and returns the job's status.
   StatusOr<v1::JobStatus> Watch(const std::string& job_id, uint64_t* version,
                                 std::chrono::steady_clock::time_point deadline, bool omit_losses);
 
   // The timeline of one step (-1: the last kept). NOT_FOUND names the steps
   // that have one.
   StatusOr<v1::StepTrace> GetTrace(const std::string& job_id, int64_t step);
+
+  // The clock that deadlines given to Watch are on.
+  Clock& clock() const { return *clock_; }
 
   // Starts running queued jobs (Start() does unless defer_scheduling).
   // Idempotent.
@@ -83,6 +91,7 @@ class Coordinator {
   std::unique_ptr<JobStore> store_;
   std::vector<std::string> data_roots_;
   std::vector<std::unique_ptr<StageClient>> clients_;
+  Clock* clock_ = &RealClock();
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
@@ -92,7 +101,7 @@ class Coordinator {
   std::string cancel_pending_;   // cancelled before its runner existed
   JobRunner* runner_ = nullptr;  // the running job's, owned by RunJob()
   v1::JobStatus live_;           // the running job's latest status
-  std::chrono::steady_clock::time_point last_saved_;
+  std::chrono::steady_clock::time_point last_saved_;  // a rate, not a timeout: real time
   std::thread scheduler_;
 };
 

@@ -61,8 +61,7 @@ grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const v1::Ge
     do {
       if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "watcher went away");
       uint64_t before = version;
-      status = coordinator_->Watch(req->job_id(), &version,
-                                   std::chrono::steady_clock::now() + std::chrono::seconds(1), req->omit_losses());
+      status = coordinator_->Watch(req->job_id(), &version, coordinator_->clock().After(1), req->omit_losses());
       if (version != before) break;
     } while (status.ok());
   }

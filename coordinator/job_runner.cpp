@@ -12,17 +12,18 @@
 namespace conveyor {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;  // measurements only
 
 }  // namespace
 
 JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, JobStore* store,
-                     StatusSink sink)
+                     StatusSink sink, Clock* clock)
     : status_(std::move(status)),
       spec_(std::move(spec)),
       stages_(std::move(stages)),
       store_(store),
       sink_(std::move(sink)),
+      clock_(clock ? clock : &RealClock()),
       pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))) {}
 
 void JobRunner::Cancel(const std::string& reason) {
@@ -373,12 +374,11 @@ Status JobRunner::AwaitStages(const Status& failure) {
   Event("step " + std::to_string(status_.step()) + " failed (" + std::string(failure.message()) + "): recovering");
   Publish();
   AbortAll("the job is recovering");
-  auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
-                                           std::chrono::duration<double>(spec_.recovery_timeout_s()));
+  const Clock::TimePoint deadline = clock_->After(spec_.recovery_timeout_s());
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     for (;;) {
       if (cancelled_) return absl::CancelledError("cancelled");
-      const double left = std::chrono::duration<double>(deadline - SteadyClock::now()).count();
+      const double left = std::chrono::duration<double>(deadline - clock_->Now()).count();
       if (left <= 0) {
         return absl::UnavailableError("stage " + std::to_string(s) + " at " + stages_[s]->address() +
                                       " did not come back within recovery_timeout (" +
@@ -386,11 +386,11 @@ Status JobRunner::AwaitStages(const Status& failure) {
                                       " s); it failed with: " + std::string(failure.message()));
       }
       // Waits for the stage's connection up to a second at a time, so that a
-      // cancel is seen.
+      // cancel is seen (gRPC decides that second, in real time).
       auto info = stages_[s]->GetInfo(std::min(1.0, left));
       if (info.ok()) break;
       std::unique_lock<std::mutex> lock(reason_mu_);
-      cancel_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return cancelled_.load(); });
+      clock_->WaitUntil(cancel_cv_, lock, clock_->After(0.1), [&] { return cancelled_.load(); });
     }
   }
   Event("every stage answers again");

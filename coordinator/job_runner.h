@@ -20,6 +20,7 @@
 #include "common/status.h"
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
+#include "coordinator/clock.h"
 #include "coordinator/job_store.h"
 #include "coordinator/progress.h"
 #include "coordinator/stage_client.h"
@@ -35,9 +36,10 @@ class JobRunner {
   // `status` holds the job's id, name and submission time, and for a job that
   // resumes its progress so far; `stages` are not owned, at least as many as
   // the spec's partition has stages; `store` (not owned) keeps checkpoint
-  // records and events.
+  // records and events; `clock` (not owned; RealClock() when null) decides
+  // how long a recovery waits for the stages.
   JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageClient*> stages, JobStore* store,
-            StatusSink sink);
+            StatusSink sink, Clock* clock = nullptr);
   JobRunner(const JobRunner&) = delete;
   JobRunner& operator=(const JobRunner&) = delete;
 
@@ -75,7 +77,8 @@ class JobRunner {
   // Whether `failure` is a stage that died or a link that broke (then the job
   // recovers) rather than an error that would happen again.
   bool Recoverable(const Status& failure);
-  // RECOVERING: waits for every stage to answer within recovery_timeout.
+  // RECOVERING: waits for every stage to answer within recovery_timeout, by
+  // clock_.
   Status AwaitStages(const Status& failure);
   void Event(const std::string& text);
   v1::JobRef Ref() const;  // this job's id, as stage calls take it
@@ -100,6 +103,7 @@ class JobRunner {
   std::vector<StageClient*> stages_;
   JobStore* store_;
   StatusSink sink_;
+  Clock* clock_;
   WorkerPool pool_;
   std::atomic<bool> cancelled_{false};
   std::mutex reason_mu_;  // guards cancel_reason_

@@ -1,11 +1,18 @@
-// The coordinator over in-process stages: job API semantics and bad input.
+// The coordinator over in-process stages: job API semantics, bad input, and
+// recovery timeouts by a fake clock.
 #include "coordinator/coordinator.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <string_view>
+#include <thread>
 
+#include "coordinator/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
 
@@ -169,6 +176,109 @@ TEST(Coordinator, NcclOnCpuStagesFailsTheJobNamingTheLink) {
   auto id = c->Submit(toy + "transport: infiniband\n");
   EXPECT_TRUE(absl::IsInvalidArgument(id.status()));
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("transport"));
+}
+
+}  // namespace
+}  // namespace conveyor
+
+namespace conveyor {
+namespace {
+
+// A client of an in-process stage that goes away: from the reply of its
+// `die_after`-th step on (the stage ran that step, the reply never came),
+// every call fails UNAVAILABLE like a refused connection. 0: never.
+class VanishingStageClient : public StageClient {
+ public:
+  VanishingStageClient(Stage* stage, std::string address, int die_after)
+      : stage_(stage), address_(std::move(address)), die_after_(die_after) {}
+  const std::string& address() const override { return address_; }
+#define CONVEYOR_STAGE_VANISHING(Name, Request, Reply, Thread, How)                          \
+  StatusOr<Reply> Name(const Request& request, double) override {                            \
+    if (gone_) return Gone();                                                                 \
+    auto reply = stage_->Name(request);                                                       \
+    if (std::string_view(#Name) == "RunStep" && ++step_calls_ == die_after_) gone_ = true; \
+    if (gone_) return Gone();                                                                 \
+    return reply;                                                                             \
+  }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_VANISHING)
+#undef CONVEYOR_STAGE_VANISHING
+
+ private:
+  Status Gone() const { return absl::UnavailableError(address_ + " is not there: connection refused"); }
+
+  Stage* stage_;
+  std::string address_;
+  int die_after_;
+  std::atomic<int> step_calls_{0};
+  std::atomic<bool> gone_{false};
+};
+
+TEST(FakeClock, AWaitEndsWhenTheTimeIsAdvancedPastItsDeadlineOrItsConditionHolds) {
+  FakeClock clock;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool flag = false;
+  std::thread timed_out([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_FALSE(clock.WaitUntil(cv, lock, clock.After(10), [&] { return flag; }));
+  });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(10)));
+  clock.Advance(std::chrono::seconds(9));  // not yet
+  clock.Advance(std::chrono::seconds(1));
+  timed_out.join();
+  std::thread woken([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(clock.WaitUntil(cv, lock, clock.After(10), [&] { return flag; }));
+  });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(10)));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    flag = true;
+  }
+  cv.notify_all();
+  woken.join();
+}
+
+// recovery_timeout is decided by the coordinator's clock: a stage that goes
+// away and never comes back fails the job with UNAVAILABLE naming it once the
+// (fake) time passes recovery_timeout, in milliseconds of real time.
+TEST(Coordinator, AStageThatDoesNotComeBackWithinRecoveryTimeoutFailsTheJobNamingIt) {
+  const auto real_start = std::chrono::steady_clock::now();
+  InProcessCluster cluster(2);
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.clock = &clock;
+  options.client_factory = [&cluster](const std::string& address) -> std::unique_ptr<StageClient> {
+    const int i = address == cluster.addresses()[1] ? 1 : 0;
+    return std::make_unique<VanishingStageClient>(&cluster.stage(i), address, i == 1 ? 3 : 0);
+  };
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto id = (*c)->Submit("model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100\nrecovery_timeout: 600\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The fake time stands still: these waits end on the job's changes alone.
+  auto wait_for = [&](const std::function<bool(const v1::JobStatus&)>& done) {
+    uint64_t version = 0;
+    for (;;) {
+      auto s = (*c)->Watch(*id, &version, clock.After(3600), true);
+      if (!s.ok() || done(*s)) return s.ok() ? *s : v1::JobStatus();
+    }
+  };
+  v1::JobStatus s = wait_for([](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_RECOVERING || IsTerminal(s.state());
+  });
+  ASSERT_EQ(s.state(), v1::JOB_STATE_RECOVERING) << s.error();
+  EXPECT_EQ(s.step(), 2);  // stage 1 went away after its third step
+  // The runner waits for stage 1 to answer again; 600 s pass.
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(30)));
+  clock.Advance(std::chrono::seconds(601));
+  s = wait_for([](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(s.error_code(), "UNAVAILABLE");
+  EXPECT_THAT(s.error(), HasSubstr("stage 1 at " + cluster.addresses()[1] +
+                                   " did not come back within recovery_timeout (600 s)"));
+  EXPECT_LT(std::chrono::steady_clock::now() - real_start, std::chrono::seconds(5));
 }
 
 }  // namespace
