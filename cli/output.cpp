@@ -41,7 +41,10 @@ std::string EpochLine(const v1::EpochReport& e, int total_epochs) {
   std::ostringstream line;
   line << "epoch " << e.epoch() << "/" << total_epochs << ": loss " << std::fixed << std::setprecision(4)
        << e.mean_loss();
-  if (e.has_eval()) line << ", test accuracy " << std::setprecision(2) << 100 * e.eval_accuracy() << "%";
+  if (e.has_eval()) {
+    line << ", test accuracy " << std::setprecision(2) << 100 * e.eval_accuracy() << "%, test loss "
+         << std::setprecision(4) << e.eval_loss();
+  }
   if (e.train_seconds() > 0) {
     line << ", " << FormatDuration(e.train_seconds()) << " (" << std::setprecision(0) << e.samples_per_second()
          << " samples/s)";
@@ -112,6 +115,9 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["steady_samples_per_second"] = s.steady_samples_per_second();
   j["elapsed_seconds"] = s.elapsed_seconds();
   j["eval_accuracy"] = s.has_eval() ? nlohmann::json(s.eval_accuracy()) : nlohmann::json(nullptr);
+  j["eval_loss"] = s.has_eval() ? nlohmann::json(s.eval_loss()) : nlohmann::json(nullptr);
+  // exp of the mean loss: a language model's perplexity (per token).
+  j["eval_perplexity"] = s.has_eval() ? nlohmann::json(std::exp(s.eval_loss())) : nlohmann::json(nullptr);
   nlohmann::json epochs = nlohmann::json::array();
   for (const auto& e : s.epochs()) {
     nlohmann::json je = {{"epoch", e.epoch()},
@@ -119,6 +125,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                          {"train_seconds", e.train_seconds()},
                          {"samples_per_second", e.samples_per_second()}};
     je["eval_accuracy"] = e.has_eval() ? nlohmann::json(e.eval_accuracy()) : nlohmann::json(nullptr);
+    je["eval_loss"] = e.has_eval() ? nlohmann::json(e.eval_loss()) : nlohmann::json(nullptr);
     epochs.push_back(je);
   }
   j["epochs"] = epochs;
@@ -176,7 +183,11 @@ std::string Summary(const v1::JobStatus& s) {
           << " steps)";
     out << "\n";
   }
-  if (s.has_eval()) out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%\n";
+  if (s.has_eval()) {
+    out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "
+        << std::setprecision(4) << s.eval_loss() << " (perplexity " << std::setprecision(2) << std::exp(s.eval_loss())
+        << ")\n";
+  }
   for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
   for (const auto& st : s.stages()) {
     out << "  stage " << st.index() << " " << st.address() << " layers [" << st.layer_begin() << ", "

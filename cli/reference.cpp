@@ -73,14 +73,20 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     auto evaluate = [&] {
       at::NoGradGuard no_grad;
       model->Train(false);
-      int64_t correct = 0, predictions = 0;
+      int64_t correct = 0, predictions = 0, samples = 0;
+      double loss_weighted = 0;  // each batch's mean loss times its samples
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
         BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
-        correct += CountCorrect(ValueOrThrow(model->Forward(batch.inputs)), batch.labels);
+        const at::Tensor out = ValueOrThrow(model->Forward(batch.inputs));
+        correct += CountCorrect(out, batch.labels);
         predictions += batch.labels.numel();
+        const int64_t rows = batch.labels.size(0);
+        loss_weighted += ComputeLoss(spec, out, batch.labels, 1.0).item<double>() * static_cast<double>(rows);
+        samples += rows;
       }
       model->Train(true);
       s.set_has_eval(true);
+      s.set_eval_loss(samples > 0 ? loss_weighted / static_cast<double>(samples) : 0);
       s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
     };
     const bool by_epochs = spec.steps() == 0;
@@ -121,6 +127,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
           evaluate();
           e->set_has_eval(true);
           e->set_eval_accuracy(s.eval_accuracy());
+          e->set_eval_loss(s.eval_loss());
         }
         epoch_start = Clock::now();
       }

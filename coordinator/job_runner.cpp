@@ -274,6 +274,7 @@ Status JobRunner::EndEpoch(int64_t first_step, int64_t done, double seconds) {
     CONVEYOR_RETURN_IF_ERROR(Evaluate());
     e.set_has_eval(true);
     e.set_eval_accuracy(status_.eval_accuracy());
+    e.set_eval_loss(status_.eval_loss());
   }
   LOG_INFO("job ", status_.job_id(), " epoch ", e.epoch(), ": mean loss ", e.mean_loss(), ", ", seconds, " s",
            e.has_eval() ? ", test accuracy " + std::to_string(e.eval_accuracy()) : "");
@@ -286,6 +287,8 @@ Status JobRunner::Evaluate() {
   const int64_t eb = spec_.eval_batch_size();
   const int64_t batches = (test_samples_ + eb - 1) / eb;
   int64_t correct = 0, seen = 0;
+  double loss_weighted = 0;  // each batch's mean loss times its samples
+  int64_t samples = 0;
   std::vector<v1::RunStepReply> replies;
   for (int64_t b = 0; b < batches; ++b) {
     if (cancelled_) return absl::CancelledError("cancelled");
@@ -297,8 +300,11 @@ Status JobRunner::Evaluate() {
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     correct += replies.back().correct();
     seen += replies.back().samples();
+    loss_weighted += replies.back().loss_sum() * static_cast<double>(req.batch_size());
+    samples += req.batch_size();
   }
   status_.set_has_eval(true);
+  status_.set_eval_loss(samples > 0 ? loss_weighted / static_cast<double>(samples) : 0);
   status_.set_eval_accuracy(seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
   LOG_INFO("job ", status_.job_id(), " test accuracy ", status_.eval_accuracy(), " (", correct, "/", seen, ")");
   return absl::OkStatus();

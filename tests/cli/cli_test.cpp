@@ -48,7 +48,8 @@ TEST(Cli, LocalRunMatchesTheReference) {
   auto a = nlohmann::json::parse(local.out);
   auto b = nlohmann::json::parse(ref.out);
   EXPECT_EQ(a["state"], "succeeded");
-  for (const char* key : {"job_id", "steps", "losses", "final_loss", "samples_per_second", "eval_accuracy",
+  for (const char* key : {"job_id", "steps", "losses", "final_loss", "samples_per_second", "eval_accuracy", "eval_loss",
+                          "eval_perplexity",
                           "param_digest"}) {
     EXPECT_TRUE(a.contains(key)) << key;
     EXPECT_TRUE(b.contains(key)) << key;

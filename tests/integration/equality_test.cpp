@@ -212,7 +212,13 @@ TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
   const bool cached = !gpu && c.extra.empty();
   const cli::ReferenceResult ref = cached ? CachedReference(c.model) : Reference(yaml, gpu ? "cuda:0" : "cpu");
   ExpectMatchesReference(run.status, run.parameters, ref);
-  if (ref.status.has_eval()) EXPECT_NEAR(run.status.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
+  if (ref.status.has_eval()) {
+    EXPECT_NEAR(run.status.eval_accuracy(), ref.status.eval_accuracy(), 1e-9);
+    // The mean test loss, gathered from the last stage's eval batches, equals
+    // the reference's over whole batches.
+    EXPECT_GT(ref.status.eval_loss(), 0);
+    EXPECT_NEAR(run.status.eval_loss(), ref.status.eval_loss(), testing::kAtol + testing::kRtol * ref.status.eval_loss());
+  }
   // Activation memory: GPipe holds every micro-batch, 1F1B at most P - s,
   // ZB-H1 keeps some longer for their deferred weight passes.
   if (gpu) {
@@ -435,6 +441,7 @@ TEST(Equality, FashionMnistWithEvaluation) {
   ASSERT_TRUE(run.has_eval());
   EXPECT_NEAR(run.eval_accuracy(), ref.status.eval_accuracy(), 1.0 / 10000);
   EXPECT_GT(run.eval_accuracy(), 0.3);  // 20 steps already learn something
+  EXPECT_NEAR(run.eval_loss(), ref.status.eval_loss(), 1e-4 * ref.status.eval_loss());
 }
 
 }  // namespace
