@@ -11,7 +11,6 @@
 #include "model/dataset.h"
 #include "model/device.h"
 #include "common/sha256.h"
-#include "model/digest.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
 #include "model/models.h"

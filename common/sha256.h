@@ -1,5 +1,5 @@
 // SHA-256 and hex, torch-free: checkpoint checksums, a job's spec digest,
-// and the second level of param_digest (model/digest.h makes the first).
+// and the second level of param_digest (Partition::LayerDigest in model/partition.h makes the first).
 #pragma once
 
 #include <cstddef>
@@ -29,7 +29,7 @@ class Sha256 {
 
 std::string HexString(std::string_view bytes);
 
-// param_digest: the hex SHA-256 over the layer digests (model/digest.h's
+// param_digest: the hex SHA-256 over the layer digests (Partition::LayerDigest's
 // LayerDigest, raw), in model order.
 std::string CombineDigests(const std::vector<std::string>& layer_digests);
 

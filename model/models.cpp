@@ -125,14 +125,4 @@ StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, 
   }
 }
 
-std::vector<std::pair<std::string, at::Tensor>> NamedParameters(const torch::nn::Sequential& layers) {
-  // Children are named by their model-wide index (see BuildLayers).
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& child : layers->named_children()) {
-    for (const auto& p : child.value()->named_parameters(true))
-      out.emplace_back(child.key() + "." + p.key(), p.value());
-  }
-  return out;
-}
-
 }  // namespace conveyor

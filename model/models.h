@@ -19,7 +19,5 @@ namespace conveyor {
 // matter and initialising a large model costs seconds).
 StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, int end, bool init = true);
 
-// Parameters of `layers` in model order, named "<model layer index>.<name>".
-std::vector<std::pair<std::string, at::Tensor>> NamedParameters(const torch::nn::Sequential& layers);
 
 }  // namespace conveyor

@@ -93,7 +93,7 @@ Status LoadInitialWeights(const v1::JobSpec& spec, const NamedTensors& weights, 
   for (const auto& [name, t] : weights) by_name[name] = &t;
   at::NoGradGuard no_grad;
   for (const NamedTensors& mine : {layers.NamedParameters(), layers.NamedBuffers()}) {
-    for (const auto& [name, t] : mine) {
+    for (auto [name, t] : mine) {  // t shares the parameter's storage
       auto it = by_name.find(name);
       if (it == by_name.end())
         return absl::InvalidArgumentError("init_from: " + spec.init_from() + " has no '" + name + "' (missing key)");
@@ -102,7 +102,7 @@ Status LoadInitialWeights(const v1::JobSpec& spec, const NamedTensors& weights, 
                                           " in " + spec.init_from() + ", the model's is " +
                                           ShapeString(ToVector(t.sizes())));
       }
-      const_cast<at::Tensor&>(t).copy_(*it->second);
+      t.copy_(*it->second);
     }
   }
   return absl::OkStatus();

@@ -30,7 +30,6 @@
 #include "model/compat.h"
 #include "model/dataset.h"
 #include "model/device.h"
-#include "model/digest.h"
 #include "common/executor.h"
 #include "common/files.h"
 #include "common/sha256.h"

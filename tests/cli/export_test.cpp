@@ -26,13 +26,8 @@ constexpr const char* kToyJob =
 class Export : public ::testing::Test {
  protected:
   void SetUp() override {
-    cli::LocalClusterOptions options;
-    options.remove_run_dir = true;
-    options.stages = 2;
-    options.bin_dir = CONVEYOR_BIN_DIR;
-    auto started = cli::LocalCluster::Start(options);
-    ASSERT_TRUE(started.ok()) << started.status();
-    cluster_ = std::move(*started);
+    cluster_ = testing::StartCluster(2);
+    ASSERT_TRUE(cluster_);
     dir_ = testing::MakeTempDir("export");
   }
 

@@ -23,15 +23,7 @@ using ::testing::Not;
 using testing::Binary;
 using testing::RunCommand;
 
-std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = stages;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  auto cluster = cli::LocalCluster::Start(options);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
-}
+using testing::StartCluster;
 
 std::string WriteFile(const std::string& name, const std::string& content) {
   const std::string path = ::testing::TempDir() + "/" + name;

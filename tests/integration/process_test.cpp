@@ -22,16 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = stages;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.threads_per_stage = 1;
-  auto cluster = cli::LocalCluster::Start(options);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
-}
+using testing::StartCluster;
 
 // Pipelined runs over stage server processes equal the reference: see
 // PipelineEquality (equality_test.cpp), parameterised over transports.

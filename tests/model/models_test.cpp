@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
-#include "model/digest.h"
+#include "model/zoo_partition.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
 
@@ -37,15 +37,15 @@ TEST_P(ModelsTest, CatalogAgreesWithTheBuiltModel) {
 TEST_P(ModelsTest, InitialWeightsDoNotDependOnThePartition) {
   v1::JobSpec spec = Spec(GetParam());
   const int n = NumLayers(spec.model());
-  auto whole = BuildLayers(spec, 0, n);
+  auto whole = BuildZooPartition(spec, 0, n);
   ASSERT_TRUE(whole.ok());
-  std::vector<std::pair<std::string, at::Tensor>> pieces;
+  NamedTensors pieces;
   for (int b = 0; b < n; b += 2) {  // two layers per "stage"
-    auto part = BuildLayers(spec, b, std::min(n, b + 2));
+    auto part = BuildZooPartition(spec, b, std::min(n, b + 2));
     ASSERT_TRUE(part.ok());
-    for (auto& p : NamedParameters(*part)) pieces.push_back(p);
+    for (auto& p : (*part)->NamedParameters()) pieces.push_back(p);
   }
-  auto all = NamedParameters(*whole);
+  auto all = (*whole)->NamedParameters();
   ASSERT_EQ(all.size(), pieces.size());
   for (std::size_t i = 0; i < all.size(); ++i) {
     EXPECT_EQ(all[i].first, pieces[i].first);
@@ -102,24 +102,27 @@ TEST(Models, SeedChangesWeights) {
 
 TEST(Models, DigestIsPerLayerAndIndependentOfThePartition) {
   v1::JobSpec spec = Spec("model: convnet");
-  auto whole = BuildLayers(spec, 0, 12);
-  auto head = BuildLayers(spec, 0, 5);
-  auto tail = BuildLayers(spec, 5, 12);
+  auto whole = BuildZooPartition(spec, 0, 12);
+  auto head = BuildZooPartition(spec, 0, 5);
+  auto tail = BuildZooPartition(spec, 5, 12);
   ASSERT_TRUE(whole.ok() && head.ok() && tail.ok());
+  auto digests = [](const Partition& p, std::vector<std::string>* out) {
+    for (int i = 0; i < p.num_layers(); ++i) out->push_back(p.LayerDigest(i));
+  };
   std::vector<std::string> one, two;
-  for (const auto& l : (*whole)->children()) one.push_back(LayerDigest(*l));
-  for (const auto& l : (*head)->children()) two.push_back(LayerDigest(*l));
-  for (const auto& l : (*tail)->children()) two.push_back(LayerDigest(*l));
+  digests(**whole, &one);
+  digests(**head, &two);
+  digests(**tail, &two);
   EXPECT_EQ(CombineDigests(one), CombineDigests(two));
   EXPECT_EQ(CombineDigests(one).size(), 64u);
   // A changed weight changes the digest.
   {
     at::NoGradGuard g;
-    (*tail)->parameters()[0].add_(1e-3);
+    (*tail)->Parameters()[0].add_(1e-3);
   }
   two.clear();
-  for (const auto& l : (*head)->children()) two.push_back(LayerDigest(*l));
-  for (const auto& l : (*tail)->children()) two.push_back(LayerDigest(*l));
+  digests(**head, &two);
+  digests(**tail, &two);
   EXPECT_NE(CombineDigests(one), CombineDigests(two));
 }
 

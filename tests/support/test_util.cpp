@@ -87,6 +87,16 @@ CommandResult RunCommand(const std::vector<std::string>& argv) {
   return r;
 }
 
+std::unique_ptr<cli::LocalCluster> StartCluster(int stages) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = stages;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
 std::string MakeTempDir(const std::string& prefix) {
   std::string tmpl = ::testing::TempDir() + "/" + prefix + "-XXXXXX";
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr) << tmpl;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/local_cluster.h"
 #include "cli/reference.h"
 #include "common/security.h"
 #include "conveyor.pb.h"
@@ -57,6 +58,10 @@ inline v1::JobStatus SubmitAndWait(const std::string& coordinator, const std::st
                                    const std::function<void(const v1::JobStatus&)>& on_status = nullptr) {
   return Follow(coordinator, Submit(coordinator, yaml), on_status);
 }
+
+// A local cluster of `stages` stage server processes and a coordinator on
+// loopback, its folder removed when it stops; EXPECTs it to start (null if not).
+std::unique_ptr<cli::LocalCluster> StartCluster(int stages);
 
 // A fresh, empty folder under the test's temporary folder.
 std::string MakeTempDir(const std::string& prefix);
