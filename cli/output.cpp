@@ -81,6 +81,9 @@ void ProgressPrinter::Update(const v1::JobStatus& s) {
   std::ostringstream line;
   line << "epoch " << s.epoch() << "/" << s.total_epochs() << "  step " << s.step() << "/" << s.total_steps();
   line << "  loss " << std::fixed << std::setprecision(4) << s.loss();
+  if (s.lrs_size() > 0) line << "  lr " << std::scientific << std::setprecision(3) << s.lrs(s.lrs_size() - 1);
+  if (s.grad_norms_size() > 0)
+    line << "  grad norm " << std::fixed << std::setprecision(4) << s.grad_norms(s.grad_norms_size() - 1);
   line << "  " << std::fixed << std::setprecision(0) << s.samples_per_second() << " samples/s"
        << "  ETA " << FormatDuration(s.eta_seconds());
   if (tty_) {
@@ -107,6 +110,9 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["steps"] = s.step();
   j["total_steps"] = s.total_steps();
   j["losses"] = std::vector<float>(s.losses().begin(), s.losses().end());
+  // Each step's learning rate and global gradient norm (before clipping).
+  j["lrs"] = std::vector<double>(s.lrs().begin(), s.lrs().end());
+  j["grad_norms"] = std::vector<double>(s.grad_norms().begin(), s.grad_norms().end());
   // The loss of the last step done (the job's final loss once it ended).
   if (s.losses_size() > 0) j["final_loss"] = s.losses(s.losses_size() - 1);
   else if (s.step() > 0) j["final_loss"] = s.loss();

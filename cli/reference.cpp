@@ -6,15 +6,18 @@
 #include <torch/optim/optimizer.h>
 
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "model/dataset.h"
 #include "model/device.h"
 #include "common/sha256.h"
 #include "plan/job_spec.h"
+#include "plan/lr_schedule.h"
 #include "plan/model_catalog.h"
 #include "model/models.h"
 #include "model/op_profile.h"
+#include "model/optimizer.h"
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
@@ -53,16 +56,22 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_schedule(v1::SCHEDULE_REFERENCE);
   s.set_batch_size(spec.batch_size());
   s.set_micro_batches(1);
-  const int64_t per_epoch = data->StepsPerEpoch();
+  const int accumulate = AccumulateSteps(spec);  // batches per optimizer step
+  const int64_t per_epoch = data->StepsPerEpoch() / accumulate;
+  if (per_epoch < 1) return absl::InvalidArgumentError("batch_size x accumulate_steps is larger than the training split");
   const int64_t total = spec.steps() > 0 ? spec.steps() : spec.epochs() * per_epoch;
   s.set_total_steps(total);
   s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
   try {
     model->To(*device);
     std::vector<at::Tensor> trainable;
-    for (const auto& p : model->Parameters())
-      if (p.requires_grad()) trainable.push_back(p);
-    auto optimizer = MakeOptimizer(spec.optimizer(), trainable);
+    NamedTensors named;
+    for (const auto& [name, p] : model->NamedParameters()) {
+      if (!p.requires_grad()) continue;
+      trainable.push_back(p);
+      named.emplace_back(name, p);
+    }
+    auto optimizer = MakeOptimizer(spec.optimizer(), named);
     BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
     model->Train(true);
     auto start = Clock::now();
@@ -76,7 +85,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       double loss_weighted = 0;  // each batch's mean loss times its samples
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
         BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
-        const at::Tensor out = ValueOrThrow(model->Forward(batch.inputs));
+        const at::Tensor out = [&] {
+          ForwardPrecision precision(spec, *device);
+          return ValueOrThrow(model->Forward(batch.inputs));
+        }();
         correct += CountCorrect(out, batch.labels);
         predictions += batch.labels.numel();
         const int64_t rows = batch.labels.size(0);
@@ -95,12 +107,28 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (spec.profile_step() == step + 1) {
         CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
       }
-      BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
-      if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while this step is launched
       optimizer->zero_grad();
-      at::Tensor loss = ComputeLoss(spec, ValueOrThrow(model->Forward(batch.inputs)), batch.labels, 1.0);
-      loss.backward();
+      at::Tensor loss;  // the mean over the step's batches
+      for (int k = 0; k < accumulate; ++k) {
+        const int64_t b = step * accumulate + k;
+        BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, b);
+        if (b + 1 < total * accumulate) loader.Prefetch(v1::PHASE_TRAIN, b + 1);  // while this batch is launched
+        at::Tensor out;
+        {
+          ForwardPrecision precision(spec, *device);
+          out = ValueOrThrow(model->Forward(batch.inputs));
+        }
+        at::Tensor l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
+        l.backward();
+        loss = loss.defined() ? loss + l.detach() : l.detach();
+      }
+      const double lr = LearningRate(spec, step, total);
+      SetLearningRate(*optimizer, lr);
+      const double norm = std::sqrt(GradSquaredNorm(trainable));
+      if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
       optimizer->step();
+      s.add_lrs(lr);
+      s.add_grad_norms(norm);
       s.add_losses(loss.item<float>());  // waits for the device
       if (profile) {
         CONVEYOR_RETURN_IF_ERROR(profile->Finish(ProfilePath(options.profile_dir, "reference", step + 1, "reference")));
@@ -110,18 +138,18 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       s.set_step(step + 1);
       s.set_epoch(static_cast<int>(step / per_epoch) + 1);
       s.set_elapsed_seconds(elapsed);
-      s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size()) / elapsed);
+      s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size() * accumulate) / elapsed);
       s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
       if (step + 1 == warmup) steady_start = Clock::now();
       if (step + 1 > warmup) {
         // The loss's item() above waited for the device: the clock is honest.
         const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
-        s.set_steady_samples_per_second(static_cast<double>((step + 1 - warmup) * spec.batch_size()) / steady);
+        s.set_steady_samples_per_second(static_cast<double>((step + 1 - warmup) * spec.batch_size() * accumulate) / steady);
       }
       if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
         const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
         v1::EpochReport* e = s.add_epochs();
-        *e = EpochSummary(s.losses(), step + 1, per_epoch, per_epoch, spec.batch_size(), seconds);
+        *e = EpochSummary(s.losses(), step + 1, per_epoch, per_epoch, spec.batch_size() * accumulate, seconds);
         if (spec.eval()) {
           evaluate();
           e->set_has_eval(true);

@@ -1,6 +1,7 @@
 #include "coordinator/job_runner.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "common/logging.h"
 #include "common/sha256.h"
@@ -8,6 +9,7 @@
 #include "coordinator/job_planner.h"
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
+#include "plan/lr_schedule.h"
 
 namespace conveyor {
 namespace {
@@ -71,7 +73,10 @@ Status JobRunner::Setup() {
 
 Status JobRunner::Deploy() {
   CONVEYOR_RETURN_IF_ERROR(ConfigureAll());
-  if (steps_per_epoch_ <= 0) return absl::InvalidArgumentError("batch_size is larger than the training split");
+  if (steps_per_epoch_ <= 0)
+    return absl::InvalidArgumentError(AccumulateSteps(spec_) > 1
+                                          ? "batch_size x accumulate_steps is larger than the training split"
+                                          : "batch_size is larger than the training split");
   status_.set_total_epochs(spec_.epochs());
   status_.set_total_steps(spec_.steps() > 0 ? spec_.steps() : spec_.epochs() * steps_per_epoch_);
   if (spec_.steps() > 0)
@@ -91,7 +96,8 @@ Status JobRunner::ConfigureAll() {
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
     if (!reply.ok()) return ForStage(reply.status(), s);
     if (s == 0) {
-      steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
+      // Optimizer steps: each reads accumulate_steps batches.
+      steps_per_epoch_ = reply->train_samples() / spec_.batch_size() / AccumulateSteps(spec_);
       test_samples_ = reply->test_samples();
     }
     v1::StageReport* r = status_.add_stages();
@@ -167,6 +173,8 @@ Status JobRunner::Restore() {
   status_.set_step(restored);
   status_.set_checkpoint_step(restored);
   if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
+  if (status_.lrs_size() > restored) status_.mutable_lrs()->Truncate(static_cast<int>(restored));
+  if (status_.grad_norms_size() > restored) status_.mutable_grad_norms()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
 
@@ -216,10 +224,11 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
 Status JobRunner::Train() {
   const int64_t total = status_.total_steps();
   const int64_t batch = spec_.batch_size();
+  const int64_t samples = batch * AccumulateSteps(spec_);  // per optimizer step
   const int64_t every = spec_.checkpoint_every();
   const int64_t first = status_.step();  // > 0 when resumed from a checkpoint
   started_ = true;
-  if (progress_.StartRun(first, total, batch, steps_per_epoch_, ByEpochs())) {
+  if (progress_.StartRun(first, total, samples, steps_per_epoch_, ByEpochs())) {
     CONVEYOR_RETURN_IF_ERROR(EndEpoch(first, first, 0));
   }
   progress_.StartEpoch(first);
@@ -233,8 +242,12 @@ Status JobRunner::Train() {
     req.set_step(step);
     req.set_batch_size(batch);
     req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total));
+    req.set_total_steps(total);
+    // Clipping over several stages: every stage's share of the norm first.
+    req.set_defer_update(spec_.clip_grad_norm() > 0 && stages_.size() > 1);
     const auto step_start = SteadyClock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
+    CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
     progress_.AddStep(step, replies, step_start, SteadyClock::now());
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
@@ -255,6 +268,49 @@ Status JobRunner::Train() {
   return absl::OkStatus();
 }
 
+Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
+  const int64_t step = req.step() + 1;  // as progress counts
+  const int last = static_cast<int>(replies->size()) - 1;
+  const double loss = (*replies)[last].loss_sum();
+  auto show = [](double v) { return std::isnan(v) ? std::string("nan") : std::isinf(v) ? "inf" : std::to_string(v); };
+  if (!std::isfinite(loss)) {
+    return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) +
+                                         " on stage " + std::to_string(last) + " (the last); no update was made");
+  }
+  double sq = 0;
+  // Gradients flow from the last stage to the first: the highest stage with
+  // a gradient that is not finite saw it first.
+  for (int s = last; s >= 0; --s) {
+    const double share = (*replies)[s].grad_sq_norm();
+    if (!std::isfinite(share)) {
+      return absl::FailedPreconditionError("step " + std::to_string(step) + ": the gradient norm is " +
+                                           show(std::sqrt(share)) + " on stage " + std::to_string(s) +
+                                           " (the first to see it); no update was made");
+    }
+    sq += share;
+  }
+  const double norm = std::sqrt(sq);
+  status_.add_grad_norms(norm);
+  status_.add_lrs(LearningRate(spec_, req.step(), req.total_steps()));
+  if (!req.defer_update()) return absl::OkStatus();
+  v1::ApplyStepRequest apply;
+  apply.set_job_id(status_.job_id());
+  apply.set_step(req.step());
+  apply.set_grad_scale(ClipFactor(spec_.clip_grad_norm(), norm));
+  apply.set_checkpoint(req.checkpoint());
+  std::vector<StatusOr<v1::ApplyStepReply>> results(stages_.size(), absl::UnknownError("not called"));
+  std::vector<std::function<void()>> calls;
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    calls.push_back([&, s] { results[s] = stages_[s]->ApplyStep(apply, kStepDeadlineS); });
+  }
+  pool_.RunAll(calls);
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (!results[s].ok()) return ForStage(results[s].status(), static_cast<int64_t>(s));
+    *(*replies)[s].mutable_checkpoint() = results[s]->checkpoint();
+  }
+  return absl::OkStatus();
+}
+
 void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepReply>& replies) {
   // Complete on every stage: from now on a recovery resumes here.
   std::vector<std::pair<int, v1::CheckpointRecord>> records;
@@ -269,7 +325,8 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
 
 Status JobRunner::EndEpoch(int64_t first_step, int64_t done, double seconds) {
   v1::EpochReport e =
-      EpochSummary(status_.losses(), done, steps_per_epoch_, done - first_step, spec_.batch_size(), seconds);
+      EpochSummary(status_.losses(), done, steps_per_epoch_, done - first_step,
+                   spec_.batch_size() * AccumulateSteps(spec_), seconds);
   if (spec_.eval()) {  // reported once evaluated: a failure here evaluates it again after the recovery
     CONVEYOR_RETURN_IF_ERROR(Evaluate());
     e.set_has_eval(true);

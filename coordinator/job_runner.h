@@ -95,6 +95,12 @@ class JobRunner {
   Status CollectDigest();
   // Runs `req` on every stage at once; replies in stage order.
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
+  // After StepAll of training step `req`: fails the job on a loss or gradient
+  // norm that is not finite (FAILED_PRECONDITION naming the step and the stage
+  // that saw it first), records the step's lr and global gradient norm, and
+  // for a deferred update (clip_grad_norm over several stages) has every stage
+  // apply it, scaled by the one clipping factor (ApplyStep).
+  Status Update(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   void AbortAll(const std::string& reason);
   void Publish();
 

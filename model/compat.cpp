@@ -1,6 +1,7 @@
 #include "model/compat.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/version.h>
 
@@ -37,6 +38,52 @@ bool SetMatmulSmCarveout(int sms) {
 #else
   return sms == 0;
 #endif
+}
+
+namespace {
+
+bool AutocastEnabled(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::is_autocast_enabled(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+at::ScalarType AutocastDtype(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::get_autocast_dtype(device);
+#else
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+void SetAutocast(c10::DeviceType device, bool enabled, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_dtype(device, dtype);
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(enabled);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(enabled);
+  }
+#endif
+}
+
+}  // namespace
+
+AutocastGuard::AutocastGuard(c10::DeviceType device, at::ScalarType dtype)
+    : device_(device), was_enabled_(AutocastEnabled(device)), was_dtype_(AutocastDtype(device)) {
+  SetAutocast(device, true, dtype);
+}
+
+AutocastGuard::~AutocastGuard() {
+  SetAutocast(device_, was_enabled_, was_dtype_);
+  if (!was_enabled_) at::autocast::clear_cache();
 }
 
 const char* TorchVersion() { return TORCH_VERSION; }

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
 
 #include <utility>
 
@@ -25,6 +27,27 @@ std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEve
 // every SM otherwise waits for the SMs they hold, up to twice as long.
 // False where this LibTorch cannot (before 2.7).
 bool SetMatmulSmCarveout(int sms);
+
+// torch.autocast(device_type, dtype) on this thread while it lives: ops
+// eligible for lower precision run in `dtype`, as PyTorch's autocast runs
+// them (1.13: set_cpu_enabled / set_autocast_cpu_dtype and set_enabled /
+// set_autocast_gpu_dtype; 2.x: set_autocast_enabled / set_autocast_dtype by
+// device type). Its end puts the state before back and, as leaving
+// torch.autocast does, drops the cache of casted weights, so that a cast made
+// before an optimizer step (or under no_grad) is never used after it.
+// Not copyable; one thread.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device, at::ScalarType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  at::ScalarType was_dtype_;
+};
 
 // "1.13.1", "2.11.0", ...
 const char* TorchVersion();

@@ -1,8 +1,6 @@
 #include "model/training.h"
 
 #include <ATen/ATen.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/sgd.h>
 
 #include "model/dataset.h"
 
@@ -36,6 +34,10 @@ at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
     }
   }
   return scale == 1.0 ? loss : loss * scale;
+}
+
+ForwardPrecision::ForwardPrecision(const v1::JobSpec& spec, const at::Device& device) {
+  if (spec.precision() == v1::PRECISION_BF16_MIXED) autocast_.emplace(device.type(), at::kBFloat16);
 }
 
 int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {
@@ -87,18 +89,5 @@ BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
   if (host.labels.defined()) b.labels = host.labels.to(device_, /*non_blocking=*/device_.is_cuda());
   return b;
 }
-
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec,
-                                                       std::vector<at::Tensor> params) {
-  if (spec.kind() == v1::OPTIMIZER_ADAM) {
-    torch::optim::AdamOptions o(spec.lr());
-    o.betas(std::make_tuple(spec.beta1(), spec.beta2())).eps(spec.eps()).weight_decay(spec.weight_decay());
-    return std::make_unique<torch::optim::Adam>(std::move(params), o);
-  }
-  torch::optim::SGDOptions o(spec.lr());
-  o.momentum(spec.momentum()).weight_decay(spec.weight_decay());
-  return std::make_unique<torch::optim::SGD>(std::move(params), o);
-}
-
 
 }  // namespace conveyor

@@ -1,9 +1,9 @@
 // The arithmetic of a training step that both the stages and the reference
-// share: loss, accuracy and the optimizer, built from the job spec.
+// share: loss, accuracy and batches, built from the job spec (the optimizer:
+// optimizer.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/optim/optimizer.h>
 
 #include <c10/core/Device.h>
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "conveyor.pb.h"
+#include "model/compat.h"
 
 namespace conveyor {
 
@@ -22,6 +23,18 @@ namespace conveyor {
 // [B, C] or [B, T, C] (sequences: every token counts).
 at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits,
                        const at::Tensor& labels, double scale);
+
+// What a forward runs under, as long as it lives: with precision: bf16-mixed,
+// autocast in bfloat16 on `device`'s type (model/compat.h), the parameters
+// staying fp32; otherwise nothing. Backward passes run outside it, as they
+// do outside torch.autocast.
+class ForwardPrecision {
+ public:
+  ForwardPrecision(const v1::JobSpec& spec, const at::Device& device);
+
+ private:
+  std::optional<AutocastGuard> autocast_;
+};
 
 // Correct predictions: one per sample, or one per token of a sequence.
 int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels);
@@ -64,8 +77,5 @@ class BatchLoader {
   };
   std::optional<Ahead> ahead_;
 };
-
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec,
-                                                       std::vector<at::Tensor> params);
 
 }  // namespace conveyor

@@ -98,6 +98,10 @@ std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch);
 // interleaved, a third of 1f1b's for zero-bubble (ZB-H1).
 double TheoreticalIdleFraction(const v1::JobSpec& spec);
 
+// Batches per optimizer step (accumulate_steps; 1 when not given). Training
+// step t reads batches tK .. tK+K-1 of the data, each one's loss weighted 1/K.
+inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_steps() > 1 ? spec.accumulate_steps() : 1; }
+
 // Whether `stage` recomputes its forwards during backward.
 bool RecomputeOn(const v1::JobSpec& spec, int stage);
 

@@ -34,6 +34,8 @@
   X(Connect, v1::JobRef, v1::ConnectReply, kExecutor, kWaitForReady)                                        \
   /* One step's action list, then the optimizer step (train) or nothing more (eval). */                     \
   X(RunStep, v1::RunStepRequest, v1::RunStepReply, kExecutor, kStep)                                        \
+  /* A deferred step's optimizer step: gradients times grad_scale (the same on every stage), then step. */  \
+  X(ApplyStep, v1::ApplyStepRequest, v1::ApplyStepReply, kExecutor, kStep)                                  \
   X(GetDigest, v1::JobRef, v1::DigestReply, kExecutor, kWaitForReady)                                       \
   /* Parameters and buffers, named as the model's state_dict() names them. */                               \
   X(GetParameters, v1::JobRef, v1::ParametersReply, kExecutor, kWaitForReady)                               \

@@ -191,7 +191,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   job->recompute = RecomputeOn(a.spec(), a.stage_index());
   bool reads_inputs = false, reads_labels = false;
   int64_t num_params = 0;
-  std::vector<at::Tensor> all_params;
+  NamedTensors all_params;  // the trainable ones, named
   for (const v1::ChunkAssignment& ca : a.chunks()) {
     const std::string what = who + " chunk " + std::to_string(ca.index());
     if (ca.index() < 0 || ca.index() >= a.num_chunks() || ca.index() % a.num_stages() != a.stage_index())
@@ -218,11 +218,12 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
       return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(c.output_shape) +
                                         ", the assignment says " + ShapeString(promised));
     }
-    for (const auto& p : c.layers->Parameters()) {
+    for (const auto& [name, p] : c.layers->NamedParameters()) {
       num_params += p.numel();
-      if (p.requires_grad()) c.params.push_back(p);
+      if (!p.requires_grad()) continue;
+      c.params.push_back(p);
+      all_params.emplace_back(name, p);
     }
-    all_params.insert(all_params.end(), c.params.begin(), c.params.end());
     reads_inputs |= job->IsFirst(c);
     reads_labels |= job->IsLast(c);
     job->chunks.push_back(std::move(c));
@@ -234,7 +235,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
                                                 reads_labels);
   }
-  if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
+  ParameterGroups groups;
+  if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params, &groups);
   if (a.spec().cuda_graphs()) {
     if (GraphedPasses::Available(device_)) {
       job->graphs = std::make_unique<GraphedPasses>(device_);
@@ -251,6 +253,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.stage_index = a.stage_index();
   expect.num_stages = a.num_stages();
   expect.dtype = ActivationDType(spec);
+  if (spec.precision() == v1::PRECISION_BF16_MIXED) expect.other_dtype = v1::DTYPE_BFLOAT16;
   for (const Chunk& c : job->chunks) {
     if (!job->IsFirst(c)) expect.activation_shapes[c.index] = c.input_shape;
     if (!job->IsLast(c)) expect.gradient_shapes[c.index] = c.output_shape;
@@ -274,6 +277,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
               std::to_string(ca.layer_end()) + ")";
   LOG_INFO("job ", a.job_id(), " ", who, ": layers ", ranges, ", ", num_params, " parameters on ", device_.str(),
            job->recompute ? ", recomputing forwards" : "", job->graphs ? ", as CUDA graphs from the second step" : "");
+  if (job->optimizer)
+    LOG_INFO("job ", a.job_id(), " ", who, ": parameter groups: ", groups.Describe(a.spec().optimizer().weight_decay()));
   job_ = std::move(job);
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_ = a.job_id();

@@ -34,11 +34,13 @@
 #include "common/files.h"
 #include "common/sha256.h"
 #include "plan/job_spec.h"
+#include "plan/lr_schedule.h"
 #include "common/logging.h"
 #include "plan/model_catalog.h"
 #include "model/models.h"
 #include "model/op_profile.h"
 #include "transport/tensor_codec.h"
+#include "model/optimizer.h"
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
@@ -122,6 +124,7 @@ class Stage::Impl {
     std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
     bool trained_eagerly = false;           // a training step ran without graphs
     bool graphs_recorded = false;
+    int64_t pending_step = -1;  // a step run with defer_update whose optimizer step waits for ApplyStep
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -138,6 +141,9 @@ class Stage::Impl {
     std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
     int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
     double busy = 0, loss_sum = 0;
+    bool skipped = false;  // a loss or gradient that is not finite: no update
+    int accumulate = 1;     // batches in this step (accumulate_steps; 1 in eval)
+    int64_t data_step = 0;  // the batch being run: step * accumulate + k (frames carry it)
     at::Tensor loss_total;  // last chunk: the step's loss so far, on the device
     // Summed on the device: reading each micro-batch's loss would make the
     // host wait for the device, and the device then wait for launches.
@@ -208,7 +214,13 @@ class Stage::Impl {
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
+  // The inputs and labels of batch st.data_step, as this stage reads them.
+  Status LoadBatch(StepState& st);
   Status RunActions(StepState& st);
+  // After the backward passes: lr, gradient norm share, the optimizer step.
+  Status PrepareUpdate(StepState& st);
+  // Writes the checkpoint of the state after `step` (0-based) was applied.
+  StatusOr<v1::CheckpointRecord> CheckpointAfter(int64_t step);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;

@@ -114,7 +114,7 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
   }
   CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
   // Training goes on at step `step`: its tensors may arrive before its RunStep.
-  inbox_.BeginStep(v1::PHASE_TRAIN, req.step() - 1);
+  inbox_.BeginStep(v1::PHASE_TRAIN, req.step() * AccumulateSteps(job_->spec()) - 1);
   LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
   return reply;
 }

@@ -2,6 +2,8 @@
 #include "stage_server/stage.h"
 #include "stage_server/stage_impl.h"
 
+#include <cmath>
+
 namespace conveyor {
 
 StatusOr<at::Tensor> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
@@ -24,7 +26,7 @@ Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb
   v1::TensorFrame& h = frame.header;
   h.set_job_id(st.req->job_id());
   h.set_phase(st.req->phase());
-  h.set_step(st.req->step());
+  h.set_step(st.data_step);
   h.set_micro_batch(mb);
   h.set_kind(kind);
   h.set_chunk(to_chunk);
@@ -54,7 +56,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
   }
   Held h;
   h.input = x;
-  h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size());
+  h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size() * st.accumulate);
   at::Tensor out;
   if (st.graphed) {
     Span span(st, v1::TraceEvent::FORWARD, local, mb);
@@ -79,7 +81,10 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     // Recomputing stages keep only the chunk's input; the forward runs again in backward.
     std::optional<at::NoGradGuard> no_grad;
     if (job_->recompute && st.train) no_grad.emplace();
-    CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(x));
+    {
+      ForwardPrecision precision(job_->spec(), device_);
+      CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(x));
+    }
     if (last) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
       at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
@@ -122,7 +127,11 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
   }
   if (!h.output.defined()) {  // recompute the forward, this time with autograd
     Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
-    CONVEYOR_ASSIGN_OR_RETURN(at::Tensor out, c.layers->Forward(h.input));
+    at::Tensor out;
+    {
+      ForwardPrecision precision(job_->spec(), device_);
+      CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(h.input));
+    }
     h.output = last ? ComputeLoss(job_->spec(), out, h.labels, h.scale) : out;
   }
   at::Tensor input_grad;
@@ -202,14 +211,100 @@ Status Stage::Impl::RunActions(StepState& st) {
         case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
       }
     }
-    if (st.train && job_->optimizer) {
+    if (st.train && job_->optimizer && st.data_step % st.accumulate == st.accumulate - 1) {
       doing = "optimizer step";
       Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
-      job_->optimizer->step();
+      CONVEYOR_RETURN_IF_ERROR(PrepareUpdate(st));
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(Who() + " step " + std::to_string(st.req->step()) + ", " + doing + ": " +
                                e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+// The step's learning rate and this stage's share of the squared gradient
+// norm, then the optimizer step, unless the coordinator asked to combine the
+// shares first (ApplyStep) or the loss or a gradient is not finite: then the
+// reply says so and the coordinator fails the job naming the step and stage.
+Status Stage::Impl::PrepareUpdate(StepState& st) {
+  const v1::JobSpec& spec = job_->spec();
+  const int64_t step = st.req->step();
+  const double lr = LearningRate(spec, step, std::max(st.req->total_steps(), step + 1));
+  SetLearningRate(*job_->optimizer, lr);
+  st.reply->set_lr(lr);
+  std::vector<at::Tensor> params;
+  for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
+  const double sq = GradSquaredNorm(params);
+  st.reply->set_grad_sq_norm(sq);
+  if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
+  job_->pending_step = -1;
+  if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) {
+    st.skipped = true;  // no update, no checkpoint: the coordinator fails the job
+    return absl::OkStatus();
+  }
+  if (st.req->defer_update()) {
+    job_->pending_step = step;
+    return absl::OkStatus();
+  }
+  // Alone (one stage), the stage clips its own gradients: they are all of them.
+  if (spec.clip_grad_norm() > 0) ScaleGrads(params, ClipFactor(spec.clip_grad_norm(), std::sqrt(sq)));
+  job_->optimizer->step();
+  return absl::OkStatus();
+}
+
+StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  // A stage without trainable parameters has no optimizer and holds nothing.
+  if (job_->optimizer && job_->pending_step != req.step())
+    return absl::FailedPreconditionError(Who() + ": no deferred update of step " + std::to_string(req.step()) +
+                                         " to apply (RunStep with defer_update first)");
+  if (!(req.grad_scale() > 0) || req.grad_scale() > 1)
+    return absl::InvalidArgumentError(Who() + ": grad_scale must be in (0, 1], got " + std::to_string(req.grad_scale()));
+  job_->pending_step = -1;
+  try {
+    if (job_->optimizer) {
+      if (req.grad_scale() != 1) {
+        std::vector<at::Tensor> params;
+        for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
+        ScaleGrads(params, req.grad_scale());
+      }
+      job_->optimizer->step();
+    }
+  } catch (const c10::Error& e) {
+    return absl::InternalError(Who() + " step " + std::to_string(req.step()) + ", optimizer step: " +
+                               e.what_without_backtrace());
+  }
+  v1::ApplyStepReply reply;
+  if (req.checkpoint()) {
+    CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
+  }
+  return reply;
+}
+
+StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
+  auto record = SaveCheckpoint(step + 1);
+  if (!record.ok()) {
+    LOG_WARN("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step + 1, " failed: ",
+             record.status().message());
+    return Annotate(record.status(), Who() + " writing the checkpoint of step " + std::to_string(step + 1));
+  }
+  return record;
+}
+
+Status Stage::Impl::LoadBatch(StepState& st) {
+  const v1::RunStepRequest& req = *st.req;
+  if (job_->loader && job_->data->train_size() > 0) {
+    BatchLoader::Batch batch = job_->loader->Get(req.phase(), st.data_step);
+    st.inputs = std::move(batch.inputs);
+    st.labels = std::move(batch.labels);
+    // The next batch is gathered on the host while this one is launched.
+    job_->loader->Prefetch(req.phase(), st.data_step + 1);
+  }
+  if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
+      (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
+    return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
+                                         std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
   }
   return absl::OkStatus();
 }
@@ -299,7 +394,9 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   if (!job_->transport && job_->assignment.num_stages() > 1)
     return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
 
-  inbox_.BeginStep(req.phase(), req.step());
+  const int accumulate = req.phase() == v1::PHASE_TRAIN ? AccumulateSteps(spec) : 1;
+  inbox_.BeginStep(req.phase(), req.step() * accumulate);
+  job_->pending_step = -1;  // a deferred update not applied is dropped
   if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
   auto start = Clock::now();
   v1::RunStepReply reply;
@@ -307,6 +404,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   st.req = &req;
   st.reply = &reply;
   st.train = req.phase() == v1::PHASE_TRAIN;
+  st.accumulate = accumulate;
   st.sizes = MicroBatchSizes(spec, req.batch_size());
   st.offsets = {0};
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
@@ -318,18 +416,6 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   }
   Status status;
   try {
-    if (job_->loader && job_->data->train_size() > 0) {
-      BatchLoader::Batch batch = job_->loader->Get(req.phase(), req.step());
-      st.inputs = std::move(batch.inputs);
-      st.labels = std::move(batch.labels);
-      // The next batch is gathered on the host while this step is launched.
-      job_->loader->Prefetch(req.phase(), req.step() + 1);
-    }
-    if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
-        (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
-      return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
-                                           std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
-    }
     std::optional<at::NoGradGuard> no_grad;
     for (Chunk& c : job_->chunks) c.layers->Train(st.train);
     if (st.train) {
@@ -344,7 +430,14 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       no_grad.emplace();
     }
     std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
-    status = RunActions(st);
+    // accumulate_steps: the action list once per batch, gradients summed; the
+    // optimizer step after the last one (RunActions).
+    for (int k = 0; k < accumulate && status.ok(); ++k) {
+      st.data_step = req.step() * accumulate + k;
+      if (k > 0) inbox_.BeginStep(req.phase(), st.data_step);
+      status = LoadBatch(st);
+      if (status.ok()) status = RunActions(st);
+    }
     if (status.ok()) status = FinishOnDevice(st);
     if (status.ok() && st.train) {
       if (st.graphed) {
@@ -378,14 +471,8 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   reply.set_peak_activations(st.peak_count);
   reply.set_peak_activation_bytes(st.peak_bytes);
   reply.set_busy_seconds(st.busy);
-  if (st.train && req.checkpoint()) {
-    auto record = SaveCheckpoint(req.step() + 1);
-    if (!record.ok()) {
-      LOG_WARN("job ", req.job_id(), " ", Who(), ": checkpoint of step ", req.step() + 1, " failed: ",
-               record.status().message());
-      return Annotate(record.status(), Who() + " writing the checkpoint of step " + std::to_string(req.step() + 1));
-    }
-    *reply.mutable_checkpoint() = std::move(*record);
+  if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
+    CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }
   reply.set_step_seconds(std::chrono::duration<double>(Clock::now() - start).count());
   return reply;

@@ -106,7 +106,8 @@ Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), sample->begin(), sample->end());
   if (!f.tensor().data().empty()) return absl::InvalidArgumentError(what + ": data in the header");
-  return CheckWireTensor(f.tensor(), payload_bytes, expect_.dtype, shape, what);
+  const bool other = expect_.other_dtype != v1::DTYPE_UNSPECIFIED && f.tensor().dtype() == expect_.other_dtype;
+  return CheckWireTensor(f.tensor(), payload_bytes, other ? expect_.other_dtype : expect_.dtype, shape, what);
 }
 
 Status Inbox::Deliver(Frame frame) {

@@ -30,6 +30,9 @@ struct InboxExpectations {
   int stage_index = 0;
   int num_stages = 1;
   v1::DType dtype = v1::DTYPE_FLOAT32;
+  // Also accepted where set: under autocast (bf16-mixed) a chunk's output is
+  // bf16 or fp32 depending on its last op, as in PyTorch.
+  v1::DType other_dtype = v1::DTYPE_UNSPECIFIED;
   // Per-sample shapes by receiving model chunk: activations its input,
   // gradients its output. A chunk absent from a map receives no such frames.
   std::map<int, std::vector<int64_t>> activation_shapes;

@@ -25,12 +25,16 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-// Small enough to run hundreds of steps in seconds on 2 cores; Adam, so that
-// optimizer state must come back too; past an epoch, so the data order does.
+// Small enough to run hundreds of steps in seconds on 2 cores; issue 18's
+// recipe (AdamW with parameter groups, warmup then cosine, clipping by the
+// global norm over the 4 stages), so that optimizer state and the schedule's
+// position must come back too; past an epoch, so the data order does.
 std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60) {
   return "name: chaos\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 4}\n"
          "data: {name: synthetic, train_samples: 2048}\nbatch_size: 32\nmicro_batches: 4\nschedule: 1f1b\n"
-         "optimizer: {name: adam, lr: 0.001}\nseed: 5\nstage_timeout: 10\nsteps: " +
+         "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
+         "lr_schedule: {warmup_steps: 10, decay: cosine, min_lr: 0.0001}\nclip_grad_norm: 0.5\n"
+         "seed: 5\nstage_timeout: 10\nsteps: " +
          std::to_string(steps) + "\ncheckpoint_every: " + std::to_string(checkpoint_every) +
          "\nrecovery_timeout: " + std::to_string(recovery_timeout) + "\n";
 }
@@ -96,6 +100,13 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
   // Every step's loss, the ones before the restart and the ones after.
   ASSERT_EQ(end.losses_size(), clean.losses_size());
   for (int i = 0; i < end.losses_size(); ++i) EXPECT_EQ(end.losses(i), clean.losses(i)) << "step " << i;
+  // The schedule went on where it stopped, and so did the clipped norms.
+  ASSERT_EQ(end.lrs_size(), clean.lrs_size());
+  ASSERT_EQ(end.grad_norms_size(), clean.grad_norms_size());
+  for (int i = 0; i < end.lrs_size(); ++i) {
+    EXPECT_EQ(end.lrs(i), clean.lrs(i)) << "step " << i;
+    EXPECT_EQ(end.grad_norms(i), clean.grad_norms(i)) << "step " << i;
+  }
   EXPECT_THAT(Events(end), HasSubstr("coordinator restarted"));
   EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step"));
 }

@@ -24,7 +24,8 @@ per-step losses and final parameters a Conveyor run must equal.
                                   and targets of different lengths),
                                   wide.pt (a state_dict of the wrong shapes),
                                   extra.pt (one key too many), odd.bin (a
-                                  token file of 47 bytes: 23.5 uint16 ids)
+                                  token file of 47 bytes: 23.5 uint16 ids),
+                                  nan.pt (mlp data, sample 37 with a NaN)
 
 MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
 data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
@@ -40,7 +41,13 @@ rows perm_e[pos*b:(pos+1)*b] of the training set, perm_e = torch.randperm(N)
 from a generator seeded with Mix(seed, 1000 + e) (or file order with
 shuffle: false); the batch is cut into micro_batches near-equal parts
 (tensor_split); each part's loss is scaled by its share of the batch and
-back-propagated, gradients accumulate, then one optimizer step. A step's loss
+back-propagated, gradients accumulate, then one optimizer step: torch.optim's
+SGD, Adam or AdamW (no_decay: a second parameter group without weight decay),
+the learning rate from a LambdaLR with issue 18's schedule, the gradients
+clipped by torch.nn.utils.clip_grad_norm_ with clip_grad_norm; with
+precision: bf16-mixed each forward runs under torch.autocast("cpu",
+torch.bfloat16). OUT.json has
+each step's loss, lr and global gradient norm (before clipping). A step's loss
 is the sum of the scaled micro-batch losses. BatchNorm sees each micro-batch
 alone, as in torchgpipe.
 """
@@ -203,13 +210,24 @@ def make(name, out):
 
 # ------------------------------------------------------------------ train --
 
+def no_decay(name, patterns):
+    """A no_decay pattern matches a whole component of the dotted name."""
+    return any(part in patterns for part in name.split("."))
+
+
 def optimizer(model, spec):
-    params = [p for p in model.parameters() if p.requires_grad]
+    """torch.optim's own optimizer; with no_decay, [decay, no decay] groups as nanoGPT builds them."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    patterns = spec.get("no_decay", [])
     name = spec.get("name", "sgd")
     lr = spec.get("lr", 0.01 if name == "sgd" else 1e-3)
-    wd = spec.get("weight_decay", 0.0)
+    wd = spec.get("weight_decay", 0.01 if name == "adamw" else 0.0)
+    decay = [p for n, p in named if not no_decay(n, patterns)]
+    off = [p for n, p in named if no_decay(n, patterns)]
+    params = [g for g in ({"params": decay}, {"params": off, "weight_decay": 0.0}) if g["params"]]
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=spec.get("momentum", 0.0), weight_decay=wd)
+        return torch.optim.SGD(params, lr=lr, momentum=spec.get("momentum", 0.0), weight_decay=wd,
+                               nesterov=spec.get("nesterov", False))
     betas = tuple(spec.get("betas", (0.9, 0.999)))
     eps = spec.get("eps", 1e-8)
     if name == "adam":
@@ -217,6 +235,26 @@ def optimizer(model, spec):
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=wd)
     raise SystemExit(f"oracle.py: unknown optimizer {name}")
+
+
+def lr_factor(spec, lr, total):
+    """Issue 18's schedule as LambdaLR's factor of step t (t counts optimizer steps from 0)."""
+    w = spec.get("warmup_steps", 0)
+    decay = spec.get("decay", "none")
+    min_lr = spec.get("min_lr", 0.0)
+
+    def factor(t):
+        if t < w:
+            return (t + 1) / w
+        p = min(1.0, (t - w) / (total - w)) if total > w else 0.0
+        if decay == "cosine":
+            return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * p))) / lr
+        if decay == "linear":
+            return (lr - (lr - min_lr) * p) / lr
+        if decay == "step":
+            return spec.get("gamma", 0.1) ** ((t - w) // spec["step_size"])
+        return 1.0
+    return factor
 
 
 def loss_fn(name, out, y):
@@ -243,33 +281,62 @@ def train(job_path, out_json):
         x_all, y_all = data["inputs"], data["targets"]
     n, b = x_all.size(0), job["batch_size"]
     m = job.get("micro_batches", 1)
-    per_epoch = n // b
-    steps = job.get("steps") or job.get("epochs", 1) * per_epoch
+    per_epoch = n // b  # batches
+    acc = job.get("accumulate_steps", 1)  # batches per optimizer step
+    steps = job.get("steps") or job.get("epochs", 1) * (per_epoch // acc)
     seed = job.get("seed", 0)
     shuffle = job["data"].get("shuffle", True)
     opt = optimizer(model, job.get("optimizer", {}))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(job.get("lr_schedule", {}), opt.defaults["lr"], steps))
+    clip = job.get("clip_grad_norm", 0)
+    # bf16-mixed: fp32 parameters, each forward under CPU autocast in bf16, the
+    # loss outside it on the output made fp32 (as Conveyor computes it).
+    mixed = job.get("precision", "fp32") == "bf16-mixed"
+    layers = list(model.children())
+
+    def forward(x):
+        # Under autocast, the children one after the other, as eager
+        # nn.Sequential.forward (and Conveyor) runs them: from its second call
+        # TorchScript's profiling executor runs the scripted Sequential as one
+        # optimised graph, whose autocast backward rounds otherwise (up to
+        # 1.6e-2 on an mlp's bf16 gradient).
+        if not mixed:
+            return model(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for layer in layers:
+                x = layer(x)
+        return x
     model.train()
-    losses, perms = [], {}
+    losses, perms, lrs, norms = [], {}, [], []
     for step in range(steps):
-        epoch, pos = divmod(step, per_epoch)
-        if shuffle:
-            if epoch not in perms:
-                perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(mix(seed, 1000 + epoch)))
-            idx = perms[epoch][pos * b:(pos + 1) * b]
-        else:
-            idx = torch.arange(pos * b, (pos + 1) * b)
-        x, y = x_all[idx], y_all[idx]
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        for xm, ym in zip(x.tensor_split(m), y.tensor_split(m)):
-            loss = loss_fn(job.get("loss", "cross_entropy"), model(xm), ym) * (xm.size(0) / b)
-            loss.backward()
-            total += loss.item()
+        for k in range(acc):
+            epoch, pos = divmod(step * acc + k, per_epoch)
+            if shuffle:
+                if epoch not in perms:
+                    perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(mix(seed, 1000 + epoch)))
+                idx = perms[epoch][pos * b:(pos + 1) * b]
+            else:
+                idx = torch.arange(pos * b, (pos + 1) * b)
+            x, y = x_all[idx], y_all[idx]
+            for xm, ym in zip(x.tensor_split(m), y.tensor_split(m)):
+                out = forward(xm)
+                loss = loss_fn(job.get("loss", "cross_entropy"), out.float(), ym) * (xm.size(0) / (b * acc))
+                loss.backward()
+                total += loss.item()
+        lrs.append(opt.param_groups[0]["lr"])
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if clip:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
+        else:
+            norms.append(torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0).item())
         opt.step()
+        sched.step()
         losses.append(total)
     torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
     with open(out_json, "w") as f:
-        json.dump({"losses": losses}, f)
+        json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms}, f)
 
 
 def compare(ref_json, run_json, a_path, b_path):
@@ -320,6 +387,9 @@ def bad(folder):
     torch.save(extra, f"{folder}/extra.pt")
     with open(f"{folder}/odd.bin", "wb") as f:
         f.write(bytes(47))
+    nan = make_data("images", 96, 1)
+    nan["inputs"][37, 0, 3, 3] = float("nan")  # sample 37: the third batch of 16 in file order
+    torch.save(nan, f"{folder}/nan.pt")
 
 
 if __name__ == "__main__":

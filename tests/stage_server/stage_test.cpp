@@ -111,6 +111,37 @@ TEST_F(StageTest, CallsForAnotherJobAreRefused) {
   EXPECT_TRUE(stage_->RunStep(req).ok());
 }
 
+// clip_grad_norm over several stages: RunStep holds the update, ApplyStep
+// makes it once, scaled; an ApplyStep with nothing held is refused.
+TEST_F(StageTest, ADeferredUpdateIsAppliedOnceScaled) {
+  ASSERT_TRUE(stage_->Configure(Assignment("model: toy\noptimizer: {name: sgd, lr: 0.1}\nclip_grad_norm: 1.0\n"
+                                           "lr_schedule: {warmup_steps: 4}\n",
+                                           0, 1, 0, 3, {10}))
+                  .ok());
+  v1::ApplyStepRequest apply;
+  apply.set_job_id("job-1");
+  apply.set_step(0);
+  apply.set_grad_scale(0.5);
+  auto a = stage_->ApplyStep(apply);
+  EXPECT_TRUE(absl::IsFailedPrecondition(a.status())) << a.status();
+  EXPECT_THAT(std::string(a.status().message()), HasSubstr("no deferred update of step 0"));
+  v1::RunStepRequest req;
+  req.set_job_id("job-1");
+  req.set_phase(v1::PHASE_TRAIN);
+  req.set_batch_size(32);
+  req.set_total_steps(10);
+  req.set_defer_update(true);
+  auto r = stage_->RunStep(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->lr(), 0.1 / 4);  // the warmup's first step
+  EXPECT_GT(r->grad_sq_norm(), 0);
+  apply.set_grad_scale(1.5);
+  EXPECT_TRUE(absl::IsInvalidArgument(stage_->ApplyStep(apply).status()));
+  apply.set_grad_scale(0.5);
+  EXPECT_TRUE(stage_->ApplyStep(apply).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(stage_->ApplyStep(apply).status()));  // once
+}
+
 TEST_F(StageTest, AStageWhoseNeighbourNeverSendsTimesOutNamingIt) {
   // Stage 1 of 2; stage 0 (inproc://0) exists but never runs.
   StageOptions options;

@@ -1,0 +1,114 @@
+#include "model/optimizer.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace conveyor {
+
+bool MatchesNoDecay(const v1::OptimizerSpec& spec, const std::string& name) {
+  std::size_t begin = 0;
+  while (begin <= name.size()) {
+    std::size_t end = name.find('.', begin);
+    if (end == std::string::npos) end = name.size();
+    const std::string component = name.substr(begin, end - begin);
+    for (const std::string& p : spec.no_decay())
+      if (component == p) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+std::string ParameterGroups::Describe(double weight_decay) const {
+  auto list = [](const std::vector<std::string>& names) {
+    std::ostringstream out;
+    out << names.size() << " tensors [";
+    for (std::size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
+    out << "]";
+    return out.str();
+  };
+  std::ostringstream out;
+  out << "decay (weight_decay " << weight_decay << "): " << list(decay) << "; no decay: " << list(no_decay);
+  return out.str();
+}
+
+namespace {
+
+template <typename Options>
+std::vector<torch::optim::OptimizerParamGroup> Groups(const Options& with_decay, std::vector<at::Tensor> decay,
+                                                      std::vector<at::Tensor> no_decay) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(std::move(decay), std::make_unique<Options>(with_decay));
+  if (!no_decay.empty()) {
+    auto without = std::make_unique<Options>(with_decay);
+    without->weight_decay(0);
+    groups.emplace_back(std::move(no_decay), std::move(without));
+  }
+  return groups;
+}
+
+template <typename Optimizer, typename Options>
+std::unique_ptr<torch::optim::Optimizer> Make(const Options& o, std::vector<at::Tensor> decay,
+                                              std::vector<at::Tensor> no_decay) {
+  return std::make_unique<Optimizer>(Groups(o, std::move(decay), std::move(no_decay)), o);
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec, const NamedTensors& params,
+                                                       ParameterGroups* groups) {
+  std::vector<at::Tensor> decay, no_decay;
+  ParameterGroups names;
+  for (const auto& [name, t] : params) {
+    const bool off = MatchesNoDecay(spec, name);
+    (off ? no_decay : decay).push_back(t);
+    (off ? names.no_decay : names.decay).push_back(name);
+  }
+  if (groups) *groups = std::move(names);
+  const auto betas = std::make_tuple(spec.beta1(), spec.beta2());
+  switch (spec.kind()) {
+    case v1::OPTIMIZER_ADAM: {
+      torch::optim::AdamOptions o(spec.lr());
+      o.betas(betas).eps(spec.eps()).weight_decay(spec.weight_decay());
+      return Make<torch::optim::Adam>(o, std::move(decay), std::move(no_decay));
+    }
+    case v1::OPTIMIZER_ADAMW: {
+      torch::optim::AdamWOptions o(spec.lr());
+      o.betas(betas).eps(spec.eps()).weight_decay(spec.weight_decay());
+      return Make<torch::optim::AdamW>(o, std::move(decay), std::move(no_decay));
+    }
+    default: {
+      torch::optim::SGDOptions o(spec.lr());
+      o.momentum(spec.momentum()).nesterov(spec.nesterov()).weight_decay(spec.weight_decay());
+      return Make<torch::optim::SGD>(o, std::move(decay), std::move(no_decay));
+    }
+  }
+}
+
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+double GradSquaredNorm(const std::vector<at::Tensor>& params) {
+  at::Tensor sum;
+  for (const auto& p : params) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    at::Tensor sq = g.to(at::kDouble).pow(2).sum();
+    sum = sum.defined() ? sum + sq : sq;
+  }
+  return sum.defined() ? sum.item<double>() : 0.0;
+}
+
+void ScaleGrads(const std::vector<at::Tensor>& params, double factor) {
+  for (const auto& p : params) {
+    at::Tensor g = p.grad();
+    if (g.defined()) g.mul_(factor);
+  }
+}
+
+}  // namespace conveyor

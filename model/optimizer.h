@@ -1,0 +1,50 @@
+// The optimizer of a job, built from its OptimizerSpec: torch::optim's SGD
+// (momentum, Nesterov, weight decay), Adam (L2 weight decay) and AdamW
+// (decoupled weight decay), each step as torch.optim's. The stages and the
+// reference share it, and so the parameter groups, the learning rate of each
+// step and the gradient norm.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conveyor.pb.h"
+#include "model/partition.h"
+
+namespace conveyor {
+
+// Whether `name` (dotted, as state_dict names it) has one of the spec's
+// no_decay patterns as a whole component: "bias" matches "3.l.bias", "norm"
+// matches "2.norm.weight", neither matches "3.biases".
+bool MatchesNoDecay(const v1::OptimizerSpec& spec, const std::string& name);
+
+// The names of the parameters in each group, in model order.
+struct ParameterGroups {
+  std::vector<std::string> decay, no_decay;
+  // "decay (weight_decay 0.1): 2 tensors [1.weight, 3.weight]; no decay: 2 tensors [1.bias, 3.bias]".
+  std::string Describe(double weight_decay) const;
+};
+
+// The optimizer over `params` (the trainable ones, named): one group with the
+// spec's weight_decay and, where parameters match no_decay, a second group
+// without it (in that order, as torchtitan and nanoGPT build them).
+// `groups`, when given, receives the names in each.
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec, const NamedTensors& params,
+                                                       ParameterGroups* groups = nullptr);
+
+// Sets every group's learning rate (plan/lr_schedule.h computes it).
+void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
+
+// The sum of squares of the gradients of `params` (those without one count
+// nothing), computed in double: a stage's share of the squared global norm.
+double GradSquaredNorm(const std::vector<at::Tensor>& params);
+
+// Multiplies every gradient of `params` by `factor` in place, as
+// torch.nn.utils.clip_grad_norm_ does (ClipFactor in plan/lr_schedule.h).
+void ScaleGrads(const std::vector<at::Tensor>& params, double factor);
+
+}  // namespace conveyor

@@ -1,0 +1,77 @@
+// model/optimizer.h: parameter groups by name, gradient norms and scaling.
+// Each optimizer's steps against torch.optim: tests/model/oracle_test.cpp.
+#include "model/optimizer.h"
+
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+namespace conveyor {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+v1::OptimizerSpec AdamW(std::vector<std::string> no_decay) {
+  v1::OptimizerSpec o;
+  o.set_kind(v1::OPTIMIZER_ADAMW);
+  o.set_lr(1e-3);
+  o.set_beta1(0.9);
+  o.set_beta2(0.95);
+  o.set_eps(1e-8);
+  o.set_weight_decay(0.1);
+  for (auto& p : no_decay) o.add_no_decay(p);
+  return o;
+}
+
+TEST(Optimizer, NoDecayMatchesWholeComponents) {
+  const v1::OptimizerSpec o = AdamW({"bias", "norm"});
+  EXPECT_TRUE(MatchesNoDecay(o, "3.l.bias"));
+  EXPECT_TRUE(MatchesNoDecay(o, "2.norm.weight"));
+  EXPECT_TRUE(MatchesNoDecay(o, "bias"));
+  EXPECT_FALSE(MatchesNoDecay(o, "3.biases"));
+  EXPECT_FALSE(MatchesNoDecay(o, "2.layernorm.weight"));
+  EXPECT_FALSE(MatchesNoDecay(o, "1.weight"));
+  EXPECT_FALSE(MatchesNoDecay(AdamW({}), "1.bias"));
+}
+
+TEST(Optimizer, GroupsSplitByNameAndOnlyTheFirstDecays) {
+  NamedTensors params = {{"0.weight", at::ones({2, 2})},
+                         {"0.bias", at::ones({2})},
+                         {"1.norm.weight", at::ones({2})},
+                         {"2.weight", at::ones({2, 2})}};
+  for (auto& [name, t] : params) t.requires_grad_(true);
+  ParameterGroups groups;
+  auto opt = MakeOptimizer(AdamW({"bias", "norm"}), params, &groups);
+  EXPECT_THAT(groups.decay, ElementsAre("0.weight", "2.weight"));
+  EXPECT_THAT(groups.no_decay, ElementsAre("0.bias", "1.norm.weight"));
+  EXPECT_THAT(groups.Describe(0.1), HasSubstr("no decay: 2 tensors [0.bias, 1.norm.weight]"));
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  // Zero gradients: AdamW's only change is its decoupled decay, lr * wd * p.
+  for (auto& [name, t] : params) t.mutable_grad() = at::zeros_like(t);
+  SetLearningRate(*opt, 0.5);
+  opt->step();
+  EXPECT_NEAR(params[0].second[0][0].item<double>(), 1 - 0.5 * 0.1, 1e-7);
+  EXPECT_DOUBLE_EQ(params[1].second[0].item<double>(), 1.0);  // no decay
+  EXPECT_DOUBLE_EQ(params[2].second[0].item<double>(), 1.0);
+  // Without patterns: one group.
+  EXPECT_EQ(MakeOptimizer(AdamW({}), params)->param_groups().size(), 1u);
+}
+
+TEST(Optimizer, GradNormAndScaling) {
+  std::vector<at::Tensor> params = {at::zeros({2}), at::zeros({1}), at::zeros({3})};
+  params[0].mutable_grad() = at::tensor({3.0f, 4.0f});
+  params[1].mutable_grad() = at::tensor({12.0f});
+  // params[2] has no gradient: it counts nothing.
+  EXPECT_DOUBLE_EQ(GradSquaredNorm(params), 9 + 16 + 144);
+  ScaleGrads(params, 0.5);
+  EXPECT_DOUBLE_EQ(params[0].grad()[1].item<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(GradSquaredNorm(params), (9 + 16 + 144) / 4.0);
+  params[1].mutable_grad() = at::tensor({std::nanf("")});
+  EXPECT_TRUE(std::isnan(GradSquaredNorm(params)));
+}
+
+}  // namespace
+}  // namespace conveyor
