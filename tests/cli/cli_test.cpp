@@ -49,7 +49,7 @@ TEST(Cli, LocalRunMatchesTheReference) {
   auto b = nlohmann::json::parse(ref.out);
   EXPECT_EQ(a["state"], "succeeded");
   for (const char* key : {"job_id", "steps", "losses", "final_loss", "samples_per_second", "eval_accuracy", "eval_loss",
-                          "eval_perplexity",
+                          "eval_perplexity", "lrs", "grad_norms",
                           "param_digest"}) {
     EXPECT_TRUE(a.contains(key)) << key;
     EXPECT_TRUE(b.contains(key)) << key;
@@ -58,6 +58,10 @@ TEST(Cli, LocalRunMatchesTheReference) {
   for (std::size_t i = 0; i < a["losses"].size(); ++i) {
     double x = a["losses"][i], y = b["losses"][i];
     EXPECT_NEAR(x, y, testing::kAtol + testing::kRtol * std::abs(y)) << "step " << i;
+    // Each step's learning rate and global gradient norm, as the reference has them.
+    EXPECT_EQ(a["lrs"][i], b["lrs"][i]) << "step " << i;
+    double n = a["grad_norms"][i], m = b["grad_norms"][i];
+    EXPECT_NEAR(n, m, testing::kAtol + testing::kRtol * std::abs(m)) << "step " << i;
   }
   EXPECT_EQ(a["eval_accuracy"], b["eval_accuracy"]);
   EXPECT_THAT(local.err, HasSubstr("test accuracy"));  // the summary
