@@ -98,8 +98,10 @@ double GradSquaredNorm(const std::vector<at::Tensor>& params) {
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    at::Tensor sq = g.to(at::kDouble).pow(2).sum();
-    sum = sum.defined() ? sum + sq : sq;
+    // Each tensor's norm in fp32 (as clip_grad_norm_ takes it; no double
+    // copy of a large gradient), squared and summed in double on its device.
+    at::Tensor n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).to(at::kDouble);
+    sum = sum.defined() ? sum + n * n : n * n;
   }
   return sum.defined() ? sum.item<double>() : 0.0;
 }

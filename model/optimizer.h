@@ -39,8 +39,9 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
 // Sets every group's learning rate (plan/lr_schedule.h computes it).
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 
-// The sum of squares of the gradients of `params` (those without one count
-// nothing), computed in double: a stage's share of the squared global norm.
+// The sum of the squared L2 norms of the gradients of `params` (those without
+// one count nothing): each norm in fp32, the sum in double, read once. A
+// stage's share of the squared global norm.
 double GradSquaredNorm(const std::vector<at::Tensor>& params);
 
 // Multiplies every gradient of `params` by `factor` in place, as
