@@ -125,6 +125,12 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       const double lr = LearningRate(spec, step, total);
       SetLearningRate(*optimizer, lr);
       const double norm = std::sqrt(GradSquaredNorm(trainable));
+      const double step_loss = loss.item<double>();
+      if (!std::isfinite(step_loss) || !std::isfinite(norm)) {  // as the coordinator fails a pipelined job
+        return absl::FailedPreconditionError("step " + std::to_string(step + 1) + ": the " +
+                                             (std::isfinite(step_loss) ? "gradient norm" : "loss") +
+                                             " is not finite; no update was made");
+      }
       if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
       optimizer->step();
       s.add_lrs(lr);

@@ -344,6 +344,16 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
         "batch_size: 16\npartition: {stages: 2}\nsteps: 5\noptimizer: adamw\nclip_grad_norm: 1.0\n",
         "FAILED_PRECONDITION", "step 3: the loss is nan on stage 1 (the last); no update was made");
+  // The reference fails the same job at the same step.
+  r = RunCommand({testing::Binary("conveyor"), "train", "--reference", [&] {
+                    const std::string p = dir + "/nan.yaml";
+                    std::ofstream(p) << "model: {torchscript: mlp/model.pt}\n"
+                                        "data: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
+                                        "batch_size: 16\nsteps: 5\n";
+                    return p;
+                  }()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("step 3: the loss is not finite; no update was made (FAILED_PRECONDITION)"));
   // The cluster still trains.
   EXPECT_EQ(testing::SubmitAndWait(coord, good).state(), v1::JOB_STATE_SUCCEEDED);
 }
