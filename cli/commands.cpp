@@ -19,6 +19,7 @@
 #include "cli/trace.h"
 #include "common/command_line.h"
 #include "common/files.h"
+#include "plan/job_keys.h"
 #include "plan/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -503,7 +504,13 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
       ->check(CLI::IsMember({"state_dict", "torchscript"}))
       ->capture_default_str();
 
+  auto* keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
+
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (*keys) {
+    std::fputs(JobKeysMarkdown().c_str(), stdout);
+    return kExitOk;
+  }
   if (*health) {
     if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
   } else if (*submit || *status || *list || *cancel || *trace || *export_cmd) {
