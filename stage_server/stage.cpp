@@ -42,6 +42,17 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
+  NcclOptions nccl;
+  nccl.ctas = spec.nccl_ctas();
+  nccl.shm_headers = spec.nccl_headers() == v1::NCCL_HEADERS_SHM;
+  return nccl;
+}
+
+}  // namespace
+
 void Stage::Impl::ReserveSmsForNccl() {
   const v1::JobSpec& spec = job_->spec();
   int sms = spec.matmul_sm_carveout() == v1::SM_CARVEOUT_FIXED ? spec.matmul_sm_carveout_sms() : 0;
@@ -284,37 +295,22 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
 StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   if (job_->assignment.downstream().empty()) return absl::FailedPreconditionError(Who() + " has no downstream link");
-  if (!device_.is_cuda() || !options_.transports->SupportsNccl()) {
-    return absl::FailedPreconditionError(Who() + " on " + device_.str() + " cannot use NCCL" +
-                                         (device_.is_cuda() ? " (not built with NCCL)" : " (not a CUDA device)"));
-  }
-  v1::LinkSetup link;
-  link.set_transport(v1::TRANSPORT_NCCL);
-  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_activation_nccl_id(), NewNcclUniqueId());
-  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
-  job_->downstream_link = link;
-  job_->downstream_rings.reset();
-  if (job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM) {
-    // Made before the downstream stage hears of the link, so that one on
-    // this host finds it when it connects (header_ring.h).
-    auto rings = LinkRings::Create(LinkRings::NameFor(link.activation_nccl_id()));
-    if (rings.ok()) {
-      job_->downstream_rings = std::move(*rings);
-    } else {
-      LOG_INFO(Who(), ": NCCL frame headers stay on the gRPC stream: ", rings.status().message());
-    }
-  }
-  return link;
+  job_->prepared_link.reset();
+  auto link = options_.transports->PrepareLink(device_.str(), NcclOptionsOf(job_->spec()), &job_->prepared_link);
+  if (!link.ok()) return Annotate(link.status(), Who());
+  job_->downstream_link = *link;
+  return *link;
 }
 
 StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
-  if (job_->assignment.num_stages() == 1) {  // chunks pass tensors to themselves
+  if (job_->transport) job_->transport->Shutdown();
+  if (job_->assignment.num_stages() == 1) {  // its chunks pass tensors to themselves
+    job_->transport = std::make_unique<LoopbackTransport>(&inbox_);
     reply.set_transport(v1::LINK_NONE);
     return reply;
   }
-  if (job_->transport) job_->transport->Shutdown();
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(job_->spec().stage_timeout_s()));
   LinkOptions links;
@@ -323,9 +319,8 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   links.device = device_.str();
   links.inbox = &inbox_;
   links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
-  links.nccl_ctas = job_->spec().nccl_ctas();
-  links.shm_headers = job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM;
-  links.downstream_rings = std::move(job_->downstream_rings);
+  links.nccl = NcclOptionsOf(job_->spec());
+  links.prepared = std::move(job_->prepared_link);
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
@@ -408,6 +403,7 @@ Inbox& Stage::inbox() { return impl_->inbox(); }
 void Stage::Shutdown() {
   impl_->inbox().Fail(Stopped());
   impl_->executor().Shutdown();
+  impl_->CloseLinks();
 }
 
 }  // namespace conveyor

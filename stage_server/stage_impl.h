@@ -48,9 +48,8 @@
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/graphed_passes.h"
-#include "transport/nccl/header_ring.h"
 #include "transport/inbox.h"
-#include "transport/nccl/nccl_channel.h"
+#include "transport/loopback_transport.h"
 #include "plan/schedule.h"
 #include "transport/tensor_payload.h"
 
@@ -100,6 +99,11 @@ class Stage::Impl {
 
   SerialExecutor& executor() { return executor_; }
   Inbox& inbox() { return inbox_; }
+  // Closes the job's links (its streams to the neighbours), once the
+  // executor has stopped: their servers need not wait out their grace period.
+  void CloseLinks() {
+    if (job_ && job_->transport) job_->transport->Shutdown();
+  }
 
  private:
   struct Chunk {
@@ -117,7 +121,7 @@ class Stage::Impl {
     std::unique_ptr<BatchLoader> loader;  // over `data`
     std::unique_ptr<Transport> transport;
     v1::LinkSetup downstream_link;  // made by PrepareLink
-    std::shared_ptr<LinkRings> downstream_rings;  // made by PrepareLink, then the transport's
+    std::shared_ptr<PreparedLink> prepared_link;  // made by PrepareLink, then the transport's
     bool recompute = false;
     std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
     bool trained_eagerly = false;           // a training step ran without graphs

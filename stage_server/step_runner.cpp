@@ -33,10 +33,6 @@ Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb
   h.mutable_tensor()->set_dtype(dtype);
   for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
   frame.payload = MakeTensorPayload(t);
-  if (job_->assignment.num_stages() == 1) {  // to its own next chunk: a copy, as a neighbour would get
-    frame.payload = CopyPayload(*frame.payload);
-    return inbox_.Deliver(std::move(frame));
-  }
   const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
   return Annotate(job_->transport->Send(peer, std::move(frame)), Who());
 }
