@@ -76,7 +76,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       double loss_weighted = 0;  // each batch's mean loss times its samples
       for (int64_t b = 0; b < data->EvalBatches(); ++b) {
         BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
-        const at::Tensor out = ValueOrThrow(model->Forward(batch.inputs));
+        const at::Tensor out = ValueOrThrow(model->ForwardOne(batch.inputs));
         correct += CountCorrect(out, batch.labels);
         predictions += batch.labels.numel();
         const int64_t rows = batch.labels.size(0);
@@ -98,7 +98,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, step);
       if (step + 1 < total) loader.Prefetch(v1::PHASE_TRAIN, step + 1);  // while this step is launched
       optimizer->zero_grad();
-      at::Tensor loss = ComputeLoss(spec, ValueOrThrow(model->Forward(batch.inputs)), batch.labels, 1.0);
+      at::Tensor loss = ComputeLoss(spec, ValueOrThrow(model->ForwardOne(batch.inputs)), batch.labels, 1.0);
       loss.backward();
       optimizer->step();
       s.add_losses(loss.item<float>());  // waits for the device

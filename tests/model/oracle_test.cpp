@@ -34,18 +34,19 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout
   int stages;
   int micro_batches;
   std::string schedule;
   bool init_from = false;
   std::string data = "tensors";  // the job's data format: tensors (train.pt) or tokens (train.bin)
+  bool recompute = false;        // every stage recomputes its forwards
 };
 
 // How ctest names a case (its bytes otherwise).
 void PrintTo(const Case& c, std::ostream* out) {
   *out << c.model << " over " << c.stages << " stages, " << c.micro_batches << " micro-batches, " << c.schedule
-       << (c.init_from ? ", init_from" : "");
+       << (c.init_from ? ", init_from" : "") << (c.recompute ? ", recompute" : "");
 }
 
 // The job's data block over the files `oracle.py make` wrote into MODEL/.
@@ -60,7 +61,7 @@ nlohmann::json DataBlock(const Case& c) {
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string n = info.param.model + "_" + std::to_string(info.param.stages) + "stages_m" +
                   std::to_string(info.param.micro_batches) + "_" + info.param.schedule +
-                  (info.param.init_from ? "_init_from" : "");
+                  (info.param.init_from ? "_init_from" : "") + (info.param.recompute ? "_recompute" : "");
   for (char& c : n)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
@@ -140,6 +141,7 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
       {"seed", 3},
       {"save", {{"path", "out-" + tag + ".pt"}}}};
   if (c.init_from) job["init_from"] = c.model + "/pretrained.pt";
+  if (c.recompute) job["recompute"] = true;
   const std::string job_path = *dir_ + "/" + tag + ".json";
   std::ofstream(job_path) << job.dump(1);
   // PyTorch reads the paths relative to the job's folder; so does Conveyor,
@@ -195,7 +197,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mlp", 2, 4, "1f1b", /*init_from=*/true}, Case{"cnn-bn", 1, 4, "gpipe"},
                       Case{"cnn-bn", 2, 4, "1f1b"}, Case{"cnn-bn", 3, 2, "gpipe"}, Case{"frozen", 2, 4, "1f1b"},
                       Case{"frozen", 3, 4, "zero-bubble"}, Case{"tokens", 1, 2, "gpipe", false, "tokens"},
-                      Case{"tokens", 2, 4, "1f1b", false, "tokens"}),
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens"},
+                      // (hidden, bool mask) crosses every boundary; token ids in.
+                      Case{"decoder", 1, 2, "gpipe"}, Case{"decoder", 2, 4, "1f1b"}, Case{"decoder", 3, 3, "gpipe"},
+                      Case{"decoder", 3, 4, "zero-bubble"},
+                      Case{"decoder", 2, 2, "1f1b", false, "tensors", /*recompute=*/true},
+                      // (hidden, int64 ids) crosses: the ids get no gradient.
+                      Case{"decoder-ids", 2, 4, "1f1b"}, Case{"decoder-ids", 3, 2, "gpipe"},
+                      // Dropout seeded by (seed, step, micro-batch, layer): any cut, and recomputed.
+                      Case{"dropout", 1, 4, "gpipe"}, Case{"dropout", 2, 4, "1f1b"},
+                      Case{"dropout", 2, 2, "gpipe", false, "tensors", /*recompute=*/true}),
     Name);
 
 // Files a job must refuse, each with a named error, the servers serving on.

@@ -27,9 +27,12 @@ per-step losses and final parameters a Conveyor run must equal.
                                   token file of 47 bytes: 23.5 uint16 ids)
 
 MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
-data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
-whose first layer has requires_grad=False), tokens (Embedding, Linear, GELU,
-Linear over a flat token file: data {format: tokens}).
+data, an (hidden, mask) tuple crossing every block boundary: float hidden
+states and a bool per-sample attention mask), decoder-ids (the same with
+(hidden, token ids) crossing: int64 ids that the head reads again), dropout (an
+MLP with nn.Dropout), frozen (an MLP whose first layer has
+requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
+token file: data {format: tokens}).
 
 data {format: tokens, dtype, seq_len: N} is read as Conveyor reads it
 (model/dataset.h): a file of T token ids holds (T - 1) // N samples, sample i
@@ -42,7 +45,8 @@ shuffle: false); the batch is cut into micro_batches near-equal parts
 (tensor_split); each part's loss is scaled by its share of the batch and
 back-propagated, gradients accumulate, then one optimizer step. A step's loss
 is the sum of the scaled micro-batch losses. BatchNorm sees each micro-batch
-alone, as in torchgpipe.
+alone, as in torchgpipe. The layers run one by one, torch.manual_seed(
+dropout_seed(seed, step, micro_batch, layer)) before each (dropout).
 """
 import json
 import math
@@ -63,6 +67,12 @@ def mix(seed, salt):
     return z ^ (z >> 31)
 
 
+def dropout_seed(seed, step, micro_batch, layer):
+    """What Conveyor seeds the default generators with before a layer's forward
+    in training (model/partition.h DropoutSeed, docs/models.md)."""
+    return mix(mix(mix(seed, step), micro_batch), layer)
+
+
 # ----------------------------------------------------------------- models --
 
 class Flatten(nn.Module):
@@ -71,35 +81,49 @@ class Flatten(nn.Module):
 
 
 class Embed(nn.Module):
-    """Token ids -> (hidden states, causal mask): the tuple crosses boundaries."""
+    """Token ids -> (hidden states, causal mask per sample), or with `ids`
+    (hidden states, the ids): the tuple crosses boundaries (every tensor that
+    crosses has the batch first)."""
 
-    def __init__(self, vocab: int, width: int, seq_len: int):
+    def __init__(self, vocab: int, width: int, seq_len: int, ids: bool = False):
         super().__init__()
+        self.ids = ids
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(seq_len, width)
 
     def forward(self, ids: torch.Tensor):
         pos = torch.arange(ids.size(1), device=ids.device)
         h = self.tokens(ids) + self.positions(pos)
+        if self.ids:
+            return h, ids
         n = ids.size(1)
         mask = torch.triu(torch.ones(n, n, device=ids.device, dtype=torch.bool), diagonal=1)
-        return h, mask
+        return h, mask.expand(ids.size(0), n, n)
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int):
+    """(hidden, mask per sample) or with `ids` (hidden, ids), passed on."""
+
+    def __init__(self, width: int, heads: int, ids: bool = False):
         super().__init__()
+        self.heads = heads
+        self.ids = ids
         self.norm1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
     def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
-        h, mask = x
+        h, other = x
+        if self.ids:
+            n = other.size(1)
+            attn_mask = torch.triu(torch.ones(n, n, device=h.device, dtype=torch.bool), diagonal=1)
+        else:
+            attn_mask = other.repeat_interleave(self.heads, 0)  # [batch * heads, L, S]
         a = self.norm1(h)
-        h = h + self.attn(a, a, a, attn_mask=mask, need_weights=False)[0]
+        h = h + self.attn(a, a, a, attn_mask=attn_mask, need_weights=False)[0]
         h = h + self.mlp(self.norm2(h))
-        return h, mask
+        return h, other
 
 
 class Head(nn.Module):
@@ -110,6 +134,20 @@ class Head(nn.Module):
 
     def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
         return self.out(self.norm(x[0]))
+
+
+class HeadIds(nn.Module):
+    """The decoder's logits plus bigram logits of the ids that crossed."""
+
+    def __init__(self, width: int, vocab: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.out = nn.Linear(width, vocab)
+        self.bigram = nn.Embedding(vocab, vocab)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
+        h, ids = x
+        return self.out(self.norm(h)) + self.bigram(ids)
 
 
 def build(name):
@@ -130,6 +168,15 @@ def build(name):
         vocab, width, seq = 50, 32, 16
         model = nn.Sequential(Embed(vocab, width, seq), Block(width, 4), Block(width, 4), Head(width, vocab))
         return model, "tokens"
+    if name == "decoder-ids":
+        vocab, width, seq = 50, 32, 16
+        model = nn.Sequential(Embed(vocab, width, seq, ids=True), Block(width, 4, ids=True),
+                              Block(width, 4, ids=True), HeadIds(width, vocab))
+        return model, "tokens"
+    if name == "dropout":
+        model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32),
+                              nn.Tanh(), nn.Dropout(0.5), nn.Linear(32, 10))
+        return model, "images"
     if name == "tokens":
         vocab, width = 64, 16
         model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
@@ -261,8 +308,12 @@ def train(job_path, out_json):
         x, y = x_all[idx], y_all[idx]
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        for xm, ym in zip(x.tensor_split(m), y.tensor_split(m)):
-            loss = loss_fn(job.get("loss", "cross_entropy"), model(xm), ym) * (xm.size(0) / b)
+        for mb, (xm, ym) in enumerate(zip(x.tensor_split(m), y.tensor_split(m))):
+            out = xm
+            for layer, (_, child) in enumerate(model.named_children()):
+                torch.manual_seed(dropout_seed(seed, step, mb, layer))
+                out = child(out)
+            loss = loss_fn(job.get("loss", "cross_entropy"), out, ym) * (xm.size(0) / b)
             loss.backward()
             total += loss.item()
         opt.step()
