@@ -18,6 +18,7 @@
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
+#include "model/torchscript_export.h"
 
 namespace conveyor::cli {
 
@@ -146,7 +147,8 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   if (!spec.save_path().empty()) {
     NamedTensors all = result.parameters;
     all.insert(all.end(), result.buffers.begin(), result.buffers.end());
-    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteStateDict(spec.save_path(), all), "save.path"));
+    CONVEYOR_RETURN_IF_ERROR(WriteWeights(spec.save_path(), all, spec.model(),
+                                          spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT, "save.path"));
   }
   s.set_state(v1::JOB_STATE_SUCCEEDED);
   s.set_eta_seconds(0);

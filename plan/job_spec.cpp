@@ -547,10 +547,10 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
     if (!present || path.empty()) return Invalid("save.path: missing (where the trained weights go)");
     spec->set_save_path(path);
     std::string format = "state_dict";
-    CONVEYOR_RETURN_IF_ERROR(sf.Get("format", &format, "state_dict"));
-    if (format != "state_dict")
-      return Invalid("save.format: unknown value '" + format + "' (one of: state_dict)");
-    spec->set_save_format(v1::SAVE_FORMAT_STATE_DICT);
+    CONVEYOR_RETURN_IF_ERROR(sf.Get("format", &format, "state_dict or torchscript"));
+    if (format != "state_dict" && format != "torchscript")
+      return Invalid("save.format: unknown value '" + format + "' (one of: state_dict, torchscript)");
+    spec->set_save_format(format == "torchscript" ? v1::SAVE_FORMAT_TORCHSCRIPT : v1::SAVE_FORMAT_STATE_DICT);
     CONVEYOR_RETURN_IF_ERROR(sf.Finish());
   }
   // recompute: true | false | [stage, ...]
@@ -916,6 +916,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("data: dtype and seq_len are for format: tokens only");
   }
   if (spec.save_format() != v1::SAVE_FORMAT_UNSPECIFIED && spec.save_path().empty()) return Invalid("save.path: missing");
+  if (spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT && !script)
+    return Invalid("save.format: torchscript needs a model from a TorchScript archive (model: {torchscript: PATH}); "
+                   "the zoo's " + ModelName(m.kind()) + " saves as state_dict only");
   if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16)
     return Invalid("precision: unknown");
   // A TorchScript model's layers are counted when the job is placed (stage 0
