@@ -458,11 +458,24 @@ Status ReadRoot(const YAML::Node& node, v1::JobSpec* spec) {
 
   CONVEYOR_RETURN_IF_ERROR(ReadOptimizer(f, spec->mutable_optimizer()));
 
-  word = "cross_entropy";
-  CONVEYOR_RETURN_IF_ERROR(f.Get("loss", &word, "a loss name"));
-  v1::LossKind loss;
-  CONVEYOR_RETURN_IF_ERROR(ParseName(f, "loss", word, kLosses, &loss));
-  spec->set_loss(loss);
+  // loss: NAME, or {torchscript: PATH} (a module of (output, target)).
+  YAML::Node loss_node = f.Child("loss");
+  if (loss_node.IsDefined() && loss_node.IsMap()) {
+    Fields lf(loss_node, "loss");
+    std::string path;
+    bool present = false;
+    CONVEYOR_RETURN_IF_ERROR(lf.Get("torchscript", &path, "a path", &present));
+    CONVEYOR_RETURN_IF_ERROR(lf.Finish());  // a misspelt key is named before the missing one
+    if (!present || path.empty())
+      return Invalid("loss.torchscript: missing (a TorchScript module of (output, target) returning the batch's mean)");
+    spec->set_loss_torchscript(path);
+  } else {
+    word = "cross_entropy";
+    CONVEYOR_RETURN_IF_ERROR(f.Get("loss", &word, "a loss name or {torchscript: PATH}"));
+    v1::LossKind loss;
+    CONVEYOR_RETURN_IF_ERROR(ParseName(f, "loss", word, kLosses, &loss));
+    spec->set_loss(loss);
+  }
 
   bool has_epochs = false, has_steps = false;
   int64_t i64 = 0;
@@ -755,6 +768,9 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
   p = spec->data().test();
   CONVEYOR_RETURN_IF_ERROR(resolve("data.test", &p, true));
   spec->mutable_data()->set_test(p);
+  p = spec->loss_torchscript();
+  CONVEYOR_RETURN_IF_ERROR(resolve("loss.torchscript", &p, true));
+  spec->set_loss_torchscript(p);
   p = spec->init_from();
   CONVEYOR_RETURN_IF_ERROR(resolve("init_from", &p, true));
   spec->set_init_from(p);
@@ -860,7 +876,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (o.kind() == v1::OPTIMIZER_ADAM &&
       (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1 || !(o.eps() > 0)))
     return Invalid("optimizer: adam needs 0 <= betas < 1 and eps > 0");
-  if (spec.loss() == v1::LOSS_UNSPECIFIED) return Invalid("loss: missing");
+  if (spec.loss() == v1::LOSS_UNSPECIFIED && spec.loss_torchscript().empty()) return Invalid("loss: missing");
   if (spec.epochs() < 0 || spec.steps() < 0 || (spec.epochs() == 0 && spec.steps() == 0))
     return Invalid("epochs/steps: must be positive");
   if (spec.epochs() > 100000 || spec.steps() > 1000000000) return Invalid("epochs/steps: too large");
