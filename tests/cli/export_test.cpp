@@ -14,6 +14,7 @@
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"
 #include "model/state_dict.h"
+#include "stage_server/checkpoint.h"
 #include "transport/tensor_codec.h"
 #include "tests/support/test_util.h"
 
@@ -291,6 +292,40 @@ TEST_F(ExportFromCheckpoints, MissingOrMixedFoldersAreNamed) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("belongs to job " + job.job_id() + " stage 1 step 3"));
   EXPECT_THAT(r.err, HasSubstr("(FAILED_PRECONDITION)"));
+}
+
+// Checkpoints of two stages whose layers overlap, or leave one out: written
+// here (the export checks the headers before it reads any payload).
+TEST(ExportFromCheckpointFiles, ALayerInTwoStagesOrInNoneIsNamed) {
+  const std::string dir = testing::MakeTempDir("export-layers");
+  auto write = [&](const std::string& folder, int stage, int begin, int end) {
+    v1::CheckpointHeader h;
+    h.set_job_id("job-7");
+    h.set_stage_index(stage);
+    h.set_step(4);
+    h.set_spec_digest("same");
+    h.mutable_spec()->mutable_model()->set_kind(v1::MODEL_TOY);  // 3 layers
+    h.mutable_spec()->mutable_partition()->set_stages(2);
+    h.add_parameter_names(std::to_string(begin) + ".weight");
+    v1::ChunkAssignment* c = h.add_chunks();
+    c->set_index(stage);
+    c->set_layer_begin(begin);
+    c->set_layer_end(end);
+    ASSERT_TRUE(CheckpointFiles(folder).Save(h, "not read", 3).ok());
+  };
+  write(dir + "/a", 0, 0, 2);
+  write(dir + "/b", 1, 1, 3);
+  auto r = RunCommand({Binary("conveyor"), "export", "--checkpoint-dir", dir + "/a", "--checkpoint-dir", dir + "/b",
+                       "--out", dir + "/out.pt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("layer 1 is in the checkpoints of stage 0 and of stage 1"));
+  EXPECT_THAT(r.err, HasSubstr("(FAILED_PRECONDITION)"));
+  write(dir + "/c", 1, 2, 2);  // an empty range: layer 2 nowhere
+  r = RunCommand({Binary("conveyor"), "export", "--checkpoint-dir", dir + "/a", "--checkpoint-dir", dir + "/c",
+                  "--out", dir + "/out.pt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("layer 2 is in no stage's checkpoint"));
+  EXPECT_FALSE(std::ifstream(dir + "/out.pt").good());
 }
 
 // TorchScript out (issue 17, 9): the job's archive with the trained weights,
