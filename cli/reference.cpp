@@ -135,7 +135,12 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     }
     if (spec.eval() && !by_epochs) evaluate();
   } catch (const c10::Error& e) {
-    return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());
+    const std::string what = e.what_without_backtrace();
+    // A loss of the user's that returned no scalar (ComputeLoss says so) is
+    // bad input; the stages find it when the job is placed (CheckLoss).
+    if (what.rfind("loss.torchscript: ", 0) == 0)
+      return absl::InvalidArgumentError("reference training: " + what.substr(0, what.find('\n')));
+    return absl::InternalError("reference training: " + what);
   } catch (const StatusError& e) {
     return Annotate(e.status(), "reference training");
   }

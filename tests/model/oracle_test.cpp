@@ -260,6 +260,15 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
         "/bad/notscript.pt is not a TorchScript archive");
   fails(good + "loss: {torchscript: losses/per_sample.pt}\n", "INVALID_ARGUMENT",
         "returns a tensor of shape [2]");
+  // The reference finds it at its first step.
+  auto ref = RunCommand({testing::Binary("conveyor"), "train", "--reference", [&] {
+                           const std::string p = dir + "/per-sample.yaml";
+                           std::ofstream(p) << good << "loss: {torchscript: losses/per_sample.pt}\n";
+                           return p;
+                         }()});
+  EXPECT_EQ(ref.exit_code, 1);
+  EXPECT_THAT(ref.err, HasSubstr("per_sample.pt returns a tensor of shape [8]"));
+  EXPECT_THAT(ref.err, HasSubstr("(INVALID_ARGUMENT)"));
   // A path outside the data roots is refused when the job is submitted.
   auto r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
                        [&] {
