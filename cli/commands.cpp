@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/checkpoint_export.h"
 #include "cli/export.h"
 #include "cli/local_cluster.h"
 #include "cli/output.h"
@@ -275,11 +276,6 @@ int CmdTrace(const Common& c, const std::string& job_id, int64_t step, const std
 // Gathers a job's weights from its stage servers (this process calls each
 // one: it must reach them) and writes them to `out` on this host.
 int CmdExport(const Common& c, const std::string& job_id, const std::string& out, const std::string& format) {
-  if (format == "torchscript") {
-    return Fail(absl::InvalidArgumentError(
-        "export --format torchscript is not supported yet: export writes a state_dict (--format state_dict), which "
-        "the scripted model's load_state_dict(torch.load(FILE, weights_only=True)) takes"));
-  }
   auto stub = Connect(CoordinatorAddress(c));
   v1::GetJobRequest req;
   req.set_job_id(job_id);
@@ -287,14 +283,25 @@ int CmdExport(const Common& c, const std::string& job_id, const std::string& out
   v1::JobStatus status;
   Status st = Call(*stub, &v1::Coordinator::Stub::GetJob, req, &status);
   if (!st.ok()) return Fail(st);
-  auto wrote = ExportWeights(status, out);
+  auto wrote = ExportWeights(status, out, format);
   if (!wrote.ok()) return Fail(wrote.status());
   std::ostringstream said;
   said << "wrote " << out << ": " << wrote->tensors << " tensors (" << FormatBytes(wrote->bytes) << ") of " << job_id
        << " from " << wrote->stages << " stage(s)";
+  if (format == "torchscript") said << " into its TorchScript archive";
   if (status.state() != v1::JOB_STATE_SUCCEEDED)
     said << "; the job is " << JobStateName(status.state()) << ": each stage gave its weights between two of its steps";
   std::cout << said.str() << "\n";
+  return 0;
+}
+
+// The weights in checkpoint files, read and written by this process.
+int CmdExportCheckpoints(const CheckpointExportOptions& options, const CheckpointExporter& export_checkpoints) {
+  auto wrote = export_checkpoints(options);
+  if (!wrote.ok()) return Fail(wrote.status());
+  std::cout << "wrote " << options.out << ": " << wrote->tensors << " tensors (" << FormatBytes(wrote->bytes)
+            << ") of " << wrote->job_id << " at step " << wrote->step << " from the checkpoints of " << wrote->stages
+            << " stage(s)" << (options.format == "torchscript" ? " into its TorchScript archive" : "") << "\n";
   return 0;
 }
 
@@ -428,7 +435,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
 
 }  // namespace
 
-int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
+int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
+         const CheckpointExporter& export_checkpoints) {
   CLI::App app{"conveyor: pipeline-parallel training as services"};
   app.name("conveyor");
   app.require_subcommand(1);
@@ -493,16 +501,28 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   health->add_option("--wait", health_wait, "wait up to SECONDS for a server that is still starting")
       ->check(CLI::NonNegativeNumber);
 
-  std::string export_format = "state_dict", export_out;
+  CheckpointExportOptions from_files;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a job's weights to a file: this CLI fetches them from the job's stage servers and writes FILE "
-                "on this host (a job that succeeded keeps its weights on the stages until the next job runs)");
-  export_cmd->add_option("job_id", job_id, "job id")->required();
-  export_cmd->add_option("--out", export_out, "the file to write (a state_dict: torch.load(FILE, weights_only=True))")
+      "export", "write a job's weights to a file on this host: fetched from the job's stage servers, or read from "
+                "the checkpoint files of its stages (--checkpoint-dir) without a running cluster; a job that "
+                "succeeded keeps its weights on the stages until the next job runs");
+  export_cmd->add_option("job_id", job_id, "job id (with --checkpoint-dir: the job whose checkpoints to read, "
+                                           "needed only when the folders hold several)");
+  export_cmd->add_option("--out", from_files.out,
+                         "the file to write: a state_dict (torch.load(FILE, weights_only=True)) or a TorchScript "
+                         "archive (torch.jit.load(FILE))")
       ->required();
-  export_cmd->add_option("--format", export_format, "state_dict (torchscript: not supported yet)")
+  export_cmd->add_option("--format", from_files.format,
+                         "state_dict, or torchscript: the job's TorchScript archive with the trained weights (jobs "
+                         "with model: {torchscript: PATH} only)")
       ->check(CLI::IsMember({"state_dict", "torchscript"}))
       ->capture_default_str();
+  export_cmd->add_option("--checkpoint-dir", from_files.dirs,
+                         "a stage server's --checkpoint-dir (repeat it: one per stage server); reads the weights "
+                         "from the checkpoint files there instead of asking the stages");
+  export_cmd->add_option("--step", from_files.step,
+                         "with --checkpoint-dir: the checkpoint's step (default: the newest one every stage has)")
+      ->check(CLI::PositiveNumber);
 
   auto* keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
 
@@ -513,6 +533,11 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   }
   if (*health) {
     if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
+  } else if (*export_cmd && !from_files.dirs.empty()) {
+    from_files.job_id = job_id;
+  } else if (*export_cmd && (job_id.empty() || from_files.step != 0)) {
+    return UsageError(app, job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
+                                          : "export --step: only with --checkpoint-dir");
   } else if (*submit || *status || *list || *cancel || *trace || *export_cmd) {
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
@@ -534,7 +559,8 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);
-  if (*export_cmd) return CmdExport(common, job_id, export_out, export_format);
+  if (*export_cmd && !from_files.dirs.empty()) return CmdExportCheckpoints(from_files, export_checkpoints);
+  if (*export_cmd) return CmdExport(common, job_id, from_files.out, from_files.format);
   return kExitUsage;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/wire.h"
@@ -313,13 +314,25 @@ Status JobRunner::Evaluate() {
 Status JobRunner::SaveWeights() {
   if (spec_.save_path().empty()) return absl::OkStatus();
   std::vector<v1::ParametersReply> parts;
-  v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    auto reply = stages_[s]->GetParameters(ref, kControlDeadlineS);
+    auto reply = GatherParameters(status_.job_id(), [&](const v1::JobRef& ref) {
+      return stages_[s]->GetParameters(ref, kControlDeadlineS);
+    });
     if (!reply.ok()) return ForStage(reply.status(), static_cast<int64_t>(s));
     parts.push_back(std::move(*reply));
   }
-  CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(spec_.save_path(), parts), "save.path"));
+  if (spec_.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT) {
+    // The first stage holds the archive and LibTorch; it builds the file's
+    // bytes, this process writes them (docs/jobs.md, save).
+    v1::TorchScriptRequest req;
+    req.set_job_id(status_.job_id());
+    for (auto& part : parts) *req.add_parts() = std::move(part);
+    auto archive = stages_[0]->ExportTorchScript(req, kControlDeadlineS);
+    if (!archive.ok()) return ForStage(archive.status(), 0);
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteFileAtomically(spec_.save_path(), archive->archive()), "save.path"));
+  } else {
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(spec_.save_path(), parts), "save.path"));
+  }
   Event("trained weights saved to " + spec_.save_path());
   LOG_INFO("job ", status_.job_id(), ": weights saved to ", spec_.save_path());
   return absl::OkStatus();

@@ -64,7 +64,8 @@ class JobRunner {
   // (once per job: job_planner.h).
   Status Setup();
   // With save.path: every stage's parameters and buffers, written by the
-  // coordinator as one state_dict.
+  // coordinator as one state_dict, or (save.format torchscript) as the
+  // archive that the first stage builds with them.
   Status SaveWeights();
   // Configures and connects every stage, then restores the newest checkpoint
   // complete on all of them (each time the job starts or recovers).

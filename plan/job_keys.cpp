@@ -588,7 +588,10 @@ std::vector<JobKey> MakeTable() {
       .Only("name: adam", adam)
       .Set([](const V& v, S* s) { s->mutable_optimizer()->set_eps(v.number); })
       .Get([](const S& s) { return s.optimizer().eps(); });
-  add("loss", kChoice,
+  add("loss", kSection, "a loss name, or `{torchscript: PATH}` for your own")
+      .DefaultDoc("`cross_entropy`")
+      .Shorthand("name");
+  add("loss.name", kChoice,
       "`cross_entropy`, `mse` (against the one-hot of class targets, or against float targets), `nll` "
       "(log-probabilities against classes) or `bce_with_logits` (logits against float targets of the output's shape)")
       .Choices(Names<v1::LossKind>({{"cross_entropy", v1::LOSS_CROSS_ENTROPY},
@@ -598,6 +601,14 @@ std::vector<JobKey> MakeTable() {
       .Expect("a loss name")
       .Default("cross_entropy")
       .Set([](const V& v, S* s) { s->set_loss(static_cast<v1::LossKind>(v.integer)); });
+  add("loss.torchscript", kPath,
+      "your own loss: a TorchScript module taking (output, target) and returning the mean over its batch "
+      "(`torch.jit.script(module).save(PATH)`), run by the stage that computes the loss; not with `name`. See "
+      "[models.md](models.md)")
+      .Set([](const V& v, S* s) {
+        s->set_loss(v1::LOSS_UNSPECIFIED);
+        s->set_loss_torchscript(v.text);
+      });
 
   // --- how long, evaluation, seeds
   add("epochs", kInt, "passes over the training split (the last, incomplete batch of each is dropped) ...")
@@ -638,9 +649,12 @@ std::vector<JobKey> MakeTable() {
       "`torch.load(FILE, weights_only=True)` reads and `load_state_dict(..., strict=True)` takes; `conveyor train "
       "--reference` writes it too")
       .Set([](const V& v, S* s) { s->set_save_path(v.text); });
-  add("save.format", kChoice, "the only format so far (`torchscript`: not yet)")
-      .Choices(Names<v1::SaveFormat>({{"state_dict", v1::SAVE_FORMAT_STATE_DICT}}))
-      .Expect("state_dict")
+  add("save.format", kChoice,
+      "`state_dict`, or `torchscript`: the job's TorchScript archive with the trained weights, loadable by "
+      "`torch.jit.load` (built by the first stage, written by the coordinator; a TorchScript model only)")
+      .Choices(Names<v1::SaveFormat>({{"state_dict", v1::SAVE_FORMAT_STATE_DICT},
+                                      {"torchscript", v1::SAVE_FORMAT_TORCHSCRIPT}}))
+      .Expect("state_dict or torchscript")
       .DefaultDoc("`state_dict`")
       .Set([](const V& v, S* s) { s->set_save_format(static_cast<v1::SaveFormat>(v.integer)); });
 

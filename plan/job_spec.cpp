@@ -86,6 +86,9 @@ Status Complete(const std::set<std::string>& given, v1::JobSpec* spec) {
     spec->mutable_optimizer()->set_beta1(0.9);
     spec->mutable_optimizer()->set_beta2(0.999);
   }
+  // loss
+  if (has("loss.name") && has("loss.torchscript"))
+    return Invalid("loss: give name (a built-in loss) or torchscript (your own), not both");
   // save
   if (has("save")) {
     if (!has("save.path")) return Invalid("save.path: missing (where the trained weights go)");
@@ -281,6 +284,9 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
   p = spec->data().test();
   CONVEYOR_RETURN_IF_ERROR(resolve("data.test", &p, true));
   spec->mutable_data()->set_test(p);
+  p = spec->loss_torchscript();
+  CONVEYOR_RETURN_IF_ERROR(resolve("loss.torchscript", &p, true));
+  spec->set_loss_torchscript(p);
   p = spec->init_from();
   CONVEYOR_RETURN_IF_ERROR(resolve("init_from", &p, true));
   spec->set_init_from(p);
@@ -413,6 +419,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("data: dtype and seq_len are for format: tokens only");
   }
   if (spec.save_format() != v1::SAVE_FORMAT_UNSPECIFIED && spec.save_path().empty()) return Invalid("save.path: missing");
+  if (spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT && !script)
+    return Invalid("save.format: torchscript needs a model from a TorchScript archive (model: {torchscript: PATH}); "
+                   "the zoo's " + ModelName(m.kind()) + " saves as state_dict only");
   if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16)
     return Invalid("precision: unknown");
   // A TorchScript model's layers are counted when the job is placed (stage 0

@@ -330,6 +330,9 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
                                                 reads_labels);
   }
+  for (const Chunk& c : job->chunks) {  // loss: {torchscript}, checked before the first step
+    if (job->IsLast(c)) CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), c.output_shape), who));
+  }
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
   const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
     return c.inputs.size() == 1 && c.outputs.size() == 1;

@@ -328,6 +328,27 @@ TEST(ModelCatalog, EvenPartitionsAndBoundaries) {
   EXPECT_EQ((*ranges)[3].begin, 11);
 }
 
+// loss: {torchscript: PATH} and save.format: torchscript (issue 17).
+TEST(JobSpec, ScriptedLossesAndTorchScriptSaves) {
+  const std::string script = "model: {torchscript: m.pt}\ndata: {format: tensors, train: t.pt}\n";
+  auto spec = ParseJobYaml(script + "loss: {torchscript: loss.pt}\nsave: {path: out.pt, format: torchscript}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->loss_torchscript(), "loss.pt");
+  EXPECT_EQ(spec->loss(), v1::LOSS_UNSPECIFIED);
+  EXPECT_EQ(spec->save_format(), v1::SAVE_FORMAT_TORCHSCRIPT);
+  auto fails = [](const std::string& yaml, const std::string& says) {
+    auto s = ParseJobYaml(yaml);
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << yaml << ": " << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(says)) << yaml;
+  };
+  fails(script + "loss: {torchscript: ''}\n", "loss.torchscript: empty path");
+  fails(script + "loss: {script: loss.pt}\n", "loss.script: unknown key");
+  fails(script + "loss: huber\n", "loss: unknown value 'huber'");
+  fails("model: toy\nsave: {path: out.pt, format: torchscript}\n",
+        "save.format: torchscript needs a model from a TorchScript archive");
+  fails(script + "save: {path: out.pt, format: onnx}\n", "(one of: state_dict, torchscript)");
+}
+
 TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
   const std::string model = "model: {name: gpt, vocab: 50, width: 8, blocks: 1, heads: 2, seq_len: 8}\n";
   auto spec = ParseJobYaml(model + "data: {format: tokens, train: a.bin, test: b.bin, dtype: uint32, seq_len: 8}\n");

@@ -13,11 +13,16 @@ per-step losses and final parameters a Conveyor run must equal.
                                   over them)
     oracle.py train JOB OUT.json  trains the job (JSON; its paths relative to its
                                   folder) in PyTorch; writes the losses of
-                                  every step and OUT.pt, the final state_dict
+                                  every step and OUT.pt, the final state_dict;
+                                  with eval: true also the test split's mean
+                                  loss, accuracy and perplexity (evaluate())
     oracle.py compare OUT.json RUN.json STATE_A.pt STATE_B.pt
                                   the largest differences, as JSON
     oracle.py pretrained DIR      DIR/pretrained.pt: DIR's initial weights,
                                   changed, for init_from
+    oracle.py losses DIR          scripted losses of (output, target):
+                                  smoothed.pt (label-smoothed cross-entropy,
+                                  0.1), per_sample.pt (no reduction: refused)
     oracle.py bad DIR             files a job must refuse: notscript.pt (a
                                   state_dict), module.pt (a scripted module
                                   that is no Sequential), uneven.pt (inputs
@@ -218,6 +223,14 @@ def read_tokens(path, dtype, seq_len):
     return tokens[:n * seq_len].view(n, seq_len), tokens[1:n * seq_len + 1].view(n, seq_len)
 
 
+def read_split(spec, split, folder):
+    """(inputs, targets) of the job's data.train or data.test file."""
+    if spec.get("format") == "tokens":
+        return read_tokens(f"{folder}/{spec[split]}", spec["dtype"], spec["seq_len"])
+    data = torch.load(f"{folder}/{spec[split]}", weights_only=True)
+    return data["inputs"], data["targets"]
+
+
 def make(name, out):
     import os
     os.makedirs(out, exist_ok=True)
@@ -266,7 +279,43 @@ def optimizer(model, spec):
     raise SystemExit(f"oracle.py: unknown optimizer {name}")
 
 
+class SmoothedCrossEntropy(nn.Module):
+    """A user's loss: cross-entropy with label smoothing, the batch's mean."""
+
+    def __init__(self, smoothing: float = 0.1):
+        super().__init__()
+        self.smoothing = smoothing
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logp = nn.functional.log_softmax(output.reshape(-1, output.size(-1)), dim=-1)
+        target = target.reshape(-1)
+        nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+        return ((1.0 - self.smoothing) * nll - self.smoothing * logp.mean(dim=-1)).mean()
+
+
+class PerSampleLoss(nn.Module):
+    """A loss that forgets to reduce: one value per sample, no scalar."""
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target, reduction="none")
+
+
+def losses(folder):
+    import os
+    os.makedirs(folder, exist_ok=True)
+    torch.jit.script(SmoothedCrossEntropy()).save(f"{folder}/smoothed.pt")
+    torch.jit.script(PerSampleLoss()).save(f"{folder}/per_sample.pt")
+
+
+_scripted_losses = {}
+
+
 def loss_fn(name, out, y):
+    if isinstance(name, dict):  # loss: {torchscript: PATH}, PATH as train() resolved it
+        path = name["torchscript"]
+        if path not in _scripted_losses:
+            _scripted_losses[path] = torch.jit.load(path)
+        return _scripted_losses[path](out, y)
     if name == "cross_entropy":
         return nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
     if name == "mse":
@@ -280,14 +329,11 @@ def train(job_path, out_json):
     with open(job_path) as f:
         job = json.load(f)
     model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
+    if isinstance(job.get("loss"), dict):
+        job["loss"] = {"torchscript": f"{folder}/{job['loss']['torchscript']}"}
     if "init_from" in job:
         model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
-    spec = job["data"]
-    if spec.get("format") == "tokens":
-        x_all, y_all = read_tokens(f"{folder}/{spec['train']}", spec["dtype"], spec["seq_len"])
-    else:
-        data = torch.load(f"{folder}/{spec['train']}", weights_only=True)
-        x_all, y_all = data["inputs"], data["targets"]
+    x_all, y_all = read_split(job["data"], "train", folder)
     n, b = x_all.size(0), job["batch_size"]
     m = job.get("micro_batches", 1)
     per_epoch = n // b
@@ -319,8 +365,32 @@ def train(job_path, out_json):
         opt.step()
         losses.append(total)
     torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
+    result = {"losses": losses}
+    if job.get("eval"):
+        result.update(evaluate(model, job, folder))
     with open(out_json, "w") as f:
-        json.dump({"losses": losses}, f)
+        json.dump(result, f)
+
+
+def evaluate(model, job, folder):
+    """The test split as Conveyor evaluates it: in file order, batches of
+    eval_batch_size (the last one smaller), each batch's mean loss weighed by
+    its samples; accuracy over samples, or over tokens for sequences. For
+    token data the loss is per token, and its exp the perplexity."""
+    x_all, y_all = read_split(job["data"], "test", folder)
+    eb = job.get("eval_batch_size", 1000)
+    model.eval()
+    loss_sum, correct, seen = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, x_all.size(0), eb):
+            x, y = x_all[start:start + eb], y_all[start:start + eb]
+            out = model(x)
+            loss_sum += loss_fn(job.get("loss", "cross_entropy"), out, y).item() * x.size(0)
+            correct += int((out.argmax(-1) == y).sum())
+            seen += y.numel()
+    model.train()
+    mean = loss_sum / x_all.size(0)
+    return {"eval_loss": mean, "eval_accuracy": correct / seen, "eval_perplexity": math.exp(mean)}
 
 
 def compare(ref_json, run_json, a_path, b_path):
@@ -383,6 +453,8 @@ if __name__ == "__main__":
         compare(*sys.argv[2:6])
     elif cmd == ["pretrained"] and len(sys.argv) == 3:
         pretrained(sys.argv[2])
+    elif cmd == ["losses"] and len(sys.argv) == 3:
+        losses(sys.argv[2])
     elif cmd == ["bad"] and len(sys.argv) == 3:
         bad(sys.argv[2])
     else:
