@@ -153,6 +153,40 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
   EXPECT_THAT(events, HasSubstr("the job starts again from step 0"));
 }
 
+// SIGTERM to the coordinator (a pod moved, a Slurm job requeued) is not a
+// cancel: the running job stays running in the job store, and the next
+// coordinator with that state runs it again.
+TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
+  const std::string dir = ::testing::TempDir() + "/coordinator-shutdown";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  InProcessCluster cluster(2);
+  std::string id;
+  {
+    auto c = cluster.StartCoordinator(dir);
+    ASSERT_TRUE(c);
+    auto submitted = c->Submit(kEndless);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    id = *submitted;
+    WaitFor(*c, id, [](const v1::JobStatus& s) { return s.step() > 2; });
+    c->Shutdown();
+    auto stopped = c->Get(id);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(stopped->state(), v1::JOB_STATE_RUNNING) << stopped->error();
+    EXPECT_EQ(stopped->error(), "");
+  }
+  auto c = cluster.StartCoordinator(dir);
+  ASSERT_TRUE(c);
+  v1::JobStatus again = WaitFor(*c, id, [](const v1::JobStatus& s) { return s.state() == v1::JOB_STATE_RUNNING && s.step() > 0; });
+  std::string events;
+  for (const auto& e : again.events()) events += e.text() + "\n";
+  EXPECT_THAT(events, HasSubstr("the coordinator stopped; the job resumes when it starts again"));
+  EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
+  ASSERT_TRUE(c->Cancel(id).ok());
+  EXPECT_EQ(WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); }).state(),
+            v1::JOB_STATE_CANCELLED);
+}
+
 }  // namespace
 }  // namespace conveyor
 
