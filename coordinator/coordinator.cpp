@@ -214,7 +214,10 @@ void Coordinator::RunJob(const std::string& job_id) {
     return;
   }
   std::vector<StageClient*> stages;
-  for (auto& c : clients_) stages.push_back(c.get());
+  for (auto& c : clients_) {
+    c->Reconnect();  // names resolved now: a restarted pod is found where it is
+    stages.push_back(c.get());
+  }
   JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); },
                    clock_);
   {

@@ -7,9 +7,9 @@
 //
 // One {A..B} per item, A <= B, both decimal; bounds written with a leading
 // zero pad every number to the wider bound's width ({08..10}: 08, 09, 10), as
-// bash does. Names are not looked up here: gRPC resolves each one when the
-// coordinator first calls that stage (when a job starts) and again after a
-// connection breaks, so a pod that restarts at a new IP is found by its name.
+// bash does. Names are not looked up here: each job's start resolves them
+// (StageClient::Reconnect), and gRPC again after a connection breaks, so a
+// pod that restarts at a new IP is found by its name.
 // Torch-free.
 #pragma once
 

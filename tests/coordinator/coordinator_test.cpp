@@ -12,6 +12,8 @@
 #include <string_view>
 #include <thread>
 
+#include "common/server.h"
+#include "conveyor.grpc.pb.h"
 #include "coordinator/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
@@ -185,6 +187,32 @@ TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
   ASSERT_TRUE(c->Cancel(id).ok());
   EXPECT_EQ(WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); }).state(),
             v1::JOB_STATE_CANCELLED);
+}
+
+// A stage that was not there when first dialled: the client's channel then
+// backs off before it dials again; Reconnect (every job's start) makes a new
+// channel, which resolves the name again and dials at once.
+TEST(GrpcStageClient, ReconnectReachesAStageThatCameUpSinceTheLastFailure) {
+  v1::StageControl::Service unimplemented;  // every call: UNIMPLEMENTED
+  int port = 0;
+  {
+    auto free = GrpcServer::Start("127.0.0.1:0", {&unimplemented});  // a free port: bound, then released
+    ASSERT_TRUE(free.ok()) << free.status();
+    port = (*free)->port();
+    (*free)->Shutdown(0);
+  }
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto client = MakeGrpcStageClient(address);
+  for (int i = 0; i < 3; ++i) {
+    auto down = client->Ping(5);
+    EXPECT_TRUE(absl::IsUnavailable(down.status())) << down.status();
+  }
+  auto server = GrpcServer::Start(address, {&unimplemented});
+  ASSERT_TRUE(server.ok()) << server.status();
+  client->Reconnect();
+  // It has no StageControl (UNIMPLEMENTED), but it was reached.
+  auto up = client->Ping(5);
+  EXPECT_FALSE(absl::IsUnavailable(up.status())) << up.status();
 }
 
 }  // namespace
