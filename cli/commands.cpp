@@ -178,8 +178,9 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
   return WatchUntilDone(*stub, *id, c.json);
 }
 
-int CmdStatus(const Common& c, const std::string& job_id) {
+int CmdStatus(const Common& c, const std::string& job_id, bool wait) {
   auto stub = Connect(CoordinatorAddress(c));
+  if (wait) return WatchUntilDone(*stub, job_id, c.json);
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::JobStatus status;
@@ -461,6 +462,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("job_id", job_id, "job id")->required();
   status->add_flag("--json", common.json, "print one JSON object");
+  status->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
 
   auto* list = app.add_subcommand("list", "list the coordinator's jobs");
   list->add_flag("--json", common.json, "print a JSON array");
@@ -552,7 +554,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   BearerToken() = std::move(*token);
 
   if (*submit) return CmdSubmit(common, file, wait);
-  if (*status) return CmdStatus(common, job_id);
+  if (*status) return CmdStatus(common, job_id, wait);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);

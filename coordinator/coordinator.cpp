@@ -6,6 +6,11 @@
 #include "common/logging.h"
 
 namespace conveyor {
+namespace {
+// Why the running job stops when the coordinator does; it is not cancelled
+// for good: it stays running in the job store and resumes on the next start.
+constexpr char kShutdownReason[] = "the coordinator shut down";
+}  // namespace
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
   if (options.stages.empty()) return absl::InvalidArgumentError("the coordinator needs at least one stage address");
@@ -53,7 +58,7 @@ void Coordinator::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    if (runner_) runner_->Cancel("the coordinator shut down");
+    if (runner_) runner_->Cancel(kShutdownReason);
   }
   cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
@@ -152,6 +157,14 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   return status;
 }
 
+std::string Coordinator::CheckpointNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!runner_) return "no job is running: nothing to checkpoint";
+  if (!runner_->RequestCheckpoint())
+    return "job " + running_id_ + " has checkpoint_every: 0 and takes no checkpoints: it would start again from step 0";
+  return "job " + running_id_ + " checkpoints after its step in flight";
+}
+
 StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t step) {
   CONVEYOR_RETURN_IF_ERROR(Get(job_id, true).status());  // NOT_FOUND for an unknown job
   {
@@ -201,7 +214,10 @@ void Coordinator::RunJob(const std::string& job_id) {
     return;
   }
   std::vector<StageClient*> stages;
-  for (auto& c : clients_) stages.push_back(c.get());
+  for (auto& c : clients_) {
+    c->Reconnect();  // names resolved now: a restarted pod is found where it is
+    stages.push_back(c.get());
+  }
   JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); },
                    clock_);
   {
@@ -209,11 +225,24 @@ void Coordinator::RunJob(const std::string& job_id) {
     running_id_ = job_id;
     runner_ = &runner;
     live_ = job->status;
-    if (stop_) runner.Cancel("the coordinator shut down");
+    if (stop_) runner.Cancel(kShutdownReason);
     if (cancel_pending_ == job_id) runner.Cancel("cancelled by the user");
   }
   store_->AddEvent(job_id, "started").IgnoreError();
   v1::JobStatus final_status = runner.Run();
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping = stop_;
+  }
+  if (stopping && final_status.state() == v1::JOB_STATE_CANCELLED && final_status.error() == kShutdownReason) {
+    // SIGTERM (a pod rescheduled, a Slurm job requeued): not the user's
+    // cancel. The job stays running in the store, and the next coordinator
+    // with this state resumes it from its last complete checkpoint.
+    final_status.set_state(v1::JOB_STATE_RUNNING);
+    final_status.clear_error();
+    AddStatusEvent(&final_status, "the coordinator stopped; the job resumes when it starts again");
+  }
   Status st = store_->SaveTraces(job_id, runner.Traces());
   if (!st.ok()) LOG_ERROR("saving the timelines of job ", job_id, ": ", st.message());
   st = store_->Update(final_status);

@@ -78,6 +78,11 @@ class Coordinator {
   // Idempotent.
   void StartScheduling();
 
+  // Asks the running job, if any, for a checkpoint after its step in flight
+  // (JobRunner::RequestCheckpoint): what a scheduler's preemption warning
+  // (SIGUSR1) does. Returns what happened, for the log.
+  std::string CheckpointNow();
+
   // Idempotent: cancels the running job and stops the scheduler.
   void Shutdown();
 

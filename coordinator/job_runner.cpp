@@ -37,6 +37,12 @@ void JobRunner::Cancel(const std::string& reason) {
   AbortAll(reason);
 }
 
+bool JobRunner::RequestCheckpoint() {
+  if (spec_.checkpoint_every() == 0) return false;
+  checkpoint_requested_ = true;
+  return true;
+}
+
 void JobRunner::Event(const std::string& text) {
   AddStatusEvent(&status_, text);
   if (store_) store_->AddEvent(status_.job_id(), text).IgnoreError();
@@ -233,12 +239,14 @@ Status JobRunner::Train() {
     req.set_phase(v1::PHASE_TRAIN);
     req.set_step(step);
     req.set_batch_size(batch);
-    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total));
+    const bool asked = checkpoint_requested_.exchange(false);
+    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
     const auto step_start = SteadyClock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     progress_.AddStep(step, replies, step_start, SteadyClock::now());
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
+    if (asked) Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
     // Publish at most ten times a second, and the last step.
     if (done == total || SteadyClock::now() - last_publish > std::chrono::milliseconds(100)) {
       last_publish = SteadyClock::now();

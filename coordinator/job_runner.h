@@ -50,6 +50,12 @@ class JobRunner {
   // Stops the job at the next chance, from any thread; it ends CANCELLED.
   void Cancel(const std::string& reason);
 
+  // Asks for a checkpoint after the training step in flight (or the next one),
+  // from any thread: a scheduler's warning before preemption (SIGUSR1 to the
+  // coordinator). False, and nothing asked, when the job takes no checkpoints
+  // (checkpoint_every: 0).
+  bool RequestCheckpoint();
+
   // Timelines kept so far: the first Progress::kFirstTraces steps and the
   // last Progress::kLastTraces. Thread-safe. step -1: the last one kept.
   StatusOr<v1::StepTrace> Trace(int64_t step) const { return progress_.Trace(step); }
@@ -107,6 +113,7 @@ class JobRunner {
   Clock* clock_;
   WorkerPool pool_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> checkpoint_requested_{false};
   std::mutex reason_mu_;  // guards cancel_reason_
   std::condition_variable cancel_cv_;  // with reason_mu_: wakes waits when cancelled
   std::string cancel_reason_;

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <thread>
 
+#include "common/server.h"
+#include "conveyor.grpc.pb.h"
 #include "coordinator/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
@@ -151,6 +153,66 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
   for (const auto& e : s.events()) events += e.text() + "\n";
   EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
   EXPECT_THAT(events, HasSubstr("the job starts again from step 0"));
+}
+
+// SIGTERM to the coordinator (a pod moved, a Slurm job requeued) is not a
+// cancel: the running job stays running in the job store, and the next
+// coordinator with that state runs it again.
+TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
+  const std::string dir = ::testing::TempDir() + "/coordinator-shutdown";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  InProcessCluster cluster(2);
+  std::string id;
+  {
+    auto c = cluster.StartCoordinator(dir);
+    ASSERT_TRUE(c);
+    auto submitted = c->Submit(kEndless);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    id = *submitted;
+    WaitFor(*c, id, [](const v1::JobStatus& s) { return s.step() > 2; });
+    c->Shutdown();
+    auto stopped = c->Get(id);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(stopped->state(), v1::JOB_STATE_RUNNING) << stopped->error();
+    EXPECT_EQ(stopped->error(), "");
+  }
+  auto c = cluster.StartCoordinator(dir);
+  ASSERT_TRUE(c);
+  v1::JobStatus again = WaitFor(*c, id, [](const v1::JobStatus& s) { return s.state() == v1::JOB_STATE_RUNNING && s.step() > 0; });
+  std::string events;
+  for (const auto& e : again.events()) events += e.text() + "\n";
+  EXPECT_THAT(events, HasSubstr("the coordinator stopped; the job resumes when it starts again"));
+  EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
+  ASSERT_TRUE(c->Cancel(id).ok());
+  EXPECT_EQ(WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); }).state(),
+            v1::JOB_STATE_CANCELLED);
+}
+
+// A stage that was not there when first dialled: the client's channel then
+// backs off before it dials again; Reconnect (every job's start) makes a new
+// channel, which resolves the name again and dials at once.
+TEST(GrpcStageClient, ReconnectReachesAStageThatCameUpSinceTheLastFailure) {
+  v1::StageControl::Service unimplemented;  // every call: UNIMPLEMENTED
+  int port = 0;
+  {
+    auto free = GrpcServer::Start("127.0.0.1:0", {&unimplemented});  // a free port: bound, then released
+    ASSERT_TRUE(free.ok()) << free.status();
+    port = (*free)->port();
+    (*free)->Shutdown(0);
+  }
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto client = MakeGrpcStageClient(address);
+  for (int i = 0; i < 3; ++i) {
+    auto down = client->Ping(5);
+    EXPECT_TRUE(absl::IsUnavailable(down.status())) << down.status();
+  }
+  auto server = GrpcServer::Start(address, {&unimplemented});
+  ASSERT_TRUE(server.ok()) << server.status();
+  client->Reconnect();
+  // It has no StageControl (UNIMPLEMENTED), but it was reached.
+  auto up = client->Ping(5);
+  EXPECT_FALSE(absl::IsUnavailable(up.status())) << up.status();
 }
 
 }  // namespace
