@@ -14,6 +14,7 @@ packages=(
   libsqlite3-dev libssl-dev openssl zlib1g-dev
   dataset-fashion-mnist python3-matplotlib docker-compose clang-14 libclang-rt-14-dev
   iproute2 openssl
+  prometheus-cpp-dev prometheus
 )
 if [ "$(scripts/torch-source.sh)" = debian ]; then
   # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
