@@ -75,6 +75,13 @@ void JobMetrics::Recovery() {
   Flush(true);
 }
 
+void JobMetrics::Rewind(int64_t step) {
+  Flush(/*now=*/true);
+  if (!store_) return;
+  Status st = store_->DropCurves(job_id_, step);
+  if (!st.ok()) LOG_ERROR("job ", job_id_, ": dropping its curves after step ", step, ": ", st.message());
+}
+
 void JobMetrics::Flush(bool now) {
   constexpr auto kEvery = std::chrono::seconds(1);
   if (steps_.empty() && evals_.empty()) return;

@@ -40,6 +40,9 @@ class JobMetrics {
   void Eval(int64_t steps_done, double loss, double accuracy);
   void Checkpoint();
   void Recovery();
+  // The job goes on from step `step` (a checkpoint, or 0): the curve rows of
+  // later steps are dropped from the store, as they run again.
+  void Rewind(int64_t step);
   // Writes the curve rows kept: at once with `now`, else once a second passed
   // since the last write.
   void Flush(bool now);

@@ -135,6 +135,7 @@ Status JobRunner::LoadAll(int64_t step) {
 Status JobRunner::Restore() {
   if (!store_ || spec_.checkpoint_every() == 0) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
+    metrics_.Rewind(0);
     status_.set_step(0);
     status_.clear_losses();
     return absl::OkStatus();
@@ -167,6 +168,7 @@ Status JobRunner::Restore() {
   }
   status_.set_step(restored);
   status_.set_checkpoint_step(restored);
+  metrics_.Rewind(restored);
   if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }

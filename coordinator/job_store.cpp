@@ -377,6 +377,19 @@ Status JobStore::AddCurves(const std::string& job_id, const std::vector<v1::Curv
   return Exec("COMMIT;");
 }
 
+Status JobStore::DropCurves(const std::string& job_id, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const char* sql : {"DELETE FROM curve_steps WHERE job_id = ? AND step > ?;",
+                          "DELETE FROM curve_evals WHERE job_id = ? AND step > ?;"}) {
+    Stmt del(db_, sql);
+    del.BindText(1, job_id);
+    del.Bind(2, step);
+    del.Step();
+    CONVEYOR_RETURN_IF_ERROR(del.status());
+  }
+  return absl::OkStatus();
+}
+
 StatusOr<v1::Curves> JobStore::Curves(const std::string& job_id, int64_t after_step) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::Curves out;

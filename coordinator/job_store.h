@@ -68,6 +68,9 @@ class JobStore {
   // again after a recovery) is replaced.
   Status AddCurves(const std::string& job_id, const std::vector<v1::CurvePoint>& steps,
                    const std::vector<v1::EvalPoint>& evals);
+  // Forgets a job's curve rows of steps after `step` (the job goes back to
+  // the checkpoint of `step`: those steps run again, or never).
+  Status DropCurves(const std::string& job_id, int64_t step);
   // A job's curves of steps after `after_step`, by step.
   StatusOr<v1::Curves> Curves(const std::string& job_id, int64_t after_step = 0);
 

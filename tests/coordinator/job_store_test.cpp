@@ -63,6 +63,15 @@ TEST(JobStore, KeepsCurvesAcrossReopening) {
   auto none = (*store)->Curves("job-3");
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->steps_size(), 0);
+
+  // Back to the checkpoint of step 1: later steps and evaluations go, other jobs' stay.
+  ASSERT_TRUE((*store)->DropCurves("job-1", 1).ok());
+  auto dropped = (*store)->Curves("job-1");
+  ASSERT_TRUE(dropped.ok());
+  ASSERT_EQ(dropped->steps_size(), 1);
+  EXPECT_EQ(dropped->steps(0).step(), 1);
+  EXPECT_EQ(dropped->evals_size(), 0);
+  EXPECT_EQ((*store)->Curves("job-2")->steps_size(), 1);
 }
 
 TEST(JobStore, KeepsJobsAcrossReopening) {
