@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/checkpoint_export.h"
+#include "cli/curves.h"
 #include "cli/export.h"
 #include "cli/local_cluster.h"
 #include "cli/output.h"
@@ -178,7 +179,24 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
   return WatchUntilDone(*stub, *id, c.json);
 }
 
-int CmdStatus(const Common& c, const std::string& job_id, bool wait) {
+StatusOr<v1::Curves> FetchCurves(v1::Coordinator::Stub& stub, const std::string& job_id) {
+  v1::GetCurvesRequest req;
+  req.set_job_id(job_id);
+  v1::Curves curves;
+  CONVEYOR_RETURN_IF_ERROR(Call(stub, &v1::Coordinator::Stub::GetCurves, req, &curves));
+  return curves;
+}
+
+// Draws a job's curves into `png`; says what it wrote on `out`.
+Status DrawCurves(v1::Coordinator::Stub& stub, const std::string& job_id, const std::string& png, std::ostream& out) {
+  CONVEYOR_ASSIGN_OR_RETURN(v1::Curves curves, FetchCurves(stub, job_id));
+  CONVEYOR_RETURN_IF_ERROR(PlotCurves(curves, png));
+  out << "wrote " << png << ": the curves of " << job_id << " (" << Plural(curves.steps_size(), "step") << ", "
+      << Plural(curves.evals_size(), "evaluation") << ")\n";
+  return absl::OkStatus();
+}
+
+int CmdStatus(const Common& c, const std::string& job_id, bool wait, const std::string& metrics_csv) {
   auto stub = Connect(CoordinatorAddress(c));
   if (wait) return WatchUntilDone(*stub, job_id, c.json);
   v1::GetJobRequest req;
@@ -188,6 +206,19 @@ int CmdStatus(const Common& c, const std::string& job_id, bool wait) {
   if (!st.ok()) return Fail(st);
   if (c.json) std::cout << ToJson(status).dump() << std::endl;
   else std::cout << Summary(status);
+  if (metrics_csv.empty()) return 0;
+  auto curves = FetchCurves(*stub, job_id);
+  if (!curves.ok()) return Fail(curves.status());
+  if (Status wrote = WriteCurvesCsv(*curves, metrics_csv); !wrote.ok()) return Fail(wrote);
+  std::cerr << "wrote " << metrics_csv << ": " << Plural(curves->steps_size(), "training step") << ", "
+            << Plural(curves->evals_size(), "evaluation") << "\n";
+  return 0;
+}
+
+int CmdPlot(const Common& c, const std::string& job_id, std::string png) {
+  auto stub = Connect(CoordinatorAddress(c));
+  if (png.empty()) png = job_id + "-curves.png";
+  if (Status st = DrawCurves(*stub, job_id, png, std::cout); !st.ok()) return Fail(st);
   return 0;
 }
 
@@ -384,7 +415,7 @@ class InterruptWatcher {
 };
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
-             const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs) {
+             const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
   auto yaml = ReadCheckedJobFile(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
@@ -422,6 +453,11 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
   if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
+  if (curves == "auto") curves = std::filesystem::path(file).stem().string() + "-curves.png";
+  if (!curves.empty() && !interrupts.interrupted()) {
+    Status drawn = DrawCurves(*stub, *id, curves, std::cerr);
+    if (!drawn.ok()) std::cerr << "no curves: " << drawn.message() << "\n";
+  }
   // Close our channel before the coordinator goes away under it.
   stub.reset();
   (*cluster)->Stop();
@@ -463,6 +499,10 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   status->add_option("job_id", job_id, "job id")->required();
   status->add_flag("--json", common.json, "print one JSON object");
   status->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
+  std::string metrics_csv, curves_out, local_curves = "auto";
+  status->add_option("--metrics-csv", metrics_csv,
+                     "also write the job's curves to FILE: one row per training step and per evaluation");
+
 
   auto* list = app.add_subcommand("list", "list the coordinator's jobs");
   list->add_flag("--json", common.json, "print a JSON array");
@@ -488,6 +528,10 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   local->add_flag("--keep-logs", keep_logs, "keep the cluster's logs and state even when the job succeeds");
 
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
+  local->add_option("--curves", local_curves,
+                    "draw the job's training curves into this PNG at the end (default: JOBFILE-curves.png in the "
+                    "working folder; \"\" draws none)")
+      ->capture_default_str();
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();
 
@@ -528,6 +572,10 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
 
   auto* keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
 
+  auto* plot = app.add_subcommand("plot", "draw a job's training curves into a PNG (loss, throughput, accuracy)");
+  plot->add_option("job_id", job_id, "job id")->required();
+  plot->add_option("--out", curves_out, "the PNG to write (default JOB-curves.png)");
+
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
   if (*keys) {
     std::fputs(JobKeysMarkdown().c_str(), stdout);
@@ -540,7 +588,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   } else if (*export_cmd && (job_id.empty() || from_files.step != 0)) {
     return UsageError(app, job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
                                           : "export --step: only with --checkpoint-dir");
-  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd) {
+  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd || *plot) {
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
         !st.ok())
@@ -554,11 +602,12 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   BearerToken() = std::move(*token);
 
   if (*submit) return CmdSubmit(common, file, wait);
-  if (*status) return CmdStatus(common, job_id, wait);
+  if (*status) return CmdStatus(common, job_id, wait, metrics_csv);
+  if (*plot) return CmdPlot(common, job_id, curves_out);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);
-  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
+  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs, local_curves);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);
   if (*export_cmd && !from_files.dirs.empty()) return CmdExportCheckpoints(from_files, export_checkpoints);

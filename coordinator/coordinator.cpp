@@ -4,6 +4,7 @@
 #include "common/files.h"
 #include "plan/job_spec.h"
 #include "common/logging.h"
+#include "coordinator/job_metrics.h"
 
 namespace conveyor {
 namespace {
@@ -41,6 +42,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       LOG_WARN("job ", id, ": ", what);
     }
   }
+  c->CountJobs();
   if (!options.defer_scheduling) c->StartScheduling();
   return c;
 }
@@ -74,6 +76,7 @@ StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   CONVEYOR_ASSIGN_OR_RETURN(std::string id, store_->Insert(spec, job_yaml, v1::JobStatus()));
   store_->AddEvent(id, "submitted").IgnoreError();
   LOG_INFO("job ", id, " (", spec.name(), ") queued");
+  CountJobs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++version_;
@@ -152,6 +155,7 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   status.set_error("cancelled by the user before it started");
   CONVEYOR_RETURN_IF_ERROR(store_->Update(status));
   store_->AddEvent(job_id, "cancelled").IgnoreError();
+  CountJobs();
   ++version_;
   cv_.notify_all();
   return status;
@@ -175,6 +179,18 @@ StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t
   return FindTrace(traces, step);
 }
 
+StatusOr<v1::Curves> Coordinator::GetCurves(const std::string& job_id, int64_t after_step) {
+  CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, store_->Get(job_id));  // NOT_FOUND for an unknown job
+  CONVEYOR_ASSIGN_OR_RETURN(v1::Curves curves, store_->Curves(job_id, after_step));
+  curves.set_tokens(TokensPerSample(job.spec) > 0);
+  return curves;
+}
+
+void Coordinator::CountJobs() {
+  auto jobs = store_->List();
+  if (jobs.ok()) PublishJobCounts(*jobs);
+}
+
 StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* version,
                                            std::chrono::steady_clock::time_point deadline, bool omit_losses) {
   {
@@ -186,10 +202,10 @@ StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* 
 }
 
 void Coordinator::OnStatus(const v1::JobStatus& status) {
-  bool save = false;
+  bool save = false, state_changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool state_changed = status.state() != live_.state();
+    state_changed = status.state() != live_.state();
     live_ = status;
     ++version_;
     auto now = std::chrono::steady_clock::now();
@@ -202,6 +218,7 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
   if (save) {
     Status st = store_->Update(status);
     if (!st.ok()) LOG_ERROR("saving job ", status.job_id(), ": ", st.message());
+    if (state_changed) CountJobs();
   }
 }
 
@@ -249,6 +266,7 @@ void Coordinator::RunJob(const std::string& job_id) {
   if (!st.ok()) LOG_ERROR("saving job ", job_id, ": ", st.message());
   store_->AddEvent(job_id, JobStateName(final_status.state()) + (final_status.error().empty() ? "" : ": " + final_status.error()))
       .IgnoreError();
+  CountJobs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_id_.clear();

@@ -71,6 +71,10 @@ class Coordinator {
   // that have one.
   StatusOr<v1::StepTrace> GetTrace(const std::string& job_id, int64_t step);
 
+  // A job's training curves after step `after_step` (a running job's are at
+  // most about a second behind). NOT_FOUND for an unknown id.
+  StatusOr<v1::Curves> GetCurves(const std::string& job_id, int64_t after_step = 0);
+
   // The clock that deadlines given to Watch are on.
   Clock& clock() const { return *clock_; }
 
@@ -91,6 +95,8 @@ class Coordinator {
   void SchedulerLoop();
   void RunJob(const std::string& job_id);
   void OnStatus(const v1::JobStatus& status);
+  // conveyor_jobs{state} from the store, after a job changed state.
+  void CountJobs();
 
   std::unique_ptr<DirLock> state_lock_;  // one coordinator per state folder
   std::unique_ptr<JobStore> store_;

@@ -8,6 +8,7 @@
 
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "plan/job_spec.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -45,6 +46,8 @@ int main(int argc, char** argv) {
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   conveyor::TlsFiles tls;
   conveyor::AddTlsFlags(app, &tls);
+  conveyor::MetricsFlags metrics_flags;
+  conveyor::AddMetricsFlags(app, &metrics_flags);
   std::string token_file;
   app.add_option("--auth-token-file", token_file,
                  "file holding the token that SubmitJob and CancelJob must carry (authorization: Bearer TOKEN)");
@@ -67,6 +70,8 @@ int main(int argc, char** argv) {
     LOG_INFO("SubmitJob and CancelJob require the token in ", token_file,
              conveyor::ProcessTls() ? "" : " (without TLS it crosses the network in clear text)");
   }
+  auto metrics = conveyor::metrics::MetricsEndpoint::Start(metrics_flags.listen, metrics_flags.port_file);
+  if (!metrics.ok()) return conveyor::StartError(app, metrics.status());
   options.defer_scheduling = true;
   auto coordinator = conveyor::Coordinator::Start(options);
   if (!coordinator.ok()) {

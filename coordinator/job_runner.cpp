@@ -25,7 +25,8 @@ JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageCl
       store_(store),
       sink_(std::move(sink)),
       clock_(clock ? clock : &RealClock()),
-      pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))) {}
+      pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
+      metrics_(spec_, status_.job_id(), store_) {}
 
 void JobRunner::Cancel(const std::string& reason) {
   {
@@ -141,6 +142,7 @@ Status JobRunner::LoadAll(int64_t step) {
 Status JobRunner::Restore() {
   if (!store_ || spec_.checkpoint_every() == 0) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
+    metrics_.Rewind(0);
     status_.set_step(0);
     status_.clear_losses();
     return absl::OkStatus();
@@ -173,6 +175,7 @@ Status JobRunner::Restore() {
   }
   status_.set_step(restored);
   status_.set_checkpoint_step(restored);
+  metrics_.Rewind(restored);
   if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
@@ -243,7 +246,10 @@ Status JobRunner::Train() {
     req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
     const auto step_start = SteadyClock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
-    progress_.AddStep(step, replies, step_start, SteadyClock::now());
+    const auto step_end = SteadyClock::now();
+    progress_.AddStep(step, replies, step_start, step_end);
+    metrics_.Step(step, std::chrono::duration<double>(step_end - step_start).count(), replies.back().loss_sum(),
+                  status_.samples_per_second());
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
     if (asked) Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
@@ -269,6 +275,7 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
   std::vector<std::pair<int, v1::CheckpointRecord>> records;
   for (std::size_t s = 0; s < replies.size(); ++s) records.emplace_back(static_cast<int>(s), replies[s].checkpoint());
   status_.set_checkpoint_step(done);
+  metrics_.Checkpoint();  // the curves up to here are stored with it
   if (store_) {
     Status st = store_->RecordCheckpoints(status_, records);
     if (!st.ok()) LOG_ERROR("job ", status_.job_id(), ": recording the checkpoint of step ", done, ": ", st.message());
@@ -315,6 +322,7 @@ Status JobRunner::Evaluate() {
   status_.set_has_eval(true);
   status_.set_eval_loss(samples > 0 ? loss_weighted / static_cast<double>(samples) : 0);
   status_.set_eval_accuracy(seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
+  metrics_.Eval(status_.step(), status_.eval_loss(), status_.eval_accuracy());
   LOG_INFO("job ", status_.job_id(), " test accuracy ", status_.eval_accuracy(), " (", correct, "/", seen, ")");
   return absl::OkStatus();
 }
@@ -396,6 +404,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
   }
   status_.set_state(v1::JOB_STATE_RECOVERING);
   status_.set_recoveries(status_.recoveries() + 1);
+  metrics_.Recovery();
   status_.set_error(std::string(failure.message()));
   LOG_WARN("job ", status_.job_id(), " recovering after step ", status_.step(), ": ", failure.message());
   Event("step " + std::to_string(status_.step()) + " failed (" + std::string(failure.message()) + "): recovering");
@@ -485,6 +494,7 @@ v1::JobStatus JobRunner::Run() {
   if (status_.state() != v1::JOB_STATE_SUCCEEDED) {
     for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
   }
+  metrics_.Flush(/*now=*/true);
   status_.set_eta_seconds(0);
   status_.set_finished_unix_ms(NowUnixMs());
   LOG_INFO("job ", status_.job_id(), " ", JobStateName(status_.state()),

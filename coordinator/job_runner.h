@@ -21,6 +21,7 @@
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
 #include "coordinator/clock.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/job_store.h"
 #include "coordinator/progress.h"
 #include "coordinator/stage_client.h"
@@ -125,6 +126,7 @@ class JobRunner {
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
   Progress progress_{&status_};  // status fields, epochs and traces of the steps
+  JobMetrics metrics_;           // Prometheus series and the curves in the store
 };
 
 }  // namespace conveyor

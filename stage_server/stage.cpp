@@ -331,7 +331,9 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
                                                 reads_labels);
   }
   for (const Chunk& c : job->chunks) {  // loss: {torchscript}, checked before the first step
-    if (job->IsLast(c)) CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), c.output_shape), who));
+    if (!job->IsLast(c) || c.outputs.empty()) continue;
+    const auto& shape = c.outputs.front().shape();
+    CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), std::vector<int64_t>(shape.begin(), shape.end())), who));
   }
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params);
   const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {

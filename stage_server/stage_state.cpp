@@ -1,6 +1,7 @@
 // A stage's state: checkpoints, digests and parameters (see stage_impl.h).
 #include "stage_server/stage.h"
 #include "stage_server/stage_impl.h"
+#include "stage_server/stage_metrics.h"
 
 #include "common/wire.h"
 #include "model/torchscript_export.h"
@@ -97,8 +98,11 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
   auto start = Clock::now();
   CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
                             checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  metrics::Observe(metrics::Id::kStageCheckpointSeconds,
+                   StageLabels(job_->assignment.job_id(), job_->assignment.stage_index()), seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
-            " bytes) in ", std::chrono::duration<double>(Clock::now() - start).count(), " s");
+            " bytes) in ", seconds, " s");
   return record;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/metrics.h"
 #include "common/spin.h"
 
 #include "common/wire.h"
@@ -149,6 +150,13 @@ Status Inbox::Deliver(Frame frame) {
     }
     return fetcher->Fetch(std::move(frame.header));
   }
+  metrics::Add(metrics::Id::kStageReceivedBytes,
+               {{"job_id", expect_.job_id},
+                {"stage", std::to_string(expect_.stage_index)},
+                {"replica", "0"},
+                {"peer", h.kind() == v1::FRAME_ACTIVATION ? "upstream" : "downstream"},
+                {"transport", h.carrier() == v1::CARRIER_NCCL ? "nccl" : "grpc"}},
+               static_cast<double>(frame.payload->bytes()));
   frames_.emplace(key, std::move(frame));
   changes_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();

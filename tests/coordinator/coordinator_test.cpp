@@ -49,6 +49,16 @@ TEST(Coordinator, RunsAJobAndAnswersAboutIt) {
   EXPECT_EQ(s.stages_size(), 3);
   EXPECT_EQ(s.stages(0).transport(), v1::LINK_IN_PROCESS);
   EXPECT_EQ(s.param_digest().size(), 64u);
+  // Its curves: a row per step, with the status's losses.
+  auto curves = c->GetCurves(s.job_id());
+  ASSERT_TRUE(curves.ok()) << curves.status();
+  ASSERT_EQ(curves->steps_size(), 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(curves->steps(i).step(), i + 1);
+    EXPECT_FLOAT_EQ(static_cast<float>(curves->steps(i).loss()), s.losses(i));
+    EXPECT_GT(curves->steps(i).step_seconds(), 0);
+  }
+  EXPECT_TRUE(absl::IsNotFound(c->GetCurves("job-404").status()));
   auto list = c->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
@@ -142,6 +152,13 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
     job->status.set_step(3);
     job->status.add_losses(1.0f);
     ASSERT_TRUE((*store)->Update(job->status).ok());
+    // Curve rows of a longer run than the one that resumes (steps 1 to 7).
+    std::vector<v1::CurvePoint> stale(7);
+    for (int i = 0; i < 7; ++i) {
+      stale[i].set_step(i + 1);
+      stale[i].set_loss(99);
+    }
+    ASSERT_TRUE((*store)->AddCurves(id, stale, {}).ok());
   }
   InProcessCluster cluster(1);
   auto c = cluster.StartCoordinator(dir);
@@ -149,6 +166,10 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
   v1::JobStatus s = WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
   EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(c->Get(id)->losses_size(), 5);
+  auto curves = c->GetCurves(id);  // the run's own rows, none left of the earlier run
+  ASSERT_TRUE(curves.ok()) << curves.status();
+  ASSERT_EQ(curves->steps_size(), 5);
+  for (const auto& p : curves->steps()) EXPECT_NE(p.loss(), 99) << "step " << p.step();
   std::string events;
   for (const auto& e : s.events()) events += e.text() + "\n";
   EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
