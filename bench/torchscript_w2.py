@@ -55,10 +55,11 @@ def build(blocks):
             self.n2 = nn.LayerNorm(W)
             self.fc1 = nn.Linear(W, M)
             self.fc2 = nn.Linear(M, W)
+            self.heads = H  # an attribute: TorchScript does not read Python globals
 
         def forward(self, x):
             b, t, w = x.shape[0], x.shape[1], x.shape[2]
-            qkv = self.qkv(self.n1(x)).view(b, t, 3, H, w // H).permute(2, 0, 3, 1, 4).unbind(0)
+            qkv = self.qkv(self.n1(x)).view(b, t, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
             a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
             x = x + self.proj(a.transpose(1, 2).reshape(b, t, w))
             return x + self.fc2(F.gelu(self.fc1(self.n2(x))))
