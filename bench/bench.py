@@ -6,7 +6,14 @@ seed experiment; w2: a 1.34 B GPT decoder in bf16) it runs, one after the
 other on this machine:
 
   PyTorch (bench/torch_pipelining.py, through python3, where it imports torch with CUDA)
-    pytorch-1gpu            the whole model on one GPU
+    pytorch-1gpu            the whole model on one GPU (eager, the seed's code)
+  PyTorch at its best on one GPU (bench/torch_single.py)
+    pytorch-1gpu-cl         W1: channels-last memory and cudnn.benchmark
+    pytorch-1gpu-graph      the whole training step captured once as a CUDA graph, replayed
+    pytorch-1gpu-compile    torch.compile (W1: channels-last)
+    ("vs best PyTorch" is against the fastest PyTorch row of the run, whichever it is.)
+  --batch B measures only the single-device variants (PyTorch's four, conveyor-1dev) at
+  batch B, a pipeline stage's micro-batch (W1 60; W2 8 or 4): names end in -bB.
     torch-naive-mp          the stages on 2 GPUs in one process, no micro-batches
     torch-split-m<M>        the seed tutorial's pipelined class: M micro-batches, one process
     torch-pp-<sched>-m<M>   torch.distributed.pipelining, 2 processes (one GPU each, NCCL),
@@ -60,6 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import torch_pipelining as tp  # noqa: E402  (imports no torch at module level)
+import torch_single as tsingle  # noqa: E402  (the same)
 
 JOBS = {"w1": "examples/resnet50-w1.yaml", "w2": "examples/gpt-w2.yaml"}
 UNITS = {w: (v["unit"], v["per_sample"]) for w, v in tp.WORKLOADS.items()}
@@ -76,8 +84,18 @@ FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", 
 def plan(args):
     """Every variant the arguments ask for: dicts with variant, impl, schedule, m."""
     mbs = [int(x) for x in args.micro_batches.split(",") if x]
-    out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "single", "m": 1},
-           {"variant": "torch-naive-mp", "impl": "pytorch", "schedule": "naive", "m": 1}]
+    # PyTorch at its best on one GPU (bench/torch_single.py): channels-last with cuDNN autotuning
+    # (W1), the whole step as one CUDA graph, torch.compile.
+    best = [{"variant": n, "impl": "pytorch", "schedule": "best", "m": 1}
+            for n in tsingle.VARIANTS[1:] if n != "pytorch-1gpu-cl" or args.workload == "w1"]
+    if args.batch:  # a pipeline stage's micro-batch: the single-device variants only
+        out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "best", "m": 1}] + best + \
+              [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1}]
+        for v in out:
+            v["variant"] += "-b%d" % args.batch
+        return select(args, out)
+    out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "single", "m": 1}] + best + \
+          [{"variant": "torch-naive-mp", "impl": "pytorch", "schedule": "naive", "m": 1}]
     for s in args.torch_schedules:
         for m in mbs:
             out.append({"variant": tp.variant_name(s, m), "impl": "pytorch", "schedule": s, "m": m})
@@ -91,6 +109,10 @@ def plan(args):
                 if v["impl"] == "conveyor" and v["variant"] != "conveyor-1dev"]
         out.append({"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
                     "graphs": True, "stages": 1})
+    return select(args, out)
+
+
+def select(args, out):
     only = [p for p in (args.only or "").split(",") if p]
     skip = [p for p in (args.skip or "").split(",") if p]
     match = lambda name, patterns: any(fnmatch.fnmatch(name, p) for p in patterns)
@@ -120,7 +142,9 @@ def job_text(workload, steps, schedule=None, micro_batches=None, extra=(), stage
     return text
 
 
-def batch_size(workload):
+def batch_size(workload, args=None):
+    if args is not None and args.batch:
+        return args.batch
     return int(re.search(r"(?m)^batch_size: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
 
 
@@ -129,7 +153,7 @@ def conveyor_command(args, v, job_path):
     profile = []
     if args.profile_dir:  # a folder per run: each local cluster numbers its jobs from 1
         profile = ["--profile-dir", os.path.abspath(os.path.join(args.profile_dir, "%s-%s" % (args.workload, v["variant"])))]
-    if v["variant"] == "conveyor-1dev":
+    if v["variant"].startswith("conveyor-1dev"):
         return [exe, "train", job_path, "--reference", "--device", args.device, "--json"] + profile
     cmd = [exe, "local", job_path, "--json"] + profile
     if args.trace_dir:  # the last step's timeline (device times of the compute on GPUs)
@@ -149,7 +173,7 @@ def stop_stage_servers(args):
 
 def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
-    micro_batches = v["m"] if v["variant"] != "conveyor-1dev" else None
+    micro_batches = v["m"] if not v["variant"].startswith("conveyor-1dev") else None
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         # The last warm-up step is the one profiled: it is not timed.
         extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
@@ -211,7 +235,11 @@ def torch_probe(args):
         return None
 
 
-def torch_command(args, workload, schedules, mbs):
+def torch_command(args, workload, schedules, mbs, names=()):
+    if schedules == ["best"]:
+        cmd = [args.python, os.path.join(HERE, "torch_single.py"), workload, "--steps", str(max(1, args.steps - WARMUP)),
+               "--warmup", str(WARMUP + 1), "--variants", ",".join(re.sub(r"-b\d+$", "", n) for n in names)]
+        return cmd + (["--batch", str(args.batch)] if args.batch else [])
     cmd = [args.python, os.path.join(HERE, "torch_pipelining.py"), workload, "--schedules", ",".join(schedules),
            "--steps", str(max(1, args.steps - WARMUP)), "--warmup", str(WARMUP),
            "--ranks", str(args.ranks), "--timeout", str(max(30, args.timeout - 15))]
@@ -225,10 +253,10 @@ def torch_command(args, workload, schedules, mbs):
     return cmd
 
 
-def run_torch(args, workload, group, schedules, mbs):
-    """One torch_pipelining.py call (the one-process variants, or one pipelined schedule):
-    its JSON lines, by variant name."""
-    cmd = torch_command(args, workload, schedules, mbs)
+def run_torch(args, workload, group, schedules, mbs, names=()):
+    """One torch_pipelining.py call (the one-process variants, or one pipelined schedule), or
+    one torch_single.py call (the best single-GPU variants): its JSON lines, by variant name."""
+    cmd = torch_command(args, workload, schedules, mbs, names)
     log = os.path.join(args.out, "%s-torch-%s.log" % (workload, group))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -442,10 +470,15 @@ def main(argv):
     p.add_argument("--torch-channels-last", action="store_true",
                    help="PyTorch's variants in channels-last memory with cudnn.benchmark (W1: its fastest "
                         "convolutions); Conveyor's stay as they are")
+    p.add_argument("--batch", type=int, default=0,
+                   help="measure the single-device variants at this batch (a stage's micro-batch: W1 60, W2 8 "
+                        "or 4); the variants' names end in -bB")
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
     args.schedules = [s for s in args.schedules.split(",") if s]
+    if args.batch:
+        args.set = args.set + ["batch_size=%d" % args.batch]
     args.torch_schedules = [s for s in args.torch_schedules.split(",") if s]
     for s in args.torch_schedules:
         if s not in ("tutorial",) + tp.PIPELINED:
@@ -461,8 +494,9 @@ def main(argv):
     torch_groups = {}
     for v in variants:
         if v["impl"] == "pytorch":
-            group = v["schedule"] if v["schedule"] in tp.PIPELINED else "local"
-            g = torch_groups.setdefault(group, {"schedules": [], "mbs": []})
+            group = v["schedule"] if v["schedule"] in tp.PIPELINED + ("best",) else "local"
+            g = torch_groups.setdefault(group, {"schedules": [], "mbs": [], "names": []})
+            g["names"].append(v["variant"])
             if v["schedule"] not in g["schedules"]:
                 g["schedules"].append(v["schedule"])
             if v["schedule"] not in ("single", "naive"):
@@ -470,7 +504,7 @@ def main(argv):
     if args.dry_run:
         print("%s: %d variants, CSV %s" % (w, len(variants), csv_path))
         for group, g in torch_groups.items():
-            print("  " + " ".join(torch_command(args, w, g["schedules"], g["mbs"])))
+            print("  " + " ".join(torch_command(args, w, g["schedules"], g["mbs"], g["names"])))
         for v in variants:
             if v["impl"] == "conveyor":
                 print("  %-22s %s  (job %s, schedule %s, micro_batches %d)" % (
@@ -491,13 +525,13 @@ def main(argv):
         stages = extra.pop("stages", "")
         rows.append(dict({"workload": w, "variant": v["variant"], "impl": v["impl"], "schedule": v["schedule"],
                           "micro_batches": v["m"], "stages": stages,
-                          "ms_per_step": "%.2f" % (1000.0 * batch_size(w) / sps),
+                          "ms_per_step": "%.2f" % (1000.0 * batch_size(w, args) / sps),
                           "samples_per_second": "%.3f" % sps, "throughput": "%.1f" % (sps * per_sample),
                           "unit": unit, "statistic": statistic, "note": note}, **extra))
         ratios(rows)
         write_csv(csv_path, rows)
         print("  %-26s %10.1f %s/s  %8.1f ms/step %s" % (v["variant"], sps * per_sample, unit,
-                                                         1000.0 * batch_size(w) / sps, note), flush=True)
+                                                         1000.0 * batch_size(w, args) / sps, note), flush=True)
 
     if torch_groups:
         gpus = torch_probe(args)
@@ -508,7 +542,7 @@ def main(argv):
         else:
             print("  %s: torch sees %d GPU(s)" % (args.python, gpus), flush=True)
     for group, g in torch_groups.items():
-        got = run_torch(args, w, group, g["schedules"], g["mbs"])
+        got = run_torch(args, w, group, g["schedules"], g["mbs"], g["names"])
         for v in variants:
             if v["impl"] != "pytorch" or v["schedule"] not in g["schedules"]:
                 continue
@@ -519,8 +553,10 @@ def main(argv):
                 failed.append(v["variant"])
                 continue
             add(v, r["samples_per_second"], "median of %d after %d warm-up" % (r["iters"], r["warmup"]),
-                note="channels-last, cudnn.benchmark" if args.torch_channels_last else "",
-                stages=r.get("stages", ""), final_loss=r.get("loss", ""), peak_gib="/".join(str(g) for g in r.get("peak_gib", [])))
+                note="channels-last, cudnn.benchmark" if args.torch_channels_last and v["schedule"] != "best" else "",
+                stages=r.get("stages", ""), final_loss=r.get("loss", ""),
+                peak_gib="/".join(str(g) for g in r["peak_gib"]) if isinstance(r.get("peak_gib"), list)
+                else r.get("peak_gib", ""))
 
     for v in variants:
         if v["impl"] != "conveyor":

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/checkpoint_export.h"
+#include "cli/curves.h"
 #include "cli/export.h"
 #include "cli/local_cluster.h"
 #include "cli/output.h"
@@ -19,6 +21,7 @@
 #include "cli/trace.h"
 #include "common/command_line.h"
 #include "common/files.h"
+#include "plan/job_keys.h"
 #include "plan/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -176,8 +179,26 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
   return WatchUntilDone(*stub, *id, c.json);
 }
 
-int CmdStatus(const Common& c, const std::string& job_id) {
+StatusOr<v1::Curves> FetchCurves(v1::Coordinator::Stub& stub, const std::string& job_id) {
+  v1::GetCurvesRequest req;
+  req.set_job_id(job_id);
+  v1::Curves curves;
+  CONVEYOR_RETURN_IF_ERROR(Call(stub, &v1::Coordinator::Stub::GetCurves, req, &curves));
+  return curves;
+}
+
+// Draws a job's curves into `png`; says what it wrote on `out`.
+Status DrawCurves(v1::Coordinator::Stub& stub, const std::string& job_id, const std::string& png, std::ostream& out) {
+  CONVEYOR_ASSIGN_OR_RETURN(v1::Curves curves, FetchCurves(stub, job_id));
+  CONVEYOR_RETURN_IF_ERROR(PlotCurves(curves, png));
+  out << "wrote " << png << ": the curves of " << job_id << " (" << Plural(curves.steps_size(), "step") << ", "
+      << Plural(curves.evals_size(), "evaluation") << ")\n";
+  return absl::OkStatus();
+}
+
+int CmdStatus(const Common& c, const std::string& job_id, bool wait, const std::string& metrics_csv) {
   auto stub = Connect(CoordinatorAddress(c));
+  if (wait) return WatchUntilDone(*stub, job_id, c.json);
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::JobStatus status;
@@ -185,6 +206,19 @@ int CmdStatus(const Common& c, const std::string& job_id) {
   if (!st.ok()) return Fail(st);
   if (c.json) std::cout << ToJson(status).dump() << std::endl;
   else std::cout << Summary(status);
+  if (metrics_csv.empty()) return 0;
+  auto curves = FetchCurves(*stub, job_id);
+  if (!curves.ok()) return Fail(curves.status());
+  if (Status wrote = WriteCurvesCsv(*curves, metrics_csv); !wrote.ok()) return Fail(wrote);
+  std::cerr << "wrote " << metrics_csv << ": " << Plural(curves->steps_size(), "training step") << ", "
+            << Plural(curves->evals_size(), "evaluation") << "\n";
+  return 0;
+}
+
+int CmdPlot(const Common& c, const std::string& job_id, std::string png) {
+  auto stub = Connect(CoordinatorAddress(c));
+  if (png.empty()) png = job_id + "-curves.png";
+  if (Status st = DrawCurves(*stub, job_id, png, std::cout); !st.ok()) return Fail(st);
   return 0;
 }
 
@@ -274,11 +308,6 @@ int CmdTrace(const Common& c, const std::string& job_id, int64_t step, const std
 // Gathers a job's weights from its stage servers (this process calls each
 // one: it must reach them) and writes them to `out` on this host.
 int CmdExport(const Common& c, const std::string& job_id, const std::string& out, const std::string& format) {
-  if (format == "torchscript") {
-    return Fail(absl::InvalidArgumentError(
-        "export --format torchscript is not supported yet: export writes a state_dict (--format state_dict), which "
-        "the scripted model's load_state_dict(torch.load(FILE, weights_only=True)) takes"));
-  }
   auto stub = Connect(CoordinatorAddress(c));
   v1::GetJobRequest req;
   req.set_job_id(job_id);
@@ -286,14 +315,25 @@ int CmdExport(const Common& c, const std::string& job_id, const std::string& out
   v1::JobStatus status;
   Status st = Call(*stub, &v1::Coordinator::Stub::GetJob, req, &status);
   if (!st.ok()) return Fail(st);
-  auto wrote = ExportWeights(status, out);
+  auto wrote = ExportWeights(status, out, format);
   if (!wrote.ok()) return Fail(wrote.status());
   std::ostringstream said;
   said << "wrote " << out << ": " << wrote->tensors << " tensors (" << FormatBytes(wrote->bytes) << ") of " << job_id
        << " from " << wrote->stages << " stage(s)";
+  if (format == "torchscript") said << " into its TorchScript archive";
   if (status.state() != v1::JOB_STATE_SUCCEEDED)
     said << "; the job is " << JobStateName(status.state()) << ": each stage gave its weights between two of its steps";
   std::cout << said.str() << "\n";
+  return 0;
+}
+
+// The weights in checkpoint files, read and written by this process.
+int CmdExportCheckpoints(const CheckpointExportOptions& options, const CheckpointExporter& export_checkpoints) {
+  auto wrote = export_checkpoints(options);
+  if (!wrote.ok()) return Fail(wrote.status());
+  std::cout << "wrote " << options.out << ": " << wrote->tensors << " tensors (" << FormatBytes(wrote->bytes)
+            << ") of " << wrote->job_id << " at step " << wrote->step << " from the checkpoints of " << wrote->stages
+            << " stage(s)" << (options.format == "torchscript" ? " into its TorchScript archive" : "") << "\n";
   return 0;
 }
 
@@ -375,7 +415,7 @@ class InterruptWatcher {
 };
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
-             const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs) {
+             const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
   auto yaml = ReadCheckedJobFile(file);
   if (!yaml.ok()) return Fail(yaml.status());
   auto spec = ParseJobYaml(*yaml);
@@ -413,6 +453,11 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
   if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
+  if (curves == "auto") curves = std::filesystem::path(file).stem().string() + "-curves.png";
+  if (!curves.empty() && !interrupts.interrupted()) {
+    Status drawn = DrawCurves(*stub, *id, curves, std::cerr);
+    if (!drawn.ok()) std::cerr << "no curves: " << drawn.message() << "\n";
+  }
   // Close our channel before the coordinator goes away under it.
   stub.reset();
   (*cluster)->Stop();
@@ -427,7 +472,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
 
 }  // namespace
 
-int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
+int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
+         const CheckpointExporter& export_checkpoints) {
   CLI::App app{"conveyor: pipeline-parallel training as services"};
   app.name("conveyor");
   app.require_subcommand(1);
@@ -452,6 +498,11 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("job_id", job_id, "job id")->required();
   status->add_flag("--json", common.json, "print one JSON object");
+  status->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
+  std::string metrics_csv, curves_out, local_curves = "auto";
+  status->add_option("--metrics-csv", metrics_csv,
+                     "also write the job's curves to FILE: one row per training step and per evaluation");
+
 
   auto* list = app.add_subcommand("list", "list the coordinator's jobs");
   list->add_flag("--json", common.json, "print a JSON array");
@@ -477,6 +528,10 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   local->add_flag("--keep-logs", keep_logs, "keep the cluster's logs and state even when the job succeeds");
 
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
+  local->add_option("--curves", local_curves,
+                    "draw the job's training curves into this PNG at the end (default: JOBFILE-curves.png in the "
+                    "working folder; \"\" draws none)")
+      ->capture_default_str();
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();
 
@@ -492,21 +547,48 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   health->add_option("--wait", health_wait, "wait up to SECONDS for a server that is still starting")
       ->check(CLI::NonNegativeNumber);
 
-  std::string export_format = "state_dict", export_out;
+  CheckpointExportOptions from_files;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a job's weights to a file: this CLI fetches them from the job's stage servers and writes FILE "
-                "on this host (a job that succeeded keeps its weights on the stages until the next job runs)");
-  export_cmd->add_option("job_id", job_id, "job id")->required();
-  export_cmd->add_option("--out", export_out, "the file to write (a state_dict: torch.load(FILE, weights_only=True))")
+      "export", "write a job's weights to a file on this host: fetched from the job's stage servers, or read from "
+                "the checkpoint files of its stages (--checkpoint-dir) without a running cluster; a job that "
+                "succeeded keeps its weights on the stages until the next job runs");
+  export_cmd->add_option("job_id", job_id, "job id (with --checkpoint-dir: the job whose checkpoints to read, "
+                                           "needed only when the folders hold several)");
+  export_cmd->add_option("--out", from_files.out,
+                         "the file to write: a state_dict (torch.load(FILE, weights_only=True)) or a TorchScript "
+                         "archive (torch.jit.load(FILE))")
       ->required();
-  export_cmd->add_option("--format", export_format, "state_dict (torchscript: not supported yet)")
+  export_cmd->add_option("--format", from_files.format,
+                         "state_dict, or torchscript: the job's TorchScript archive with the trained weights (jobs "
+                         "with model: {torchscript: PATH} only)")
       ->check(CLI::IsMember({"state_dict", "torchscript"}))
       ->capture_default_str();
+  export_cmd->add_option("--checkpoint-dir", from_files.dirs,
+                         "a stage server's --checkpoint-dir (repeat it: one per stage server); reads the weights "
+                         "from the checkpoint files there instead of asking the stages");
+  export_cmd->add_option("--step", from_files.step,
+                         "with --checkpoint-dir: the checkpoint's step (default: the newest one every stage has)")
+      ->check(CLI::PositiveNumber);
+
+  auto* keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
+
+  auto* plot = app.add_subcommand("plot", "draw a job's training curves into a PNG (loss, throughput, accuracy)");
+  plot->add_option("job_id", job_id, "job id")->required();
+  plot->add_option("--out", curves_out, "the PNG to write (default JOB-curves.png)");
 
   if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (*keys) {
+    std::fputs(JobKeysMarkdown().c_str(), stdout);
+    return kExitOk;
+  }
   if (*health) {
     if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
-  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd) {
+  } else if (*export_cmd && !from_files.dirs.empty()) {
+    from_files.job_id = job_id;
+  } else if (*export_cmd && (job_id.empty() || from_files.step != 0)) {
+    return UsageError(app, job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
+                                          : "export --step: only with --checkpoint-dir");
+  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd || *plot) {
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
         !st.ok())
@@ -520,14 +602,16 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference) {
   BearerToken() = std::move(*token);
 
   if (*submit) return CmdSubmit(common, file, wait);
-  if (*status) return CmdStatus(common, job_id);
+  if (*status) return CmdStatus(common, job_id, wait, metrics_csv);
+  if (*plot) return CmdPlot(common, job_id, curves_out);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);
-  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs);
+  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs, local_curves);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);
-  if (*export_cmd) return CmdExport(common, job_id, export_out, export_format);
+  if (*export_cmd && !from_files.dirs.empty()) return CmdExportCheckpoints(from_files, export_checkpoints);
+  if (*export_cmd) return CmdExport(common, job_id, from_files.out, from_files.format);
   return kExitUsage;
 }
 

@@ -7,7 +7,7 @@
 
 int main(int argc, char** argv) {
   conveyor::InstallCrashHandler("conveyor");
-  const int rc = conveyor::cli::Main(argc, argv, conveyor::cli::RunReference);
+  const int rc = conveyor::cli::Main(argc, argv, conveyor::cli::RunReference, conveyor::cli::ExportCheckpoints);
   // Everything is done and written: leave without running static destructors.
   // With a PyTorch wheel's LibTorch beside Debian's gRPC and protobuf, those
   // crashed the process after its work (exit 139 on the GPU machine).

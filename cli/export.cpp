@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "common/files.h"
 #include "common/net.h"
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"
@@ -29,16 +30,8 @@ Status CheckExportable(const v1::JobStatus& job) {
   return absl::OkStatus();
 }
 
-StatusOr<v1::ParametersReply> GetParameters(const std::string& job_id, int stage, const std::string& address,
-                                            double deadline_s) {
-  auto stub = v1::StageControl::NewStub(MakeChannel(address));
-  v1::JobRef ref;
-  ref.set_job_id(job_id);
-  v1::ParametersReply reply;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineAfter(deadline_s));
-  Status st = FromGrpc(stub->GetParameters(&ctx, ref, &reply));
-  if (st.ok()) return reply;
+// What a failed call to a stage of `job_id` means to the user.
+Status StageError(const Status& st, const std::string& job_id, int stage, const std::string& address) {
   const std::string which = "stage " + std::to_string(stage) + " (" + address + ")";
   switch (st.code()) {
     case absl::StatusCode::kFailedPrecondition:
@@ -55,9 +48,40 @@ StatusOr<v1::ParametersReply> GetParameters(const std::string& job_id, int stage
   }
 }
 
+StatusOr<v1::ParametersReply> GetParameters(const std::string& job_id, int stage, const std::string& address,
+                                            double deadline_s) {
+  auto stub = v1::StageControl::NewStub(MakeChannel(address));
+  auto page = [&](const v1::JobRef& ref) -> StatusOr<v1::ParametersReply> {
+    v1::ParametersReply reply;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineAfter(deadline_s));
+    Status st = FromGrpc(stub->GetParameters(&ctx, ref, &reply));
+    if (!st.ok()) return StageError(st, job_id, stage, address);
+    return reply;
+  };
+  return GatherParameters(job_id, page);
+}
+
+// The job's TorchScript archive with `parts`, built by its first stage.
+StatusOr<std::string> BuildTorchScript(const v1::JobStatus& job, std::vector<v1::ParametersReply> parts,
+                                       double deadline_s) {
+  const std::string& address = job.stages(0).address();
+  auto stub = v1::StageControl::NewStub(MakeChannel(address));
+  v1::TorchScriptRequest req;
+  req.set_job_id(job.job_id());
+  for (auto& part : parts) *req.add_parts() = std::move(part);
+  v1::TorchScriptReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineAfter(deadline_s));
+  Status st = FromGrpc(stub->ExportTorchScript(&ctx, req, &reply));
+  if (!st.ok()) return StageError(st, job.job_id(), 0, address);
+  return std::move(*reply.mutable_archive());
+}
+
 }  // namespace
 
-StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::string& path, double deadline_s) {
+StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::string& path, const std::string& format,
+                                      double deadline_s) {
   CONVEYOR_RETURN_IF_ERROR(CheckExportable(job));
   std::vector<v1::ParametersReply> parts;
   ExportSummary summary;
@@ -71,7 +95,12 @@ StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::strin
     parts.push_back(std::move(part));
   }
   summary.stages = job.stages_size();
-  CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(path, parts), "--out"));
+  if (format == "torchscript") {
+    CONVEYOR_ASSIGN_OR_RETURN(std::string archive, BuildTorchScript(job, std::move(parts), deadline_s));
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteFileAtomically(path, archive), "--out"));
+  } else {
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(path, parts), "--out"));
+  }
   return summary;
 }
 

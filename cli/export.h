@@ -17,9 +17,13 @@ struct ExportSummary {
 };
 
 // Calls StageControl.GetParameters on every stage that `job` lists
-// (status.stages(i).address(), in stage order) and writes the parameters and
-// buffers to `path` as one state_dict (WriteWireStateDict: what
-// torch.load(path, weights_only=True) reads). A job's weights stay on its
+// (status.stages(i).address(), in stage order; each in replies of at most
+// kParameterPageBytes, common/wire.h) and writes the parameters and buffers
+// to `path` as one state_dict (WriteWireStateDict: what
+// torch.load(path, weights_only=True) reads); with `format` "torchscript",
+// the job's TorchScript archive with them, which the first stage builds
+// (StageControl.ExportTorchScript: INVALID_ARGUMENT for a zoo model) and
+// this process writes. A job's weights stay on its
 // stages after it succeeded, until the next job runs; a failed or cancelled
 // job's are dropped at once. Errors: FAILED_PRECONDITION for a job that never
 // started, or that failed or was cancelled, or whose stages no longer hold
@@ -28,6 +32,7 @@ struct ExportSummary {
 // A running job is read stage by stage, each between two of its own steps:
 // the parts may then come from neighbouring steps.
 // Blocks for up to `deadline_s` per stage; thread-compatible.
-StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::string& path, double deadline_s = 300);
+StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::string& path,
+                                      const std::string& format = "state_dict", double deadline_s = 300);
 
 }  // namespace conveyor::cli

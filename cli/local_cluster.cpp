@@ -160,6 +160,21 @@ StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::s
   return WaitForPortFile(port_file, pid, child->name, log, start_timeout_s_);
 }
 
+StatusOr<std::string> LocalCluster::SpawnServer(Child* child, const std::vector<std::string>& env, bool metrics,
+                                                const std::string& host) {
+  if (!metrics) return Spawn(child, env);
+  // Written before the server's port file: it serves metrics first.
+  const std::string metrics_file = run_dir_ + "/" + child->name + ".metrics-port";
+  child->args.insert(child->args.end(), {"--metrics-listen", host + ":0", "--metrics-port-file", metrics_file});
+  CONVEYOR_ASSIGN_OR_RETURN(std::string address, Spawn(child, env));
+  std::string bound = ReadFile(metrics_file);
+  if (bound.empty() || bound.back() != '\n')
+    return absl::InternalError(child->name + " serves but wrote no metrics address to " + metrics_file);
+  bound.pop_back();
+  metrics_addresses_.push_back(bound);
+  return address;
+}
+
 StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->start_timeout_s_ = options.start_timeout_s;
@@ -198,7 +213,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)
       if (stage == i) env.push_back(e);
-    auto address = c->Spawn(&child, env);
+    auto address = c->SpawnServer(&child, env, options.metrics, host);
     if (!address.ok()) return address.status();
     child.args[child.listen_arg] = *address;  // a restart comes back at the same address
     c->stage_addresses_.push_back(*address);
@@ -220,7 +235,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     coordinator.args.insert(coordinator.args.end(), {"--auth-token-file", token_file});
   }
   coordinator.args.insert(coordinator.args.end(), tls.begin(), tls.end());
-  auto address = c->Spawn(&coordinator, {});
+  auto address = c->SpawnServer(&coordinator, {}, options.metrics, "127.0.0.1");
   if (!address.ok()) return address.status();
   coordinator.args[coordinator.listen_arg] = *address;
   c->coordinator_address_ = *address;

@@ -47,6 +47,9 @@ struct LocalClusterOptions {
   std::string auth_token;  // the coordinator requires it for SubmitJob and CancelJob; empty: none
   std::string profile_dir;  // the stages' --profile-dir (absolute); empty: their checkpoint folders
   std::vector<std::string> data_roots;  // every server's --data-root; empty: the servers' default
+  // Every server serves Prometheus metrics on a free port of its host
+  // (--metrics-listen; metrics_addresses() has them).
+  bool metrics = false;
 };
 
 class LocalCluster {
@@ -58,6 +61,9 @@ class LocalCluster {
 
   const std::string& coordinator_address() const { return coordinator_address_; }
   const std::vector<std::string>& stage_addresses() const { return stage_addresses_; }
+  // With options.metrics: each server's metrics HOST:PORT, the stages in
+  // order, then the coordinator's (as first started).
+  const std::vector<std::string>& metrics_addresses() const { return metrics_addresses_; }
   // Folder with the children's logs and the coordinator's state.
   const std::string& run_dir() const { return run_dir_; }
 
@@ -83,6 +89,10 @@ class LocalCluster {
   LocalCluster() = default;
   // Starts `child` (appending --port-file) and waits until it serves.
   StatusOr<std::string> Spawn(Child* child, const std::vector<std::string>& env);
+  // Starts `child` as Spawn does; with `metrics` on `host`'s free port, whose
+  // address it adds to metrics_addresses_.
+  StatusOr<std::string> SpawnServer(Child* child, const std::vector<std::string>& env, bool metrics,
+                                    const std::string& host);
   void Supervise();
 
   double start_timeout_s_ = 60;
@@ -92,6 +102,7 @@ class LocalCluster {
   std::vector<Child> children_;  // stages in order, then the coordinator
   std::vector<std::string> stage_addresses_;
   std::string coordinator_address_;
+  std::vector<std::string> metrics_addresses_;
   int restarts_ = 0;
   bool stopping_ = false;
   int wake_fd_ = -1;  // eventfd: wakes the supervisor to stop

@@ -21,6 +21,7 @@
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
+#include "model/torchscript_export.h"
 
 namespace conveyor::cli {
 
@@ -87,7 +88,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         BatchLoader::Batch batch = loader.Get(v1::PHASE_EVAL, b);
         const at::Tensor out = [&] {
           ForwardPrecision precision(spec, *device);
-          return ValueOrThrow(model->Forward(batch.inputs));
+          return ValueOrThrow(model->ForwardOne(batch.inputs));
         }();
         correct += CountCorrect(out, batch.labels);
         predictions += batch.labels.numel();
@@ -116,7 +117,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         at::Tensor out;
         {
           ForwardPrecision precision(spec, *device);
-          out = ValueOrThrow(model->Forward(batch.inputs));
+          out = ValueOrThrow(model->ForwardOne(batch.inputs));
         }
         at::Tensor l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
         l.backward();
@@ -168,7 +169,12 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     }
     if (spec.eval() && !by_epochs) evaluate();
   } catch (const c10::Error& e) {
-    return absl::InternalError(std::string("reference training: ") + e.what_without_backtrace());
+    const std::string what = e.what_without_backtrace();
+    // A loss of the user's that returned no scalar (ComputeLoss says so) is
+    // bad input; the stages find it when the job is placed (CheckLoss).
+    if (what.rfind("loss.torchscript: ", 0) == 0)
+      return absl::InvalidArgumentError("reference training: " + what.substr(0, what.find('\n')));
+    return absl::InternalError("reference training: " + what);
   } catch (const StatusError& e) {
     return Annotate(e.status(), "reference training");
   }
@@ -180,7 +186,8 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   if (!spec.save_path().empty()) {
     NamedTensors all = result.parameters;
     all.insert(all.end(), result.buffers.begin(), result.buffers.end());
-    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteStateDict(spec.save_path(), all), "save.path"));
+    CONVEYOR_RETURN_IF_ERROR(WriteWeights(spec.save_path(), all, spec.model(),
+                                          spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT, "save.path"));
   }
   s.set_state(v1::JOB_STATE_SUCCEEDED);
   s.set_eta_seconds(0);

@@ -1,11 +1,8 @@
 #include "cli/trace.h"
 
 #include "cli/output.h"
+#include "cli/plot.h"
 #include "plan/job_spec.h"
-
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -49,36 +46,6 @@ std::vector<int64_t> StageStepUs(const v1::StepTrace& trace) {
   std::vector<int64_t> out;
   for (const auto& st : trace.stages()) out.push_back(st.step_us());
   return out;
-}
-
-// The plotting script: $CONVEYOR_PLOT_SCRIPT, else next to the sources.
-std::string PlotScript() {
-  if (const char* env = std::getenv("CONVEYOR_PLOT_SCRIPT"); env && *env) return env;
-  return std::string(CONVEYOR_SOURCE_DIR) + "/cli/plot_timeline.py";
-}
-
-// The first of $CONVEYOR_PYTHON, python3 on the PATH and /usr/bin/python3
-// (Debian's, with python3-matplotlib) that can import matplotlib.
-std::string Python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("CONVEYOR_PYTHON"); env && *env) candidates.push_back(env);
-  candidates.push_back("python3");
-  candidates.push_back("/usr/bin/python3");
-  for (const auto& py : candidates) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int null = open("/dev/null", O_WRONLY);
-      if (null >= 0) {
-        dup2(null, STDOUT_FILENO);
-        dup2(null, STDERR_FILENO);
-      }
-      execlp(py.c_str(), py.c_str(), "-c", "import matplotlib", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    int status = 0;
-    if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return py;
-  }
-  return "python3";
 }
 
 }  // namespace
@@ -154,24 +121,10 @@ StatusOr<std::string> WriteTrace(const v1::StepTrace& trace, double theoretical_
     said << "  stage " << s << " idle " << std::fixed << std::setprecision(1) << 100 * idle[s] << "%\n";
   said << "  theoretical bubble " << std::fixed << std::setprecision(1) << 100 * theoretical_idle << "%\n";
   said << "wrote " << json_path << " (open it in ui.perfetto.dev)";
-  const std::string script = PlotScript();
-  if (!std::filesystem::exists(script)) {
-    said << "\nno PNG: " << script << " not found (set CONVEYOR_PLOT_SCRIPT)";
-    return said.str();
-  }
-  pid_t pid = fork();
-  if (pid == 0) {
-    const std::string python = Python();
-    execlp(python.c_str(), python.c_str(), script.c_str(), json_path.c_str(), png_path.c_str(),
-           static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+  if (Status drawn = RunPlotScript("plot_timeline.py", "CONVEYOR_PLOT_SCRIPT", {json_path, png_path}); drawn.ok()) {
     said << " and " << png_path;
   } else {
-    said << "\nno PNG: the plot script failed (is python3-matplotlib installed?)";
+    said << "\nno PNG: " << drawn.message();
   }
   return said.str();
 }

@@ -18,6 +18,14 @@ if(NOT CLI11_FOUND)
   target_include_directories(CLI11::CLI11 INTERFACE ${CLI11_INCLUDE_DIR})
 endif()
 find_package(SQLite3 REQUIRED)
+# Prometheus metrics (common/metrics.h), optional: Debian's prometheus-cpp-dev.
+# Without it --metrics-listen is refused (the GPU machine's image lacks it).
+find_package(prometheus-cpp CONFIG QUIET)
+set(CONVEYOR_HAS_PROMETHEUS OFF)
+if(TARGET prometheus-cpp::pull)
+  set(CONVEYOR_HAS_PROMETHEUS ON)
+endif()
+message(STATUS "Conveyor: Prometheus metrics ${CONVEYOR_HAS_PROMETHEUS}")
 if(CONVEYOR_FUZZ)
   # The fuzz targets are torch-free.
   if(TARGET yaml-cpp::yaml-cpp)

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "common/logging.h"
+
 namespace conveyor {
 namespace {
 
@@ -74,6 +76,20 @@ int ParseCommandLine(CLI::App& app, int argc, char** argv) {
     return UsageError(app, what);
   }
   return -1;
+}
+
+void AddMetricsFlags(CLI::App& app, MetricsFlags* flags) {
+  app.add_option("--metrics-listen", flags->listen,
+                 "HOST:PORT to serve Prometheus metrics on at /metrics (port 0 picks a free port); off by default");
+  app.add_option("--metrics-port-file", flags->port_file, "write the metrics endpoint's bound HOST:PORT here");
+}
+
+int StartError(const CLI::App& app, const absl::Status& status) {
+  if (absl::IsUnavailable(status)) {
+    LOG_ERROR("cannot start: ", status.message());
+    return kExitFailure;
+  }
+  return UsageError(app, std::string(status.message()));
 }
 
 }  // namespace conveyor

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <string>
+
+#include "absl/status/status.h"
 #include <vector>
 
 namespace CLI {
@@ -31,5 +33,17 @@ int ParseCommandLine(CLI::App& app, int argc, char** argv);
 
 // "PROGRAM: error: WHAT" and the --help hint on stderr; returns kExitUsage.
 int UsageError(const CLI::App& app, const std::string& what);
+
+// The servers' Prometheus endpoint (common/metrics.h): off unless --metrics-listen.
+struct MetricsFlags {
+  std::string listen;     // HOST:PORT; "" : no endpoint
+  std::string port_file;  // the bound HOST:PORT is written here
+};
+void AddMetricsFlags(CLI::App& app, MetricsFlags* flags);
+
+// A server that could not start a listener of a flag's: UNAVAILABLE (an
+// address in use) is logged and gives kExitFailure, anything else (a bad
+// address, a build without the feature) is a usage error.
+int StartError(const CLI::App& app, const absl::Status& status);
 
 }  // namespace conveyor

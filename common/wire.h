@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,5 +32,19 @@ Status CheckWireTensor(const v1::Tensor& t, int64_t payload_bytes, v1::DType dty
 // names are the model's state_dict() names; each stage's parameters come
 // before its buffers.
 Status WriteWireStateDict(const std::string& path, const std::vector<v1::ParametersReply>& parts);
+
+// Data bytes per GetParameters reply when the parameters are gathered: well
+// under kMaxMessageBytes (common/net.h, 1 GiB), so that a stage holding more
+// answers in several replies.
+constexpr int64_t kParameterPageBytes = int64_t{256} << 20;
+
+// One stage's parameters and buffers in one reply, fetched page by page:
+// `call` is GetParameters on that stage, asked for tensors from
+// JobRef.first_tensor on with JobRef.max_bytes = `page_bytes`, until
+// ParametersReply.next_tensor is 0. INVALID_ARGUMENT when a reply does not
+// advance; `call`'s errors as they are.
+StatusOr<v1::ParametersReply> GatherParameters(
+    const std::string& job_id, const std::function<StatusOr<v1::ParametersReply>(const v1::JobRef&)>& call,
+    int64_t page_bytes = kParameterPageBytes);
 
 }  // namespace conveyor

@@ -4,8 +4,14 @@
 #include "common/files.h"
 #include "plan/job_spec.h"
 #include "common/logging.h"
+#include "coordinator/job_metrics.h"
 
 namespace conveyor {
+namespace {
+// Why the running job stops when the coordinator does; it is not cancelled
+// for good: it stays running in the job store and resumes on the next start.
+constexpr char kShutdownReason[] = "the coordinator shut down";
+}  // namespace
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
   if (options.stages.empty()) return absl::InvalidArgumentError("the coordinator needs at least one stage address");
@@ -36,6 +42,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       LOG_WARN("job ", id, ": ", what);
     }
   }
+  c->CountJobs();
   if (!options.defer_scheduling) c->StartScheduling();
   return c;
 }
@@ -53,7 +60,7 @@ void Coordinator::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    if (runner_) runner_->Cancel("the coordinator shut down");
+    if (runner_) runner_->Cancel(kShutdownReason);
   }
   cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
@@ -69,6 +76,7 @@ StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   CONVEYOR_ASSIGN_OR_RETURN(std::string id, store_->Insert(spec, job_yaml, v1::JobStatus()));
   store_->AddEvent(id, "submitted").IgnoreError();
   LOG_INFO("job ", id, " (", spec.name(), ") queued");
+  CountJobs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++version_;
@@ -147,9 +155,18 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   status.set_error("cancelled by the user before it started");
   CONVEYOR_RETURN_IF_ERROR(store_->Update(status));
   store_->AddEvent(job_id, "cancelled").IgnoreError();
+  CountJobs();
   ++version_;
   cv_.notify_all();
   return status;
+}
+
+std::string Coordinator::CheckpointNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!runner_) return "no job is running: nothing to checkpoint";
+  if (!runner_->RequestCheckpoint())
+    return "job " + running_id_ + " has checkpoint_every: 0 and takes no checkpoints: it would start again from step 0";
+  return "job " + running_id_ + " checkpoints after its step in flight";
 }
 
 StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t step) {
@@ -160,6 +177,18 @@ StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t
   }
   CONVEYOR_ASSIGN_OR_RETURN(auto traces, store_->Traces(job_id));
   return FindTrace(traces, step);
+}
+
+StatusOr<v1::Curves> Coordinator::GetCurves(const std::string& job_id, int64_t after_step) {
+  CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, store_->Get(job_id));  // NOT_FOUND for an unknown job
+  CONVEYOR_ASSIGN_OR_RETURN(v1::Curves curves, store_->Curves(job_id, after_step));
+  curves.set_tokens(TokensPerSample(job.spec) > 0);
+  return curves;
+}
+
+void Coordinator::CountJobs() {
+  auto jobs = store_->List();
+  if (jobs.ok()) PublishJobCounts(*jobs);
 }
 
 StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* version,
@@ -173,10 +202,10 @@ StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* 
 }
 
 void Coordinator::OnStatus(const v1::JobStatus& status) {
-  bool save = false;
+  bool save = false, state_changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool state_changed = status.state() != live_.state();
+    state_changed = status.state() != live_.state();
     live_ = status;
     ++version_;
     auto now = std::chrono::steady_clock::now();
@@ -189,6 +218,7 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
   if (save) {
     Status st = store_->Update(status);
     if (!st.ok()) LOG_ERROR("saving job ", status.job_id(), ": ", st.message());
+    if (state_changed) CountJobs();
   }
 }
 
@@ -201,7 +231,10 @@ void Coordinator::RunJob(const std::string& job_id) {
     return;
   }
   std::vector<StageClient*> stages;
-  for (auto& c : clients_) stages.push_back(c.get());
+  for (auto& c : clients_) {
+    c->Reconnect();  // names resolved now: a restarted pod is found where it is
+    stages.push_back(c.get());
+  }
   JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); },
                    clock_);
   {
@@ -209,17 +242,31 @@ void Coordinator::RunJob(const std::string& job_id) {
     running_id_ = job_id;
     runner_ = &runner;
     live_ = job->status;
-    if (stop_) runner.Cancel("the coordinator shut down");
+    if (stop_) runner.Cancel(kShutdownReason);
     if (cancel_pending_ == job_id) runner.Cancel("cancelled by the user");
   }
   store_->AddEvent(job_id, "started").IgnoreError();
   v1::JobStatus final_status = runner.Run();
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping = stop_;
+  }
+  if (stopping && final_status.state() == v1::JOB_STATE_CANCELLED && final_status.error() == kShutdownReason) {
+    // SIGTERM (a pod rescheduled, a Slurm job requeued): not the user's
+    // cancel. The job stays running in the store, and the next coordinator
+    // with this state resumes it from its last complete checkpoint.
+    final_status.set_state(v1::JOB_STATE_RUNNING);
+    final_status.clear_error();
+    AddStatusEvent(&final_status, "the coordinator stopped; the job resumes when it starts again");
+  }
   Status st = store_->SaveTraces(job_id, runner.Traces());
   if (!st.ok()) LOG_ERROR("saving the timelines of job ", job_id, ": ", st.message());
   st = store_->Update(final_status);
   if (!st.ok()) LOG_ERROR("saving job ", job_id, ": ", st.message());
   store_->AddEvent(job_id, JobStateName(final_status.state()) + (final_status.error().empty() ? "" : ": " + final_status.error()))
       .IgnoreError();
+  CountJobs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_id_.clear();

@@ -71,12 +71,21 @@ class Coordinator {
   // that have one.
   StatusOr<v1::StepTrace> GetTrace(const std::string& job_id, int64_t step);
 
+  // A job's training curves after step `after_step` (a running job's are at
+  // most about a second behind). NOT_FOUND for an unknown id.
+  StatusOr<v1::Curves> GetCurves(const std::string& job_id, int64_t after_step = 0);
+
   // The clock that deadlines given to Watch are on.
   Clock& clock() const { return *clock_; }
 
   // Starts running queued jobs (Start() does unless defer_scheduling).
   // Idempotent.
   void StartScheduling();
+
+  // Asks the running job, if any, for a checkpoint after its step in flight
+  // (JobRunner::RequestCheckpoint): what a scheduler's preemption warning
+  // (SIGUSR1) does. Returns what happened, for the log.
+  std::string CheckpointNow();
 
   // Idempotent: cancels the running job and stops the scheduler.
   void Shutdown();
@@ -86,6 +95,8 @@ class Coordinator {
   void SchedulerLoop();
   void RunJob(const std::string& job_id);
   void OnStatus(const v1::JobStatus& status);
+  // conveyor_jobs{state} from the store, after a job changed state.
+  void CountJobs();
 
   std::unique_ptr<DirLock> state_lock_;  // one coordinator per state folder
   std::unique_ptr<JobStore> store_;

@@ -25,6 +25,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         grpc::ServerWriter<v1::JobStatus>* writer) override;
   grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req, v1::StepTrace* reply) override;
   grpc::Status ListStages(grpc::ServerContext*, const v1::Empty*, v1::ListStagesReply* reply) override;
+  grpc::Status GetCurves(grpc::ServerContext*, const v1::GetCurvesRequest* req, v1::Curves* reply) override;
 
  private:
   Coordinator* coordinator_;  // not owned

@@ -77,17 +77,30 @@ StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, co
   CONVEYOR_RETURN_IF_ERROR(BalancePartition(job_id, stages[0], spec));
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(*spec));
   const int chunks = static_cast<int>(ranges.size());  // p * virtual_stages
-  // Each chunk's shapes, probed along the chain on the stage that will hold it.
-  std::vector<std::vector<int64_t>> shapes{InputSampleShape(*spec)};
+  // What crosses into each chunk (a tuple's tensors: dtype, per-sample shape,
+  // whether it takes a gradient), probed along the chain on the stage that
+  // will hold it.
+  std::vector<std::vector<v1::SampleSpec>> specs(1);
+  specs[0].emplace_back().set_dtype(InputDType(*spec));
+  for (int64_t d : InputSampleShape(*spec)) specs[0][0].add_shape(d);
   for (int c = 0; c < chunks; ++c) {
     v1::ProbeRequest probe;
     *probe.mutable_spec() = *spec;
     probe.set_layer_begin(ranges[c].begin);
     probe.set_layer_end(ranges[c].end);
-    for (int64_t d : shapes.back()) probe.add_input_sample_shape(d);
+    *probe.mutable_input_sample_shape() = specs.back().front().shape();
+    for (const auto& in : specs.back()) *probe.add_inputs() = in;
     auto reply = stages[c % p]->Probe(probe, kControlDeadlineS);
     if (!reply.ok()) return ForStage(reply.status(), c % p);
-    shapes.emplace_back(reply->output_sample_shape().begin(), reply->output_sample_shape().end());
+    if (reply->outputs().empty()) {  // a stage that knows one tensor only
+      v1::SampleSpec one;
+      one.set_dtype(ActivationDType(*spec));
+      *one.mutable_shape() = reply->output_sample_shape();
+      one.set_requires_grad(true);
+      specs.push_back({one});
+    } else {
+      specs.emplace_back(reply->outputs().begin(), reply->outputs().end());
+    }
   }
   const bool ring = chunks > p;  // interleaved: the last stage feeds the first
   std::vector<v1::StageAssignment> assignments;
@@ -105,8 +118,10 @@ StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, co
       ca->set_index(c);
       ca->set_layer_begin(ranges[c].begin);
       ca->set_layer_end(ranges[c].end);
-      for (int64_t d : shapes[c]) ca->add_input_sample_shape(d);
-      for (int64_t d : shapes[c + 1]) ca->add_output_sample_shape(d);
+      *ca->mutable_input_sample_shape() = specs[c].front().shape();
+      *ca->mutable_output_sample_shape() = specs[c + 1].front().shape();
+      for (const auto& in : specs[c]) *ca->add_inputs() = in;
+      for (const auto& out : specs[c + 1]) *ca->add_outputs() = out;
     }
     assignments.push_back(std::move(a));
   }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/wire.h"
@@ -26,7 +27,8 @@ JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageCl
       store_(store),
       sink_(std::move(sink)),
       clock_(clock ? clock : &RealClock()),
-      pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))) {}
+      pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
+      metrics_(spec_, status_.job_id(), store_) {}
 
 void JobRunner::Cancel(const std::string& reason) {
   {
@@ -36,6 +38,12 @@ void JobRunner::Cancel(const std::string& reason) {
   }
   cancel_cv_.notify_all();
   AbortAll(reason);
+}
+
+bool JobRunner::RequestCheckpoint() {
+  if (spec_.checkpoint_every() == 0) return false;
+  checkpoint_requested_ = true;
+  return true;
 }
 
 void JobRunner::Event(const std::string& text) {
@@ -140,6 +148,7 @@ Status JobRunner::LoadAll(int64_t step) {
 Status JobRunner::Restore() {
   if (!store_ || spec_.checkpoint_every() == 0) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
+    metrics_.Rewind(0);
     status_.set_step(0);
     status_.clear_losses();
     return absl::OkStatus();
@@ -172,6 +181,7 @@ Status JobRunner::Restore() {
   }
   status_.set_step(restored);
   status_.set_checkpoint_step(restored);
+  metrics_.Rewind(restored);
   if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
   if (status_.lrs_size() > restored) status_.mutable_lrs()->Truncate(static_cast<int>(restored));
   if (status_.grad_norms_size() > restored) status_.mutable_grad_norms()->Truncate(static_cast<int>(restored));
@@ -241,16 +251,21 @@ Status JobRunner::Train() {
     req.set_phase(v1::PHASE_TRAIN);
     req.set_step(step);
     req.set_batch_size(batch);
-    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total));
+    const bool asked = checkpoint_requested_.exchange(false);
+    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
     req.set_total_steps(total);
     // Clipping over several stages: every stage's share of the norm first.
     req.set_defer_update(spec_.clip_grad_norm() > 0 && stages_.size() > 1);
     const auto step_start = SteadyClock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
-    progress_.AddStep(step, replies, step_start, SteadyClock::now());
+    const auto step_end = SteadyClock::now();
+    progress_.AddStep(step, replies, step_start, step_end);
+    metrics_.Step(step, std::chrono::duration<double>(step_end - step_start).count(), replies.back().loss_sum(),
+                  status_.samples_per_second());
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
+    if (asked) Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
     // Publish at most ten times a second, and the last step.
     if (done == total || SteadyClock::now() - last_publish > std::chrono::milliseconds(100)) {
       last_publish = SteadyClock::now();
@@ -316,6 +331,7 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
   std::vector<std::pair<int, v1::CheckpointRecord>> records;
   for (std::size_t s = 0; s < replies.size(); ++s) records.emplace_back(static_cast<int>(s), replies[s].checkpoint());
   status_.set_checkpoint_step(done);
+  metrics_.Checkpoint();  // the curves up to here are stored with it
   if (store_) {
     Status st = store_->RecordCheckpoints(status_, records);
     if (!st.ok()) LOG_ERROR("job ", status_.job_id(), ": recording the checkpoint of step ", done, ": ", st.message());
@@ -363,6 +379,7 @@ Status JobRunner::Evaluate() {
   status_.set_has_eval(true);
   status_.set_eval_loss(samples > 0 ? loss_weighted / static_cast<double>(samples) : 0);
   status_.set_eval_accuracy(seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : 0);
+  metrics_.Eval(status_.step(), status_.eval_loss(), status_.eval_accuracy());
   LOG_INFO("job ", status_.job_id(), " test accuracy ", status_.eval_accuracy(), " (", correct, "/", seen, ")");
   return absl::OkStatus();
 }
@@ -370,13 +387,25 @@ Status JobRunner::Evaluate() {
 Status JobRunner::SaveWeights() {
   if (spec_.save_path().empty()) return absl::OkStatus();
   std::vector<v1::ParametersReply> parts;
-  v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    auto reply = stages_[s]->GetParameters(ref, kControlDeadlineS);
+    auto reply = GatherParameters(status_.job_id(), [&](const v1::JobRef& ref) {
+      return stages_[s]->GetParameters(ref, kControlDeadlineS);
+    });
     if (!reply.ok()) return ForStage(reply.status(), static_cast<int64_t>(s));
     parts.push_back(std::move(*reply));
   }
-  CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(spec_.save_path(), parts), "save.path"));
+  if (spec_.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT) {
+    // The first stage holds the archive and LibTorch; it builds the file's
+    // bytes, this process writes them (docs/jobs.md, save).
+    v1::TorchScriptRequest req;
+    req.set_job_id(status_.job_id());
+    for (auto& part : parts) *req.add_parts() = std::move(part);
+    auto archive = stages_[0]->ExportTorchScript(req, kControlDeadlineS);
+    if (!archive.ok()) return ForStage(archive.status(), 0);
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteFileAtomically(spec_.save_path(), archive->archive()), "save.path"));
+  } else {
+    CONVEYOR_RETURN_IF_ERROR(Annotate(WriteWireStateDict(spec_.save_path(), parts), "save.path"));
+  }
   Event("trained weights saved to " + spec_.save_path());
   LOG_INFO("job ", status_.job_id(), ": weights saved to ", spec_.save_path());
   return absl::OkStatus();
@@ -432,6 +461,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
   }
   status_.set_state(v1::JOB_STATE_RECOVERING);
   status_.set_recoveries(status_.recoveries() + 1);
+  metrics_.Recovery();
   status_.set_error(std::string(failure.message()));
   LOG_WARN("job ", status_.job_id(), " recovering after step ", status_.step(), ": ", failure.message());
   Event("step " + std::to_string(status_.step()) + " failed (" + std::string(failure.message()) + "): recovering");
@@ -521,6 +551,7 @@ v1::JobStatus JobRunner::Run() {
   if (status_.state() != v1::JOB_STATE_SUCCEEDED) {
     for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
   }
+  metrics_.Flush(/*now=*/true);
   status_.set_eta_seconds(0);
   status_.set_finished_unix_ms(NowUnixMs());
   LOG_INFO("job ", status_.job_id(), " ", JobStateName(status_.state()),

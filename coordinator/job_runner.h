@@ -21,6 +21,7 @@
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
 #include "coordinator/clock.h"
+#include "coordinator/job_metrics.h"
 #include "coordinator/job_store.h"
 #include "coordinator/progress.h"
 #include "coordinator/stage_client.h"
@@ -50,6 +51,12 @@ class JobRunner {
   // Stops the job at the next chance, from any thread; it ends CANCELLED.
   void Cancel(const std::string& reason);
 
+  // Asks for a checkpoint after the training step in flight (or the next one),
+  // from any thread: a scheduler's warning before preemption (SIGUSR1 to the
+  // coordinator). False, and nothing asked, when the job takes no checkpoints
+  // (checkpoint_every: 0).
+  bool RequestCheckpoint();
+
   // Timelines kept so far: the first Progress::kFirstTraces steps and the
   // last Progress::kLastTraces. Thread-safe. step -1: the last one kept.
   StatusOr<v1::StepTrace> Trace(int64_t step) const { return progress_.Trace(step); }
@@ -64,7 +71,8 @@ class JobRunner {
   // (once per job: job_planner.h).
   Status Setup();
   // With save.path: every stage's parameters and buffers, written by the
-  // coordinator as one state_dict.
+  // coordinator as one state_dict, or (save.format torchscript) as the
+  // archive that the first stage builds with them.
   Status SaveWeights();
   // Configures and connects every stage, then restores the newest checkpoint
   // complete on all of them (each time the job starts or recovers).
@@ -112,6 +120,7 @@ class JobRunner {
   Clock* clock_;
   WorkerPool pool_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> checkpoint_requested_{false};
   std::mutex reason_mu_;  // guards cancel_reason_
   std::condition_variable cancel_cv_;  // with reason_mu_: wakes waits when cancelled
   std::string cancel_reason_;
@@ -123,6 +132,7 @@ class JobRunner {
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
   Progress progress_{&status_};  // status fields, epochs and traces of the steps
+  JobMetrics metrics_;           // Prometheus series and the curves in the store
 };
 
 }  // namespace conveyor

@@ -34,6 +34,13 @@ class Stmt {
   void Bind(int i, const std::string& s) { sqlite3_bind_blob(stmt_, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT); }
   void BindText(int i, const std::string& s) { sqlite3_bind_text(stmt_, i, s.c_str(), -1, SQLITE_TRANSIENT); }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, double v) { sqlite3_bind_double(stmt_, i, v); }
+  void BindNull(int i) { sqlite3_bind_null(stmt_, i); }
+  // For a statement run again with new values.
+  void Reset() {
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+  }
   // True while there is a row; errors end the loop and show in status().
   bool Step() {
     rc_ = sqlite3_step(stmt_);
@@ -48,6 +55,8 @@ class Stmt {
     return p ? reinterpret_cast<const char*>(p) : "";
   }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) { return sqlite3_column_double(stmt_, col); }
+  bool IsNull(int col) { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
 
  private:
   sqlite3* db_;
@@ -96,7 +105,25 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "CREATE TABLE IF NOT EXISTS job_events ("
       "  job_id TEXT NOT NULL,"
       "  at_ms INTEGER NOT NULL,"
-      "  event TEXT NOT NULL);"));
+      "  event TEXT NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS curve_steps ("
+      "  job_id TEXT NOT NULL,"
+      "  step INTEGER NOT NULL,"
+      "  loss REAL NOT NULL,"
+      "  lr REAL NOT NULL,"
+      "  grad_norm REAL,"  // NULL: the job has none
+      "  step_seconds REAL NOT NULL,"
+      "  samples_per_second REAL NOT NULL,"
+      "  tokens_per_second REAL NOT NULL,"
+      "  at_ms INTEGER NOT NULL,"
+      "  PRIMARY KEY (job_id, step));"
+      "CREATE TABLE IF NOT EXISTS curve_evals ("
+      "  job_id TEXT NOT NULL,"
+      "  step INTEGER NOT NULL,"
+      "  loss REAL NOT NULL,"
+      "  accuracy REAL NOT NULL,"
+      "  at_ms INTEGER NOT NULL,"
+      "  PRIMARY KEY (job_id, step));"));
   return store;
 }
 
@@ -139,7 +166,7 @@ StatusOr<std::string> JobStore::Insert(const v1::JobSpec& spec, const std::strin
   Stmt upd(db_, "UPDATE jobs SET id = ?, status = ? WHERE seq = ?;");
   upd.BindText(1, id);
   upd.Bind(2, status.SerializeAsString());
-  upd.Bind(3, sqlite3_last_insert_rowid(db_));
+  upd.Bind(3, static_cast<int64_t>(sqlite3_last_insert_rowid(db_)));
   upd.Step();
   if (!upd.status().ok()) {
     Exec("ROLLBACK;").IgnoreError();
@@ -297,6 +324,106 @@ Status JobStore::DropCheckpoints(const std::string& job_id, int64_t step) {
   del.Bind(2, step);
   del.Step();
   return del.status();
+}
+
+Status JobStore::AddCurves(const std::string& job_id, const std::vector<v1::CurvePoint>& steps,
+                           const std::vector<v1::EvalPoint>& evals) {
+  if (steps.empty() && evals.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  Status st;
+  {
+    Stmt ins(db_,
+             "INSERT OR REPLACE INTO curve_steps (job_id, step, loss, lr, grad_norm, step_seconds, "
+             "samples_per_second, tokens_per_second, at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);");
+    for (const v1::CurvePoint& p : steps) {
+      ins.Reset();
+      ins.BindText(1, job_id);
+      ins.Bind(2, p.step());
+      ins.Bind(3, p.loss());
+      ins.Bind(4, p.lr());
+      if (p.has_grad_norm()) {
+        ins.Bind(5, p.grad_norm());
+      } else {
+        ins.BindNull(5);
+      }
+      ins.Bind(6, p.step_seconds());
+      ins.Bind(7, p.samples_per_second());
+      ins.Bind(8, p.tokens_per_second());
+      ins.Bind(9, p.unix_ms());
+      ins.Step();
+      st = ins.status();
+      if (!st.ok()) break;
+    }
+  }
+  if (st.ok()) {
+    Stmt ins(db_, "INSERT OR REPLACE INTO curve_evals (job_id, step, loss, accuracy, at_ms) VALUES (?, ?, ?, ?, ?);");
+    for (const v1::EvalPoint& e : evals) {
+      ins.Reset();
+      ins.BindText(1, job_id);
+      ins.Bind(2, e.step());
+      ins.Bind(3, e.loss());
+      ins.Bind(4, e.accuracy());
+      ins.Bind(5, e.unix_ms());
+      ins.Step();
+      st = ins.status();
+      if (!st.ok()) break;
+    }
+  }
+  if (!st.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT;");
+}
+
+Status JobStore::DropCurves(const std::string& job_id, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const char* sql : {"DELETE FROM curve_steps WHERE job_id = ? AND step > ?;",
+                          "DELETE FROM curve_evals WHERE job_id = ? AND step > ?;"}) {
+    Stmt del(db_, sql);
+    del.BindText(1, job_id);
+    del.Bind(2, step);
+    del.Step();
+    CONVEYOR_RETURN_IF_ERROR(del.status());
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<v1::Curves> JobStore::Curves(const std::string& job_id, int64_t after_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::Curves out;
+  out.set_job_id(job_id);
+  Stmt q(db_,
+         "SELECT step, loss, lr, grad_norm, step_seconds, samples_per_second, tokens_per_second, at_ms "
+         "FROM curve_steps WHERE job_id = ? AND step > ? ORDER BY step;");
+  q.BindText(1, job_id);
+  q.Bind(2, after_step);
+  while (q.Step()) {
+    v1::CurvePoint* p = out.add_steps();
+    p->set_step(q.Int(0));
+    p->set_loss(q.Real(1));
+    p->set_lr(q.Real(2));
+    p->set_has_grad_norm(!q.IsNull(3));
+    p->set_grad_norm(q.Real(3));
+    p->set_step_seconds(q.Real(4));
+    p->set_samples_per_second(q.Real(5));
+    p->set_tokens_per_second(q.Real(6));
+    p->set_unix_ms(q.Int(7));
+  }
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  Stmt e(db_, "SELECT step, loss, accuracy, at_ms FROM curve_evals WHERE job_id = ? AND step > ? ORDER BY step;");
+  e.BindText(1, job_id);
+  e.Bind(2, after_step);
+  while (e.Step()) {
+    v1::EvalPoint* p = out.add_evals();
+    p->set_step(e.Int(0));
+    p->set_loss(e.Real(1));
+    p->set_accuracy(e.Real(2));
+    p->set_unix_ms(e.Int(3));
+  }
+  CONVEYOR_RETURN_IF_ERROR(e.status());
+  return out;
 }
 
 StatusOr<std::vector<std::string>> JobStore::InState(v1::JobState state) {

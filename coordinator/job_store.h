@@ -63,6 +63,17 @@ class JobStore {
   // Forgets the checkpoints of a step (one of them turned out corrupt).
   Status DropCheckpoints(const std::string& job_id, int64_t step);
 
+  // Training curves: per-step rows and evaluations, in one transaction (the
+  // runner batches them). A step or evaluation stored before (a step run
+  // again after a recovery) is replaced.
+  Status AddCurves(const std::string& job_id, const std::vector<v1::CurvePoint>& steps,
+                   const std::vector<v1::EvalPoint>& evals);
+  // Forgets a job's curve rows of steps after `step` (the job goes back to
+  // the checkpoint of `step`: those steps run again, or never).
+  Status DropCurves(const std::string& job_id, int64_t step);
+  // A job's curves of steps after `after_step`, by step.
+  StatusOr<v1::Curves> Curves(const std::string& job_id, int64_t after_step = 0);
+
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   Status Exec(const std::string& sql);

@@ -19,8 +19,7 @@ std::string FormatSeconds(double s) {
 
 class GrpcStageClient : public StageClient {
  public:
-  explicit GrpcStageClient(const std::string& address)
-      : address_(address), stub_(v1::StageControl::NewStub(MakeChannel(address))) {}
+  explicit GrpcStageClient(const std::string& address) : address_(address) { Connect(); }
 
   const std::string& address() const override { return address_; }
 
@@ -32,6 +31,10 @@ class GrpcStageClient : public StageClient {
 #undef CONVEYOR_STAGE_GRPC_CALL
   StatusOr<v1::StageInfo> Ping(double t) override {
     return Invoke(&v1::StageControl::Stub::GetInfo, v1::Empty(), t, CallKind::kFailFast);
+  }
+  void Reconnect() override {
+    std::lock_guard<std::mutex> lock(stub_mu_);
+    if (channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) Connect();
   }
   void CancelSteps() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -56,8 +59,13 @@ class GrpcStageClient : public StageClient {
       std::lock_guard<std::mutex> lock(mu_);
       steps_.insert(&ctx);
     }
+    std::shared_ptr<v1::StageControl::Stub> stub;
+    {
+      std::lock_guard<std::mutex> lock(stub_mu_);
+      stub = stub_;  // calls in flight keep the channel they started on
+    }
     Reply reply;
-    grpc::Status st = (stub_.get()->*method)(&ctx, req, &reply);
+    grpc::Status st = (stub.get()->*method)(&ctx, req, &reply);
     if (step) {
       std::lock_guard<std::mutex> lock(mu_);
       steps_.erase(&ctx);
@@ -75,8 +83,16 @@ class GrpcStageClient : public StageClient {
     return reply;
   }
 
+  // REQUIRES: stub_mu_ held, or the constructor.
+  void Connect() {
+    channel_ = MakeChannel(address_);
+    stub_ = v1::StageControl::NewStub(channel_);
+  }
+
   const std::string address_;
-  std::unique_ptr<v1::StageControl::Stub> stub_;
+  std::mutex stub_mu_;  // guards channel_ and stub_, replaced by Reconnect()
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<v1::StageControl::Stub> stub_;
   std::atomic<bool> connected_once_{false};
   std::mutex mu_;  // guards steps_
   std::set<grpc::ClientContext*> steps_;

@@ -29,6 +29,11 @@ class StageClient {
   // Ends the RunStep calls in flight at once (they return CANCELLED), from any
   // thread: a step that failed elsewhere must not wait for a stage that is gone.
   virtual void CancelSteps() {}
+  // Called when a job starts, from any thread: a client whose connection is
+  // not up makes a new one, so that the stage's name is resolved again (a
+  // pod restarted at another IP, a name that did not resolve before) and no
+  // reconnect backoff left from earlier failures delays the job.
+  virtual void Reconnect() {}
 };
 
 std::unique_ptr<StageClient> MakeGrpcStageClient(const std::string& address);

@@ -17,14 +17,15 @@
 #include "model/state_dict.h"
 
 namespace conveyor {
-namespace {
 
-uint64_t Mix(uint64_t seed, uint64_t salt) {
+uint64_t MixSeed(uint64_t seed, uint64_t salt) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (salt + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
+
+namespace {
 
 class GzFile {
  public:
@@ -261,8 +262,8 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
     const int64_t classes = NumClasses(spec.model());
     const bool tokens = InputDType(spec) == v1::DTYPE_INT64;
     auto make = [&](int64_t n, uint64_t salt, at::Tensor* x, at::Tensor* y) {
-      at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt));
-      at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(Mix(spec.seed(), salt + 1));
+      at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt));
+      at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt + 1));
       std::vector<int64_t> full{n}, full_labels{n};
       full.insert(full.end(), shape.begin(), shape.end());
       full_labels.insert(full_labels.end(), label_shape.begin(), label_shape.end());
@@ -306,7 +307,7 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = perms_.find(epoch);
     if (it == perms_.end()) {
-      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(Mix(spec_.seed(), 1000 + epoch));
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec_.seed(), 1000 + epoch));
       it = perms_.emplace(epoch, at::randperm(train_size_, g, at::kLong)).first;
       while (perms_.size() > 2) perms_.erase(perms_.begin());
     }

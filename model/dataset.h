@@ -25,6 +25,11 @@
 
 namespace conveyor {
 
+// Conveyor's seed mixer (splitmix64's finaliser over seed + golden * (salt + 1)):
+// shuffling draws from MixSeed(seed, 1000 + epoch), dropout from
+// DropoutSeed (model/partition.h). docs/models.md gives it in Python.
+uint64_t MixSeed(uint64_t seed, uint64_t salt);
+
 class TokenFile;
 
 class Dataset {

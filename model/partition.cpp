@@ -21,6 +21,21 @@ std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a
 
 }  // namespace
 
+uint64_t DropoutSeed(uint64_t seed, int64_t step, int micro_batch, int layer) {
+  return MixSeed(MixSeed(MixSeed(seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(micro_batch)),
+                 static_cast<uint64_t>(layer));
+}
+
+StatusOr<at::Tensor> Partition::ForwardOne(const at::Tensor& input) {
+  CONVEYOR_ASSIGN_OR_RETURN(Tensors out, Forward({input}));
+  if (out.size() != 1) {
+    return absl::InvalidArgumentError("layer " + std::to_string(layers_.back().index) + " (" + layers_.back().name +
+                                      ") returns a tuple of " + std::to_string(out.size()) +
+                                      " tensors where one tensor is needed");
+  }
+  return std::move(out.front());
+}
+
 NamedTensors Partition::NamedParameters() const {
   NamedTensors out;
   for (int i = 0; i < num_layers(); ++i)

@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,9 @@ class SequentialImpl;
 namespace conveyor {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+// What crosses a stage boundary: one tensor, or the tensors of a tuple in
+// order (nn.Sequential passes a layer's output on as one argument).
+using Tensors = std::vector<at::Tensor>;
 
 class Partition {
  public:
@@ -40,9 +44,25 @@ class Partition {
   };
 
   // A micro-batch's input through the layers held, recording autograd where
-  // grad mode is on. INVALID_ARGUMENT naming the layer when the output of one
-  // is not what the next (or the stage boundary, a tensor) takes.
-  virtual StatusOr<at::Tensor> Forward(const at::Tensor& input) = 0;
+  // grad mode is on. `inputs` is one tensor, or a tuple's tensors (the first
+  // layer gets them as one tuple); the output likewise. INVALID_ARGUMENT
+  // naming the layer when the output of one is not what the next takes, or
+  // what the last returns cannot cross a stage boundary (docs/models.md).
+  virtual StatusOr<Tensors> Forward(const Tensors& inputs) = 0;
+  // What the layers' random numbers (dropout) are drawn from in training:
+  // before layer i's forward the default generators (CPU, and CUDA on a GPU)
+  // are seeded with DropoutSeed(seed, step, micro_batch, layer index), the
+  // same in a recomputed forward. Unset (evaluation): left as they are.
+  struct RandomKey {
+    uint64_t seed = 0;
+    int64_t step = 0;
+    int micro_batch = 0;
+  };
+  void SetRandomKey(std::optional<RandomKey> key) { random_key_ = key; }
+
+  // One tensor in, one out (the whole model's input and output):
+  // INVALID_ARGUMENT when the layers return a tuple.
+  StatusOr<at::Tensor> ForwardOne(const at::Tensor& input);
 
   int num_layers() const { return static_cast<int>(layers_.size()); }
   int layer_index(int i) const { return layers_[static_cast<std::size_t>(i)].index; }
@@ -71,7 +91,13 @@ class Partition {
 
  protected:
   std::vector<Layer> layers_;
+  std::optional<RandomKey> random_key_;
 };
+
+// The seed of `layer`'s random numbers in micro-batch `micro_batch` of
+// training step `step` (0-based): MixSeed(MixSeed(MixSeed(seed, step),
+// micro_batch), layer) (docs/models.md).
+uint64_t DropoutSeed(uint64_t seed, int64_t step, int micro_batch, int layer);
 
 // The layers [begin, end) of the job's model, from the zoo or the job's
 // TorchScript archive, on the CPU in the job's precision (`init` false: the

@@ -12,6 +12,13 @@ namespace {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// Held while a partition seeds the process's default generators and runs the
+// layers that draw from them (several stages may share a process: tests).
+std::mutex& DefaultGeneratorMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 // The archive's top-level module, checked to be an nn.Sequential.
 StatusOr<torch::jit::Module> LoadSequential(const std::string& path) {
   static std::once_flag once;
@@ -64,6 +71,25 @@ std::vector<std::pair<int, int>> TiedLayers(const std::vector<torch::jit::Module
   return tied;
 }
 
+// What crosses a stage boundary: a tensor, or a tuple of two or more
+// tensors, flattened in order. Anything else (nesting, lists, dicts, None)
+// is refused naming the layer that returns it.
+StatusOr<Tensors> Flatten(const c10::IValue& x, const std::string& who) {
+  if (x.isTensor()) return Tensors{x.toTensor()};
+  if (x.isTuple()) {
+    const auto& elements = x.toTuple()->elements();
+    Tensors out;
+    for (const c10::IValue& e : elements) {
+      if (!e.isTensor()) break;
+      out.push_back(e.toTensor());
+    }
+    if (out.size() == elements.size() && out.size() >= 2) return out;
+  }
+  return absl::InvalidArgumentError(who + " returns " + x.type()->str() +
+                                    ": what crosses a stage boundary is a tensor or a flat tuple of two or more "
+                                    "tensors (no nesting, lists, dicts or None); cut the model elsewhere");
+}
+
 class TorchScriptPartition final : public Partition {
  public:
   TorchScriptPartition(std::vector<torch::jit::Module> children, std::vector<Layer> layers)
@@ -71,22 +97,28 @@ class TorchScriptPartition final : public Partition {
     layers_ = std::move(layers);
   }
 
-  StatusOr<at::Tensor> Forward(const at::Tensor& input) override {
-    c10::IValue x = input;
+  StatusOr<Tensors> Forward(const Tensors& inputs) override {
+    c10::IValue x = inputs.size() == 1 ? c10::IValue(inputs.front())
+                                       : c10::IValue(c10::ivalue::Tuple::create(
+                                             std::vector<c10::IValue>(inputs.begin(), inputs.end())));
+    // Seeded per layer (training): the generators are the process's, so
+    // nothing else may draw between the seed and the layer's last draw.
+    const bool seeded = random_key_.has_value() && is_training();
+    std::unique_lock<std::mutex> lock(DefaultGeneratorMutex(), std::defer_lock);
+    if (seeded) lock.lock();
     for (std::size_t i = 0; i < children_.size(); ++i) {
       try {
+        if (seeded) {
+          const uint64_t seed = DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch,
+                                            layers_[i].index);
+          at::manual_seed(seed);  // CPU, and every CUDA device where there are any
+        }
         x = children_[i].forward({x});
       } catch (const c10::Error& e) {
-        return absl::InvalidArgumentError("layer " + std::to_string(layers_[i].index) + " (" + layers_[i].name +
-                                          "): " + FirstLine(e.what_without_backtrace()));
+        return absl::InvalidArgumentError(LayerWho(i) + ": " + FirstLine(e.what_without_backtrace()));
       }
     }
-    if (!x.isTensor()) {
-      return absl::InvalidArgumentError("layer " + std::to_string(layers_.back().index) + " (" + layers_.back().name +
-                                        ") returns " + x.type()->str() +
-                                        ": only a tensor crosses a stage boundary so far; cut the model elsewhere");
-    }
-    return x.toTensor();
+    return Flatten(x, LayerWho(children_.size() - 1));
   }
 
   NamedTensors LayerParameters(int i) const override {
@@ -110,6 +142,10 @@ class TorchScriptPartition final : public Partition {
   bool is_training() const override { return children_.empty() || children_.front().is_training(); }
 
  private:
+  std::string LayerWho(std::size_t i) const {
+    return "layer " + std::to_string(layers_[i].index) + " (" + layers_[i].name + ")";
+  }
+
   std::vector<torch::jit::Module> children_;
 };
 

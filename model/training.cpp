@@ -1,10 +1,100 @@
 #include "model/training.h"
 
 #include <ATen/ATen.h>
+#include <sys/stat.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/script.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "model/dataset.h"
+#include "transport/tensor_codec.h"
 
 namespace conveyor {
+
+namespace {
+
+// loss: {torchscript: PATH}'s modules, loaded once per process and path.
+// Guarded by `mu`; a module is called by one thread at a time (a stage's
+// executor, the reference's loop).
+struct ScriptedLosses {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<torch::jit::Module>> by_path;
+};
+
+ScriptedLosses& Losses() {
+  static ScriptedLosses* losses = new ScriptedLosses();  // never destroyed: used until exit
+  return *losses;
+}
+
+std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+StatusOr<std::shared_ptr<torch::jit::Module>> ScriptedLoss(const std::string& path) {
+  ScriptedLosses& losses = Losses();
+  std::lock_guard<std::mutex> lock(losses.mu);
+  auto it = losses.by_path.find(path);
+  if (it != losses.by_path.end()) return it->second;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return absl::NotFoundError("loss.torchscript: " + path + " does not exist");
+  try {
+    auto m = std::make_shared<torch::jit::Module>(torch::jit::load(path, c10::Device(c10::kCPU)));
+    if (!m->find_method("forward"))
+      return absl::InvalidArgumentError("loss.torchscript: " + path + " has no forward(output, target)");
+    m->eval();
+    losses.by_path.emplace(path, m);
+    return m;
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError("loss.torchscript: " + path + " is not a TorchScript archive (" +
+                                      FirstLine(e.what()) + ")");
+  }
+}
+
+// The scripted loss of (output, target): a scalar, or a c10::Error naming
+// the file and what it returned.
+at::Tensor RunScriptedLoss(const std::string& path, const at::Tensor& output, const at::Tensor& target) {
+  auto m = ScriptedLoss(path);
+  TORCH_CHECK(m.ok(), std::string(m.status().message()));
+  auto& module = **m;
+  module.to(output.device());  // its buffers (class weights), if any, where the output is; cheap when there
+  c10::IValue out = module.forward({output, target});
+  TORCH_CHECK(out.isTensor(), "loss.torchscript: ", path, " returns ", out.type()->str(),
+              ", not a tensor: it must return the mean loss over its batch, a scalar");
+  at::Tensor loss = out.toTensor();
+  TORCH_CHECK(loss.dim() == 0 && loss.is_floating_point(), "loss.torchscript: ", path,
+              " returns a tensor of shape ", loss.sizes(), " and dtype ", loss.scalar_type(),
+              ": it must return the mean loss over its batch, a floating-point scalar");
+  return loss;
+}
+
+}  // namespace
+
+Status CheckLoss(const v1::JobSpec& spec, const std::vector<int64_t>& output_sample_shape) {
+  if (spec.loss_torchscript().empty()) return absl::OkStatus();
+  CONVEYOR_RETURN_IF_ERROR(ScriptedLoss(spec.loss_torchscript()).status());
+  // Two samples of zeros: class 0 for class targets, where the data file
+  // does not say (synthetic data, Fashion-MNIST).
+  std::vector<int64_t> out_shape{2}, target_shape{2};
+  out_shape.insert(out_shape.end(), output_sample_shape.begin(), output_sample_shape.end());
+  const v1::DataSpec& d = spec.data();
+  at::ScalarType target_type = at::kLong;
+  if (d.target_dtype() != v1::DTYPE_UNSPECIFIED) {
+    target_type = FromWireDType(d.target_dtype());
+    target_shape.insert(target_shape.end(), d.target_sample_shape().begin(), d.target_sample_shape().end());
+  }
+  try {
+    RunScriptedLoss(spec.loss_torchscript(), at::zeros(out_shape), at::zeros(target_shape, at::dtype(target_type)));
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.rfind("loss.torchscript: ", 0) == 0) return absl::InvalidArgumentError(FirstLine(what));
+    return absl::InvalidArgumentError("loss.torchscript: " + spec.loss_torchscript() + " fails on outputs of shape " +
+                                      c10::str(at::IntArrayRef(out_shape)) + " and targets of shape " +
+                                      c10::str(at::IntArrayRef(target_shape)) + ": " + FirstLine(what));
+  }
+  return absl::OkStatus();
+}
 
 at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
                        const at::Tensor& labels_in, double scale) {
@@ -14,7 +104,9 @@ at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
   };
   at::Tensor loss;
   const bool class_targets = !at::isFloatingType(labels_in.scalar_type());
-  if (spec.loss() == v1::LOSS_BCE_WITH_LOGITS) {
+  if (!spec.loss_torchscript().empty()) {
+    loss = RunScriptedLoss(spec.loss_torchscript(), fp32(logits_in), labels_in);
+  } else if (spec.loss() == v1::LOSS_BCE_WITH_LOGITS) {
     at::Tensor logits = fp32(logits_in);
     loss = at::binary_cross_entropy_with_logits(logits, labels_in.to(logits.scalar_type()));
   } else if (spec.loss() == v1::LOSS_MSE && !class_targets) {

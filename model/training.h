@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/status.h"
 #include "conveyor.pb.h"
 #include "model/compat.h"
 
@@ -20,9 +21,20 @@ namespace conveyor {
 
 // The loss of one micro-batch scaled by `scale` (its share of the mini-batch),
 // so that the sum over micro-batches is the mini-batch's mean loss. Logits
-// [B, C] or [B, T, C] (sequences: every token counts).
+// [B, C] or [B, T, C] (sequences: every token counts). With
+// loss: {torchscript: PATH}, the module's forward(output, target) as it is
+// (bf16 outputs upcast to fp32); it must return a floating-point scalar, the
+// mean over its batch, else a c10::Error names the file and what it gave.
 at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits,
                        const at::Tensor& labels, double scale);
+
+// loss: {torchscript: PATH}, on the stage that computes the loss when the
+// job is placed: loads the module (once per process and path; ComputeLoss
+// runs it) and runs it on two samples of zeros, outputs of
+// `output_sample_shape` and targets as the data gives them. NOT_FOUND for a
+// missing file; INVALID_ARGUMENT for one that is not TorchScript, has no
+// forward, fails on such inputs or returns no scalar. OK for built-in losses.
+Status CheckLoss(const v1::JobSpec& spec, const std::vector<int64_t>& output_sample_shape);
 
 // What a forward runs under, as long as it lives: with precision: bf16-mixed,
 // autocast in bfloat16 on `device`'s type (model/compat.h), the parameters

@@ -23,7 +23,12 @@ class ZooPartition final : public Partition {
     }
   }
 
-  StatusOr<at::Tensor> Forward(const at::Tensor& input) override { return seq_->forward(input); }
+  // The zoo's layers take and return one tensor.
+  StatusOr<Tensors> Forward(const Tensors& inputs) override {
+    if (inputs.size() != 1)
+      return absl::InvalidArgumentError("the zoo's layers take one tensor, not " + std::to_string(inputs.size()));
+    return Tensors{seq_->forward(inputs.front())};
+  }
   NamedTensors LayerParameters(int i) const override {
     return Named(children_[static_cast<std::size_t>(i)]->named_parameters(true));
   }

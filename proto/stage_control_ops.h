@@ -39,6 +39,8 @@
   X(GetDigest, v1::JobRef, v1::DigestReply, kExecutor, kWaitForReady)                                       \
   /* Parameters and buffers, named as the model's state_dict() names them. */                               \
   X(GetParameters, v1::JobRef, v1::ParametersReply, kExecutor, kWaitForReady)                               \
+  /* The job's TorchScript archive with the given weights (the first stage builds it; the caller writes it). */ \
+  X(ExportTorchScript, v1::TorchScriptRequest, v1::TorchScriptReply, kExecutor, kWaitForReady)              \
   /* Parameters, buffers, optimizer state and RNG back to the checkpoint of a step. */                      \
   X(LoadCheckpoint, v1::LoadCheckpointRequest, v1::LoadCheckpointReply, kExecutor, kWaitForReady)           \
   /* Drops the job: layers, optimizer, links. */                                                            \

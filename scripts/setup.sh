@@ -14,6 +14,10 @@ packages=(
   libsqlite3-dev libssl-dev openssl zlib1g-dev
   dataset-fashion-mnist python3-matplotlib docker-compose clang-14 libclang-rt-14-dev
   iproute2 openssl
+  # deploy/ tests: a real Slurm on loopback (ctest deploy.slurm), YAML for the
+  # Kubernetes check (deploy.kubernetes; kubectl itself is not a Debian package)
+  slurm-wlm munge python3-yaml
+  prometheus-cpp-dev prometheus
 )
 if [ "$(scripts/torch-source.sh)" = debian ]; then
   # python3-torch: the user's side in the tests (PyTorch 1.13, the same as

@@ -44,7 +44,7 @@ StatusOr<GraphedPasses::Forwarded> GraphedPasses::Forward(int chunk, int mb, Par
     if (!graph) return absl::FailedPreconditionError(what + ": no CUDA graphs on " + device_.str());
     Status forwarded;
     Status st = graph->Capture([&] {
-      auto out = layers.Forward(p.input);
+      auto out = layers.ForwardOne(p.input);
       if (!out.ok()) {
         forwarded = out.status();
         return;

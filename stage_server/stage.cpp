@@ -5,23 +5,82 @@
 namespace conveyor {
 namespace {
 
-// Output shape of `layers` for one sample of `input`; c10::Error if they
-// cannot take it.
-StatusOr<std::vector<int64_t>> ProbeShape(Partition& layers, const std::vector<int64_t>& input, at::ScalarType dtype,
-                                         const at::Device& device) {
-  at::NoGradGuard no_grad;
-  std::vector<int64_t> probe{1};
-  probe.insert(probe.end(), input.begin(), input.end());
+// What `layers` make of one sample of `inputs`: each output tensor's dtype,
+// per-sample shape and whether it carries a gradient back (a floating
+// tensor that requires grad when the inputs that take gradients do).
+// c10::Error if they cannot take it.
+StatusOr<std::vector<v1::SampleSpec>> ProbeSpecs(Partition& layers, const std::vector<v1::SampleSpec>& inputs,
+                                                 const at::Device& device) {
+  at::AutoGradMode grad_mode(true);
+  Tensors x;
+  for (const v1::SampleSpec& in : inputs) {
+    std::vector<int64_t> probe{1};
+    probe.insert(probe.end(), in.shape().begin(), in.shape().end());
+    at::Tensor t = at::zeros(probe, at::TensorOptions().device(device).dtype(FromWireDType(in.dtype())));
+    if (in.requires_grad() && at::isFloatingType(t.scalar_type())) t.requires_grad_(true);
+    x.push_back(std::move(t));
+  }
   // Eval mode: BatchNorm cannot train on one sample, and the probe must not
   // move its running statistics.
   const bool training = layers.is_training();
   layers.Train(false);
-  auto out = layers.Forward(at::zeros(probe, at::TensorOptions().device(device).dtype(dtype)));
+  auto out = layers.Forward(x);
   layers.Train(training);
   if (!out.ok()) return out.status();
-  std::vector<int64_t> shape = ToVector(out->sizes());
-  shape.erase(shape.begin());
-  return shape;
+  std::vector<v1::SampleSpec> specs;
+  for (std::size_t i = 0; i < out->size(); ++i) {
+    const at::Tensor& o = (*out)[i];
+    const std::string which = out->size() > 1 ? "output tensor " + std::to_string(i) : "the output";
+    auto dtype = ToWireDType(o.scalar_type());
+    if (!dtype.ok()) return Annotate(dtype.status(), which);
+    if (o.dim() < 1 || o.size(0) != 1) {
+      return absl::InvalidArgumentError(which + " has shape " + ShapeString(ToVector(o.sizes())) +
+                                        " for one sample: every tensor that crosses a stage boundary must have the "
+                                        "batch as its first dimension");
+    }
+    v1::SampleSpec spec;
+    spec.set_dtype(*dtype);
+    for (int64_t d : o.sizes().slice(1)) spec.add_shape(d);
+    spec.set_requires_grad(at::isFloatingType(o.scalar_type()) && o.requires_grad());
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+// What a chunk takes in: `specs` when given, else (an assignment or probe
+// without them) one tensor of `shape`, the model's input or an activation.
+std::vector<v1::SampleSpec> InputSpecs(const google::protobuf::RepeatedPtrField<v1::SampleSpec>& specs,
+                                       const google::protobuf::RepeatedField<int64_t>& shape,
+                                       const v1::JobSpec& job, bool first) {
+  if (!specs.empty()) return {specs.begin(), specs.end()};
+  v1::SampleSpec one;
+  one.set_dtype(first ? InputDType(job) : ActivationDType(job));
+  *one.mutable_shape() = shape;
+  one.set_requires_grad(!first);
+  return {one};
+}
+
+Status CheckSampleSpecs(const std::vector<v1::SampleSpec>& specs, const std::string& who) {
+  if (specs.empty() || specs.size() > 64)
+    return absl::InvalidArgumentError(who + ": 1 to 64 tensors cross a stage boundary");
+  for (const v1::SampleSpec& s : specs) {
+    if (s.shape_size() > 8) return absl::InvalidArgumentError(who + ": a sample shape has at most 8 dimensions");
+    for (int64_t d : s.shape())
+      if (d <= 0 || d > (int64_t{1} << 31)) return absl::InvalidArgumentError(who + ": bad sample shape");
+    if (!v1::DType_IsValid(s.dtype()) || s.dtype() == v1::DTYPE_UNSPECIFIED)
+      return absl::InvalidArgumentError(who + ": a tensor without a dtype");
+  }
+  return absl::OkStatus();
+}
+
+std::string SpecsString(const std::vector<v1::SampleSpec>& specs) {
+  std::string out;
+  for (const v1::SampleSpec& s : specs) {
+    if (!out.empty()) out += ", ";
+    out += ShapeString({s.shape().begin(), s.shape().end()}) + " " +
+           std::string(c10::toString(FromWireDType(s.dtype())));
+  }
+  return specs.size() == 1 ? out : "(" + out + ")";
 }
 
 Status CheckSampleShape(const google::protobuf::RepeatedField<int64_t>& shape, const std::string& who) {
@@ -41,6 +100,17 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
+  NcclOptions nccl;
+  nccl.ctas = spec.nccl_ctas();
+  nccl.shm_headers = spec.nccl_headers() == v1::NCCL_HEADERS_SHM;
+  return nccl;
+}
+
+}  // namespace
 
 void Stage::Impl::ReserveSmsForNccl() {
   const v1::JobSpec& spec = job_->spec();
@@ -70,21 +140,23 @@ void Stage::Impl::DropJob() {
 
 StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(req.spec()));
-  CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(req.input_sample_shape(), "probe"));
+  if (req.inputs().empty()) CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(req.input_sample_shape(), "probe"));
   v1::JobSpec spec = req.spec();
   CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, options_.data_roots));
+  // The chain's first layer is layer 0; any later one takes activations.
+  const std::vector<v1::SampleSpec> inputs =
+      InputSpecs(req.inputs(), req.input_sample_shape(), spec, req.layer_begin() == 0);
+  CONVEYOR_RETURN_IF_ERROR(CheckSampleSpecs(inputs, "probe"));
   CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layers,
                             BuildPartition(spec, req.layer_begin(), req.layer_end(), /*init=*/false));
-  std::vector<int64_t> input(req.input_sample_shape().begin(), req.input_sample_shape().end());
   v1::ProbeReply reply;
   const std::string what = "layers [" + std::to_string(req.layer_begin()) + ", " + std::to_string(req.layer_end()) +
-                           ") cannot take samples of shape " + ShapeString(input);
+                           ") cannot take samples of shape " + SpecsString(inputs);
   try {
-    // The chain's first layer is layer 0; any later one takes activations.
-    at::ScalarType dtype = ChunkInputType(spec, req.layer_begin() == 0 ? 0 : 1);
-    auto shape = ProbeShape(*layers, input, dtype, at::kCPU);
-    if (!shape.ok()) return Annotate(shape.status(), what);
-    for (int64_t d : *shape) reply.add_output_sample_shape(d);
+    auto specs = ProbeSpecs(*layers, inputs, at::kCPU);
+    if (!specs.ok()) return Annotate(specs.status(), what);
+    for (int64_t d : specs->front().shape()) reply.add_output_sample_shape(d);
+    for (auto& o : *specs) *reply.add_outputs() = std::move(o);
   } catch (const c10::Error& e) {
     return absl::InvalidArgumentError(what + ": " + e.what_without_backtrace());
   }
@@ -106,7 +178,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
   v1::ProfileReply reply;
   try {
-    at::Tensor x = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
+    Tensors x{at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))))};
     std::vector<int64_t> label_shape{rows};
     for (int64_t d : LabelSampleShape(spec)) label_shape.push_back(d);
     const at::Tensor labels =
@@ -125,19 +197,29 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       layer->To(device_);
       v1::LayerCost* cost = reply.add_layers();
       for (const auto& p : layer->Parameters()) cost->set_parameters(cost->parameters() + p.numel());
-      at::Tensor out;
+      Tensors out;
       auto run = [&] {  // forward and backward, waiting for the device at the end
-        at::Tensor input = at::isFloatingType(x.scalar_type()) ? x.detach().requires_grad_(true) : x;
+        Tensors input;
+        for (const at::Tensor& t : x)
+          input.push_back(at::isFloatingType(t.scalar_type()) ? t.detach().requires_grad_(true) : t);
         out = ValueOrThrow(layer->Forward(input));
         if (i + 1 == layers) {
           // The last layer's stage also computes the loss (for a language
           // model, over logits as large as the vocabulary): it counts here.
-          at::Tensor loss = ComputeLoss(spec, out, labels, 1.0);
+          at::Tensor loss = ComputeLoss(spec, out.front(), labels, 1.0);
           if (loss.requires_grad()) loss.backward();
-        } else if (out.requires_grad()) {
-          out.backward(at::ones_like(out));
+        } else {
+          Tensors roots, ones;
+          for (const at::Tensor& o : out) {
+            if (!o.requires_grad()) continue;
+            roots.push_back(o);
+            ones.push_back(at::ones_like(o));
+          }
+          if (!roots.empty()) torch::autograd::backward(roots, ones);
         }
-        return out.sum().item<double>();
+        double sum = 0;
+        for (const at::Tensor& o : out) sum += o.sum().item<double>();
+        return sum;
       };
       if (req.time()) {
         run();  // warm-up: allocations, kernel selection
@@ -153,7 +235,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
         at::NoGradGuard no_grad;
         out = ValueOrThrow(layer->Forward(x));
       }
-      x = out.detach();
+      x.clear();
+      for (const at::Tensor& o : out) x.push_back(o.detach());
     }
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("profiling the model: ") + e.what_without_backtrace());
@@ -196,27 +279,40 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     const std::string what = who + " chunk " + std::to_string(ca.index());
     if (ca.index() < 0 || ca.index() >= a.num_chunks() || ca.index() % a.num_stages() != a.stage_index())
       return absl::InvalidArgumentError(what + ": not a chunk of this stage");
-    CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
     Chunk c;
     c.index = ca.index();
-    c.input_shape.assign(ca.input_sample_shape().begin(), ca.input_sample_shape().end());
+    if (ca.inputs().empty()) CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
+    c.inputs = InputSpecs(ca.inputs(), ca.input_sample_shape(), a.spec(), c.index == 0);
+    CONVEYOR_RETURN_IF_ERROR(CheckSampleSpecs(c.inputs, what));
     CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildPartition(a.spec(), ca.layer_begin(), ca.layer_end()));
     const std::string cannot = what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
                                std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
-                               ShapeString(c.input_shape);
+                               SpecsString(c.inputs);
     try {
       if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
       c.layers->To(device_);
-      auto shape = ProbeShape(*c.layers, c.input_shape, ChunkInputType(a.spec(), c.index), device_);
-      if (!shape.ok()) return Annotate(shape.status(), cannot);
-      c.output_shape = *shape;
+      auto specs = ProbeSpecs(*c.layers, c.inputs, device_);
+      if (!specs.ok()) return Annotate(specs.status(), cannot);
+      c.outputs = std::move(*specs);
+      if (job->IsLast(c) && c.outputs.size() != 1) {
+        return absl::InvalidArgumentError(what + ": the model's last layer returns " +
+                                          std::to_string(c.outputs.size()) + " tensors; the loss takes one");
+      }
     } catch (const c10::Error& e) {
       return absl::InvalidArgumentError(cannot + ": " + e.what_without_backtrace());
     }
+    const std::vector<int64_t> made(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
     std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());
-    if (!promised.empty() && promised != c.output_shape) {
-      return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(c.output_shape) +
+    if (!promised.empty() && promised != made) {
+      return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(made) +
                                         ", the assignment says " + ShapeString(promised));
+    }
+    if (!ca.outputs().empty()) {
+      const std::vector<v1::SampleSpec> said(ca.outputs().begin(), ca.outputs().end());
+      if (SpecsString(said) != SpecsString(c.outputs)) {
+        return absl::InvalidArgumentError(what + ": outputs samples of " + SpecsString(c.outputs) +
+                                          ", the assignment says " + SpecsString(said));
+      }
     }
     for (const auto& [name, p] : c.layers->NamedParameters()) {
       num_params += p.numel();
@@ -235,10 +331,20 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
                                                 reads_labels);
   }
+  for (const Chunk& c : job->chunks) {  // loss: {torchscript}, checked before the first step
+    if (!job->IsLast(c) || c.outputs.empty()) continue;
+    const auto& shape = c.outputs.front().shape();
+    CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), std::vector<int64_t>(shape.begin(), shape.end())), who));
+  }
   ParameterGroups groups;
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params, &groups);
+  const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
+    return c.inputs.size() == 1 && c.outputs.size() == 1;
+  });
   if (a.spec().cuda_graphs()) {
-    if (GraphedPasses::Available(device_)) {
+    if (!one_tensor) {
+      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
+    } else if (GraphedPasses::Available(device_)) {
       job->graphs = std::make_unique<GraphedPasses>(device_);
     } else {
       LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
@@ -255,8 +361,22 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.dtype = ActivationDType(spec);
   if (spec.precision() == v1::PRECISION_BF16_MIXED) expect.other_dtype = v1::DTYPE_BFLOAT16;
   for (const Chunk& c : job->chunks) {
-    if (!job->IsFirst(c)) expect.activation_shapes[c.index] = c.input_shape;
-    if (!job->IsLast(c)) expect.gradient_shapes[c.index] = c.output_shape;
+    // By part: each tensor of a tuple is a frame with its own dtype and shape.
+    if (!job->IsFirst(c)) {
+      expect.activation_shapes[c.index].assign(c.inputs.front().shape().begin(), c.inputs.front().shape().end());
+      for (int i : PartsOf(c.inputs, /*all=*/true)) {
+        const v1::SampleSpec& in = c.inputs[static_cast<std::size_t>(i)];
+        expect.activation_parts[c.index][i] = {in.dtype(), {in.shape().begin(), in.shape().end()}};
+      }
+    }
+    if (!job->IsLast(c)) {
+      expect.gradient_shapes[c.index].assign(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
+      auto& parts = expect.gradient_parts[c.index];
+      for (int i : PartsOf(c.outputs, /*all=*/false)) {
+        const v1::SampleSpec& out = c.outputs[static_cast<std::size_t>(i)];
+        parts[i] = {out.dtype(), {out.shape().begin(), out.shape().end()}};
+      }
+    }
   }
   expect.max_micro_batches = static_cast<int>(std::max(train_mbs.size(), eval_mbs.size()));
   expect.max_micro_batch_size = std::max(train_mbs.front(), eval_mbs.front());
@@ -264,7 +384,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   inbox_.SetSpin(device_.is_cuda() ? kGpuInboxSpin : std::chrono::microseconds(0));
 
   v1::ConfigureReply reply;
-  for (int64_t d : job->chunks.back().output_shape) reply.add_output_sample_shape(d);
+  for (int64_t d : job->chunks.back().outputs.front().shape()) reply.add_output_sample_shape(d);
   reply.set_num_parameters(num_params);
   reply.set_device(device_.str());
   if (job->data) {
@@ -289,37 +409,22 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
 StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   if (job_->assignment.downstream().empty()) return absl::FailedPreconditionError(Who() + " has no downstream link");
-  if (!device_.is_cuda() || !options_.transports->SupportsNccl()) {
-    return absl::FailedPreconditionError(Who() + " on " + device_.str() + " cannot use NCCL" +
-                                         (device_.is_cuda() ? " (not built with NCCL)" : " (not a CUDA device)"));
-  }
-  v1::LinkSetup link;
-  link.set_transport(v1::TRANSPORT_NCCL);
-  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_activation_nccl_id(), NewNcclUniqueId());
-  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
-  job_->downstream_link = link;
-  job_->downstream_rings.reset();
-  if (job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM) {
-    // Made before the downstream stage hears of the link, so that one on
-    // this host finds it when it connects (header_ring.h).
-    auto rings = LinkRings::Create(LinkRings::NameFor(link.activation_nccl_id()));
-    if (rings.ok()) {
-      job_->downstream_rings = std::move(*rings);
-    } else {
-      LOG_INFO(Who(), ": NCCL frame headers stay on the gRPC stream: ", rings.status().message());
-    }
-  }
-  return link;
+  job_->prepared_link.reset();
+  auto link = options_.transports->PrepareLink(device_.str(), NcclOptionsOf(job_->spec()), &job_->prepared_link);
+  if (!link.ok()) return Annotate(link.status(), Who());
+  job_->downstream_link = *link;
+  return *link;
 }
 
 StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
-  if (job_->assignment.num_stages() == 1) {  // chunks pass tensors to themselves
+  if (job_->transport) job_->transport->Shutdown();
+  if (job_->assignment.num_stages() == 1) {  // its chunks pass tensors to themselves
+    job_->transport = std::make_unique<LoopbackTransport>(&inbox_);
     reply.set_transport(v1::LINK_NONE);
     return reply;
   }
-  if (job_->transport) job_->transport->Shutdown();
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(job_->spec().stage_timeout_s()));
   LinkOptions links;
@@ -328,9 +433,8 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   links.device = device_.str();
   links.inbox = &inbox_;
   links.timeout = std::chrono::duration<double>(job_->spec().stage_timeout_s());
-  links.nccl_ctas = job_->spec().nccl_ctas();
-  links.shm_headers = job_->spec().nccl_headers() == v1::NCCL_HEADERS_SHM;
-  links.downstream_rings = std::move(job_->downstream_rings);
+  links.nccl = NcclOptionsOf(job_->spec());
+  links.prepared = std::move(job_->prepared_link);
   auto transport = options_.transports->Connect(job_->assignment, links, deadline);
   if (!transport.ok()) return Annotate(transport.status(), Who());
   job_->transport = std::move(*transport);
@@ -413,6 +517,7 @@ Inbox& Stage::inbox() { return impl_->inbox(); }
 void Stage::Shutdown() {
   impl_->inbox().Fail(Stopped());
   impl_->executor().Shutdown();
+  impl_->CloseLinks();
 }
 
 }  // namespace conveyor

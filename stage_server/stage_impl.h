@@ -50,9 +50,8 @@
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/graphed_passes.h"
-#include "transport/nccl/header_ring.h"
 #include "transport/inbox.h"
-#include "transport/nccl/nccl_channel.h"
+#include "transport/loopback_transport.h"
 #include "plan/schedule.h"
 #include "transport/tensor_payload.h"
 
@@ -68,6 +67,11 @@ inline int64_t NowUs() {
 }
 
 inline int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+inline int64_t Bytes(const Tensors& ts) {
+  int64_t n = 0;
+  for (const at::Tensor& t : ts) n += Bytes(t);
+  return n;
+}
 
 
 // What a chunk takes in: the model's input (tokens for gpt) or activations.
@@ -75,12 +79,21 @@ inline at::ScalarType ChunkInputType(const v1::JobSpec& spec, int chunk) {
   return FromWireDType(chunk == 0 ? InputDType(spec) : ActivationDType(spec));
 }
 
+// The indices of `specs` that exchange gradients (all with `all`).
+inline std::vector<int> PartsOf(const std::vector<v1::SampleSpec>& specs, bool all) {
+  std::vector<int> parts;
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i)
+    if (all || specs[static_cast<std::size_t>(i)].requires_grad()) parts.push_back(i);
+  return parts;
+}
+
 // One chunk's micro-batch, from its forward until its backward (or, with
 // zero-bubble, its weight pass) is done.
 struct Held {
-  at::Tensor input;   // requires grad unless it is the model's input
-  at::Tensor output;  // the activation sent on, or the scaled loss; undefined while recomputing
-  at::Tensor grad;    // zero-bubble: the output gradient, kept for the weight pass
+  Tensors inputs;   // those that take a gradient require grad (never the model's input)
+  Tensors outputs;  // the activations sent on, or {the scaled loss}; empty while recomputing.
+                    // After an input-gradient-only backward: those it started from
+  Tensors grads;    // zero-bubble: the gradients of `outputs`, kept for the weight pass
   at::Tensor labels;  // last chunk with recompute: to rebuild the loss
   double scale = 1;
   int64_t bytes = 0;
@@ -102,12 +115,19 @@ class Stage::Impl {
 
   SerialExecutor& executor() { return executor_; }
   Inbox& inbox() { return inbox_; }
+  // Closes the job's links (its streams to the neighbours), once the
+  // executor has stopped: their servers need not wait out their grace period.
+  void CloseLinks() {
+    if (job_ && job_->transport) job_->transport->Shutdown();
+  }
 
  private:
   struct Chunk {
     int index = 0;  // in the model's chain of chunks
     std::unique_ptr<Partition> layers;
-    std::vector<int64_t> input_shape, output_shape;
+    // What crosses in and out (a tuple's tensors, in order); `requires_grad`
+    // ones exchange gradients with the neighbour.
+    std::vector<v1::SampleSpec> inputs, outputs;
     std::vector<at::Tensor> params;  // the trainable ones (frozen parameters get no gradient and no update)
   };
   // Everything of the configured job; touched on the executor thread only.
@@ -119,7 +139,7 @@ class Stage::Impl {
     std::unique_ptr<BatchLoader> loader;  // over `data`
     std::unique_ptr<Transport> transport;
     v1::LinkSetup downstream_link;  // made by PrepareLink
-    std::shared_ptr<LinkRings> downstream_rings;  // made by PrepareLink, then the transport's
+    std::shared_ptr<PreparedLink> prepared_link;  // made by PrepareLink, then the transport's
     bool recompute = false;
     std::unique_ptr<GraphedPasses> graphs;  // cuda_graphs, on a CUDA device
     bool trained_eagerly = false;           // a training step ran without graphs
@@ -208,9 +228,14 @@ class Stage::Impl {
     return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
   }
   std::string Who() const { return "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1); }
-  StatusOr<at::Tensor> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
-  Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t);
+  // Every tensor of (kind, local chunk, mb): activations are the chunk's
+  // inputs, gradients those of its outputs that require grad.
+  StatusOr<Tensors> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
+  // `ts[k]` as part `parts[k]`, each a frame of its own.
+  Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const Tensors& ts, const std::vector<int>& parts);
   Status Forward(StepState& st, int local, int mb);
+  // The chunk's layers over `x`, checked against what the probe found.
+  StatusOr<Tensors> RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x);
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);

@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "transport/grpc/grpc_transport.h"
+#include "stage_server/stage_metrics.h"
 #include "stage_server/stage_service.h"
 #include "transport/grpc/stage_data_service.h"
 
@@ -12,7 +13,8 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
   if (!options.checkpoint_dir.empty()) {
     CONVEYOR_ASSIGN_OR_RETURN(s->checkpoint_lock_, DirLock::Acquire(options.checkpoint_dir, "checkpoint folder"));
   }
-  s->transports_ = std::make_unique<GrpcTransportFactory>();
+  s->grpc_transports_ = std::make_unique<GrpcTransportFactory>();
+  s->transports_ = CountingTransports(s->grpc_transports_.get());
   StageOptions stage_options;
   stage_options.device = options.device;
   stage_options.threads = options.threads;

@@ -35,7 +35,8 @@ class StageServer {
   StageServer() = default;
   // Declaration order is destruction order in reverse: the server goes first.
   std::unique_ptr<DirLock> checkpoint_lock_;  // one stage server per checkpoint folder
-  std::unique_ptr<TransportFactory> transports_;
+  std::unique_ptr<TransportFactory> grpc_transports_;
+  std::unique_ptr<TransportFactory> transports_;  // counts the bytes sent through grpc_transports_
   std::unique_ptr<Stage> stage_;
   std::unique_ptr<grpc::Service> control_, data_;
   std::unique_ptr<GrpcServer> server_;

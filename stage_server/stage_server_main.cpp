@@ -10,6 +10,7 @@
 #include "plan/job_spec.h"
 #include "common/net.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/security.h"
 #include "stage_server/stage_server.h"
 
@@ -37,6 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("-v,--log-level", log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   conveyor::TlsFiles tls;
   conveyor::AddTlsFlags(app, &tls);
+  conveyor::MetricsFlags metrics_flags;
+  conveyor::AddMetricsFlags(app, &metrics_flags);
   bool count_gpus = false;
   app.add_flag("--count-gpus", count_gpus, "print how many CUDA devices this process can use, and exit");
   if (int rc = conveyor::ParseCommandLine(app, argc, argv); rc >= 0) return rc;
@@ -49,6 +52,8 @@ int main(int argc, char** argv) {
     return conveyor::UsageError(app, std::string(st.message()));
   if (!conveyor::ConfigureLogging(log_level, "stage")) return conveyor::kExitUsage;
   if (!conveyor::ConfigureTls(tls, "stage_server")) return conveyor::kExitUsage;
+  auto metrics = conveyor::metrics::MetricsEndpoint::Start(metrics_flags.listen, metrics_flags.port_file);
+  if (!metrics.ok()) return conveyor::StartError(app, metrics.status());
   auto server = conveyor::StageServer::Start(options);
   if (!server.ok()) {
     LOG_ERROR("cannot start: ", server.status().message());

@@ -1,6 +1,10 @@
 // A stage's state: checkpoints, digests and parameters (see stage_impl.h).
 #include "stage_server/stage.h"
 #include "stage_server/stage_impl.h"
+#include "stage_server/stage_metrics.h"
+
+#include "common/wire.h"
+#include "model/torchscript_export.h"
 
 namespace conveyor {
 
@@ -18,6 +22,11 @@ v1::CheckpointHeader Stage::Impl::CheckpointHeaderFor(int64_t step) const {
   Sha256 sum;
   sum.Update(job_->spec().SerializeAsString());
   h.set_spec_digest(HexString(sum.Final()));
+  *h.mutable_spec() = job_->spec();
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& [name, t] : c.layers->NamedParameters()) h.add_parameter_names(name);
+    for (const auto& [name, t] : c.layers->NamedBuffers()) h.add_buffer_names(name);
+  }
   return h;
 }
 
@@ -89,8 +98,11 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
   auto start = Clock::now();
   CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
                             checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  metrics::Observe(metrics::Id::kStageCheckpointSeconds,
+                   StageLabels(job_->assignment.job_id(), job_->assignment.stage_index()), seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
-            " bytes) in ", std::chrono::duration<double>(Clock::now() - start).count(), " s");
+            " bytes) in ", seconds, " s");
   return record;
 }
 
@@ -133,19 +145,55 @@ StatusOr<v1::DigestReply> Stage::Impl::GetDigest(const v1::JobRef& ref) {
 
 StatusOr<v1::ParametersReply> Stage::Impl::GetParameters(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
-  v1::ParametersReply reply;
+  NamedTensors params, buffers;
   for (const Chunk& c : job_->chunks) {
-    for (const auto& [name, t] : c.layers->NamedParameters()) {
-      v1::NamedTensor* nt = reply.add_parameters();
-      nt->set_name(name);
-      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    for (auto& named : c.layers->NamedParameters()) params.push_back(std::move(named));
+    for (auto& named : c.layers->NamedBuffers()) buffers.push_back(std::move(named));
+  }
+  const int64_t total = static_cast<int64_t>(params.size() + buffers.size());
+  if (ref.first_tensor() < 0 || ref.first_tensor() > total || ref.max_bytes() < 0)
+    return absl::InvalidArgumentError(Who() + ": GetParameters from tensor " + std::to_string(ref.first_tensor()) +
+                                      " with max_bytes " + std::to_string(ref.max_bytes()) + ": this stage holds " +
+                                      std::to_string(total) + " tensors");
+  // Parameters, then buffers; as many as fit max_bytes (at least one).
+  v1::ParametersReply reply;
+  int64_t bytes = 0;
+  for (int64_t i = ref.first_tensor(); i < total; ++i) {
+    const bool param = i < static_cast<int64_t>(params.size());
+    const auto& [name, t] = param ? params[static_cast<std::size_t>(i)]
+                                  : buffers[static_cast<std::size_t>(i - static_cast<int64_t>(params.size()))];
+    const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+    if (ref.max_bytes() > 0 && i > ref.first_tensor() && bytes + size > ref.max_bytes()) {
+      reply.set_next_tensor(i);
+      break;
     }
-    for (const auto& [name, t] : c.layers->NamedBuffers()) {
-      v1::NamedTensor* nt = reply.add_buffers();
-      nt->set_name(name);
-      CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+    bytes += size;
+    v1::NamedTensor* nt = param ? reply.add_parameters() : reply.add_buffers();
+    nt->set_name(name);
+    CONVEYOR_RETURN_IF_ERROR(EncodeTensor(t, nt->mutable_tensor()));
+  }
+  return reply;
+}
+
+StatusOr<v1::TorchScriptReply> Stage::Impl::ExportTorchScript(const v1::TorchScriptRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  const v1::ModelSpec& model = job_->spec().model();
+  if (model.kind() != v1::MODEL_TORCHSCRIPT)
+    return absl::InvalidArgumentError("format torchscript needs a model from a TorchScript archive (model: "
+                                      "{torchscript: PATH}); the zoo's " + ModelName(model.kind()) +
+                                      " exports as a state_dict only");
+  NamedTensors weights;
+  for (const v1::ParametersReply& part : req.parts()) {
+    for (const auto* list : {&part.parameters(), &part.buffers()}) {
+      for (const v1::NamedTensor& nt : *list) {
+        v1::Tensor t = nt.tensor();
+        CONVEYOR_RETURN_IF_ERROR(CheckWireTensor(t, t.dtype(), {t.shape().begin(), t.shape().end()}, nt.name()));
+        weights.emplace_back(nt.name(), DecodeTensor(&t));
+      }
     }
   }
+  v1::TorchScriptReply reply;
+  CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_archive(), TorchScriptWithWeights(model.torchscript(), weights));
   return reply;
 }
 

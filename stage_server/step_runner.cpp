@@ -6,58 +6,67 @@
 
 namespace conveyor {
 
-StatusOr<at::Tensor> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
+StatusOr<Tensors> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int local, int mb) {
   Span span(st, v1::TraceEvent::RECEIVE, local, mb);
-  const int chunk = job_->chunks[local].index;
-  CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, chunk, mb, Clock::now() + st.timeout));
-  if (frame.header.tensor().shape(0) != st.sizes[mb]) {
-    return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
-                                      (kind == v1::FRAME_ACTIVATION ? "activation" : "gradient") + " has " +
-                                      std::to_string(frame.header.tensor().shape(0)) + " samples, expected " +
-                                      std::to_string(st.sizes[mb]));
+  const Chunk& c = job_->chunks[local];
+  const bool act = kind == v1::FRAME_ACTIVATION;
+  Tensors out;
+  for (int part : PartsOf(act ? c.inputs : c.outputs, /*all=*/act)) {
+    CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, c.index, mb, Clock::now() + st.timeout, part));
+    if (frame.header.tensor().shape(0) != st.sizes[mb]) {
+      return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
+                                        (act ? "activation" : "gradient") +
+                                        (part != 0 ? " tensor " + std::to_string(part) : "") + " has " +
+                                        std::to_string(frame.header.tensor().shape(0)) + " samples, expected " +
+                                        std::to_string(st.sizes[mb]));
+    }
+    out.push_back(TakeTensor(frame, device_));
   }
-  return TakeTensor(frame, device_);
+  return out;
 }
 
-Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const at::Tensor& t) {
+Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const Tensors& ts,
+                         const std::vector<int>& parts) {
   const int from_chunk = kind == v1::FRAME_ACTIVATION ? to_chunk - 1 : to_chunk + 1;
   Span span(st, v1::TraceEvent::SEND, from_chunk / job_->assignment.num_stages(), mb);
-  Frame frame;
-  v1::TensorFrame& h = frame.header;
-  h.set_job_id(st.req->job_id());
-  h.set_phase(st.req->phase());
-  h.set_step(st.data_step);
-  h.set_micro_batch(mb);
-  h.set_kind(kind);
-  h.set_chunk(to_chunk);
-  h.set_from_stage(job_->assignment.stage_index());
-  CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
-  h.mutable_tensor()->set_dtype(dtype);
-  for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
-  frame.payload = MakeTensorPayload(t);
-  if (job_->assignment.num_stages() == 1) {  // to its own next chunk: a copy, as a neighbour would get
-    frame.payload = CopyPayload(*frame.payload);
-    return inbox_.Deliver(std::move(frame));
+  for (std::size_t k = 0; k < ts.size(); ++k) {
+    const at::Tensor& t = ts[k];
+    Frame frame;
+    v1::TensorFrame& h = frame.header;
+    h.set_job_id(st.req->job_id());
+    h.set_phase(st.req->phase());
+    h.set_step(st.data_step);
+    h.set_micro_batch(mb);
+    h.set_kind(kind);
+    h.set_chunk(to_chunk);
+    h.set_from_stage(job_->assignment.stage_index());
+    h.set_part(parts[k]);
+    CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
+    h.mutable_tensor()->set_dtype(dtype);
+    for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
+    frame.payload = MakeTensorPayload(t);
+    const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->Send(peer, std::move(frame)), Who()));
   }
-  const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
-  return Annotate(job_->transport->Send(peer, std::move(frame)), Who());
+  return absl::OkStatus();
 }
 
 Status Stage::Impl::Forward(StepState& st, int local, int mb) {
   Chunk& c = job_->chunks[local];
   const bool first = job_->IsFirst(c), last = job_->IsLast(c);
   const int64_t rows = st.sizes[mb];
-  at::Tensor x;
+  Tensors x;
   if (first) {
-    x = st.inputs.narrow(0, st.offsets[mb], rows);
+    x.push_back(st.inputs.narrow(0, st.offsets[mb], rows));
   } else {
     CONVEYOR_ASSIGN_OR_RETURN(x, Receive(st, v1::FRAME_ACTIVATION, local, mb));
-    if (st.train) x.requires_grad_(true);
+    if (st.train)
+      for (int i : PartsOf(c.inputs, /*all=*/false)) x[static_cast<std::size_t>(i)].requires_grad_(true);
   }
   Held h;
-  h.input = x;
+  h.inputs = x;
   h.scale = static_cast<double>(rows) / static_cast<double>(st.req->batch_size() * st.accumulate);
-  at::Tensor out;
+  Tensors out;
   if (st.graphed) {
     Span span(st, v1::TraceEvent::FORWARD, local, mb);
     GraphedPasses::Head head;
@@ -67,14 +76,14 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
       const double scale = h.scale;
       head = [this, scale](const at::Tensor& o, const at::Tensor& l) { return ComputeLoss(job_->spec(), o, l, scale); };
     }
-    auto f = job_->graphs->Forward(local, mb, *c.layers, x, !first, labels, head);
+    auto f = job_->graphs->Forward(local, mb, *c.layers, x.front(), !first, labels, head);
     if (!f.ok()) return Annotate(f.status(), Who());
-    h.input = f->input;
-    h.output = f->output;
+    h.inputs = {f->input};
+    h.outputs = {f->output};
     if (last) {
       st.AddLoss(f->output);
     } else {
-      out = f->output;
+      out = {f->output};
     }
   } else {
     Span span(st, v1::TraceEvent::FORWARD, local, mb);
@@ -83,30 +92,51 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     if (job_->recompute && st.train) no_grad.emplace();
     {
       ForwardPrecision precision(job_->spec(), device_);
-      CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(x));
+      CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, x));
     }
     if (last) {
       h.labels = st.labels.narrow(0, st.offsets[mb], rows);
-      at::Tensor loss = ComputeLoss(job_->spec(), out, h.labels, h.scale);
+      at::Tensor loss = ComputeLoss(job_->spec(), out.front(), h.labels, h.scale);
       st.AddLoss(loss);
       if (!st.train) {
-        st.correct += CountCorrect(out, h.labels);
+        st.correct += CountCorrect(out.front(), h.labels);
         st.predictions += h.labels.numel();
       }
-      if (!job_->recompute) h.output = loss;
+      if (!job_->recompute) h.outputs = {loss};
     } else if (!job_->recompute) {
-      h.output = out;
+      h.outputs = out;
     }
   }
-  if (!last) CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_ACTIVATION, c.index + 1, mb, out));
+  if (!last) {
+    CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_ACTIVATION, c.index + 1, mb, out, PartsOf(c.outputs, /*all=*/true)));
+  }
   if (st.train) {
-    h.bytes = Bytes(h.input) + Bytes(h.output);
+    h.bytes = Bytes(h.inputs) + Bytes(h.outputs);
     st.held_bytes += h.bytes;
     st.held.emplace(std::make_pair(local, mb), std::move(h));
     st.peak_count = std::max<int64_t>(st.peak_count, static_cast<int64_t>(st.held.size()));
     st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
   }
   return absl::OkStatus();
+}
+
+StatusOr<Tensors> Stage::Impl::RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x) {
+  // Dropout draws from (seed, step, micro-batch, layer), in a recomputed
+  // forward as in the first.
+  std::optional<Partition::RandomKey> key;
+  if (st.train) key = Partition::RandomKey{job_->spec().seed(), st.data_step, mb};  // the batch, under accumulate_steps
+  c.layers->SetRandomKey(key);
+  CONVEYOR_ASSIGN_OR_RETURN(Tensors out, c.layers->Forward(x));
+  if (job_->IsLast(c) && out.size() != 1) {
+    return absl::InvalidArgumentError(Who() + ": the model's last layer returns " + std::to_string(out.size()) +
+                                      " tensors; the loss takes one");
+  }
+  if (!job_->IsLast(c) && out.size() != c.outputs.size()) {
+    return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": chunk " +
+                                      std::to_string(c.index) + " returns " + std::to_string(out.size()) +
+                                      " tensors, the shape probe found " + std::to_string(c.outputs.size()));
+  }
+  return out;
 }
 
 void Stage::Impl::Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it) {
@@ -121,46 +151,65 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
   if (it == st.held.end())
     return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
   Held& h = it->second;
-  at::Tensor grad;
+  Tensors grads;  // of the outputs that require grad, in order
+  const std::vector<int> grad_parts = last ? std::vector<int>{0} : PartsOf(c.outputs, /*all=*/false);
   if (!last) {
-    CONVEYOR_ASSIGN_OR_RETURN(grad, Receive(st, v1::FRAME_GRADIENT, local, mb));
+    CONVEYOR_ASSIGN_OR_RETURN(grads, Receive(st, v1::FRAME_GRADIENT, local, mb));
   }
-  if (!h.output.defined()) {  // recompute the forward, this time with autograd
+  if (h.outputs.empty()) {  // recompute the forward, this time with autograd
     Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
-    at::Tensor out;
+    Tensors out;
     {
       ForwardPrecision precision(job_->spec(), device_);
-      CONVEYOR_ASSIGN_OR_RETURN(out, c.layers->Forward(h.input));
+      CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
     }
-    h.output = last ? ComputeLoss(job_->spec(), out, h.labels, h.scale) : out;
+    h.outputs = last ? Tensors{ComputeLoss(job_->spec(), out.front(), h.labels, h.scale)} : std::move(out);
   }
-  at::Tensor input_grad;
+  // What backward starts from: the outputs that require grad, with theirs.
+  Tensors roots, root_grads;
+  for (std::size_t k = 0; k < grad_parts.size(); ++k) {
+    const at::Tensor& o = h.outputs[static_cast<std::size_t>(grad_parts[k])];
+    if (!o.requires_grad()) continue;
+    roots.push_back(o);
+    if (!last) root_grads.push_back(grads[k]);
+  }
+  // The inputs that send a gradient back.
+  const std::vector<int> input_parts = first ? std::vector<int>{} : PartsOf(c.inputs, /*all=*/false);
+  Tensors input_grads(input_parts.size());
   {
     Span span(st, v1::TraceEvent::BACKWARD, local, mb);
-    if (h.output.requires_grad() && st.graphed) {
-      auto g = job_->graphs->Backward(local, mb, grad, c.params);
+    if (!roots.empty() && st.graphed) {
+      auto g = job_->graphs->Backward(local, mb, last ? at::Tensor() : root_grads.front(), c.params);
       if (!g.ok()) return Annotate(g.status(), Who());
-      input_grad = *g;
-    } else if (h.output.requires_grad()) {
-      std::vector<at::Tensor> grads;
-      if (grad.defined()) grads.push_back(grad);
+      if (!input_grads.empty()) input_grads.front() = *g;
+    } else if (!roots.empty()) {
       if (input_grad_only) {
-        // Zero-bubble: the input gradient now, the weights' in WeightPass.
-        h.grad = grad;
-        if (!first) input_grad = torch::autograd::grad({h.output}, {h.input}, grads, /*retain_graph=*/true)[0];
+        // Zero-bubble: the input gradients now, the weights' in WeightPass.
+        if (!input_parts.empty()) {
+          Tensors wanted;
+          for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
+          input_grads = torch::autograd::grad(roots, wanted, root_grads, /*retain_graph=*/true,
+                                              /*create_graph=*/false, /*allow_unused=*/true);
+        }
+        h.outputs = roots;
+        h.grads = root_grads;
       } else {
-        torch::autograd::backward({h.output}, grads);
-        if (!first) input_grad = h.input.grad();
+        torch::autograd::backward(roots, root_grads);
+        for (std::size_t k = 0; k < input_parts.size(); ++k)
+          input_grads[k] = h.inputs[static_cast<std::size_t>(input_parts[k])].grad();
       }
+    } else if (input_grad_only) {
+      h.outputs.clear();  // nothing for the weight pass
     }
   }
-  if (!first) {
-    if (!input_grad.defined()) input_grad = at::zeros_like(h.input);
-    CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grad));
+  if (!input_parts.empty()) {
+    for (std::size_t k = 0; k < input_parts.size(); ++k)
+      if (!input_grads[k].defined()) input_grads[k] = at::zeros_like(h.inputs[static_cast<std::size_t>(input_parts[k])]);
+    CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grads, input_parts));
   }
   if (input_grad_only) {
-    st.held_bytes += Bytes(h.grad);
-    h.bytes += Bytes(h.grad);
+    st.held_bytes += Bytes(h.grads);
+    h.bytes += Bytes(h.grads);
     st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
   } else {
     Release(st, it);
@@ -178,10 +227,9 @@ Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
     std::vector<at::Tensor> params;
     for (const auto& p : job_->chunks[local].params)
       if (p.requires_grad()) params.push_back(p);
-    if (h.output.requires_grad() && !params.empty()) {
-      std::vector<at::Tensor> grads;
-      if (h.grad.defined()) grads.push_back(h.grad);
-      torch::autograd::backward({h.output}, grads, /*retain_graph=*/false, /*create_graph=*/false, params);
+    // After the input-gradient pass `outputs` holds only those that require grad.
+    if (!h.outputs.empty() && !params.empty()) {
+      torch::autograd::backward(h.outputs, h.grads, /*retain_graph=*/false, /*create_graph=*/false, params);
     }
   }
   Release(st, it);

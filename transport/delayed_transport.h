@@ -20,6 +20,10 @@ class DelayedTransportFactory : public TransportFactory {
   StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment, const LinkOptions& options,
                                                std::chrono::steady_clock::time_point deadline) override;
   bool SupportsNccl() const override { return inner_->SupportsNccl(); }
+  StatusOr<v1::LinkSetup> PrepareLink(const std::string& device, const NcclOptions& nccl,
+                                      std::shared_ptr<PreparedLink>* prepared) override {
+    return inner_->PrepareLink(device, nccl, prepared);
+  }
 
  private:
   TransportFactory* inner_;

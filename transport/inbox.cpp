@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/metrics.h"
 #include "common/spin.h"
 
 #include "common/wire.h"
@@ -85,29 +86,46 @@ Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
     return absl::FailedPreconditionError(who + " does not expect tensors of step " + std::to_string(f.step()) +
                                          " (it is at step " + std::to_string(step_) + ")");
   }
-  const std::map<int, std::vector<int64_t>>* shapes = nullptr;
-  if (f.kind() == v1::FRAME_ACTIVATION) shapes = &expect_.activation_shapes;
-  if (f.kind() == v1::FRAME_GRADIENT) shapes = &expect_.gradient_shapes;
-  if (!shapes) return absl::InvalidArgumentError(who + ": frame has no kind");
-  auto it = shapes->find(f.chunk());
-  if (it == shapes->end()) {
+  const bool act = f.kind() == v1::FRAME_ACTIVATION;
+  if (!act && f.kind() != v1::FRAME_GRADIENT) return absl::InvalidArgumentError(who + ": frame has no kind");
+  // The tensor expected: by part where the chunk's boundary has its list,
+  // else one tensor of the job's dtype.
+  v1::DType dtype = expect_.dtype;
+  const std::vector<int64_t>* sample = nullptr;
+  const auto& parts = act ? expect_.activation_parts : expect_.gradient_parts;
+  const auto& shapes = act ? expect_.activation_shapes : expect_.gradient_shapes;
+  if (auto pc = parts.find(f.chunk()); pc != parts.end()) {
+    auto pt = pc->second.find(f.part());
+    if (pt == pc->second.end()) {
+      return absl::InvalidArgumentError(who + " expects no " + KindName(f.kind()) + " tensor " +
+                                        std::to_string(f.part()) + " for chunk " + std::to_string(f.chunk()));
+    }
+    dtype = pt->second.dtype;
+    sample = &pt->second.sample_shape;
+  } else if (auto it = shapes.find(f.chunk()); it != shapes.end()) {
+    if (f.part() != 0) {
+      return absl::InvalidArgumentError(who + " expects one " + KindName(f.kind()) + " tensor for chunk " +
+                                        std::to_string(f.chunk()) + ", not part " + std::to_string(f.part()));
+    }
+    sample = &it->second;
+  } else {
     return absl::InvalidArgumentError(who + " expects no " + KindName(f.kind()) + " tensors for chunk " +
                                       std::to_string(f.chunk()));
   }
-  const std::vector<int64_t>* sample = &it->second;
   if (f.micro_batch() < 0 || f.micro_batch() >= expect_.max_micro_batches) {
     return absl::InvalidArgumentError(who + ": micro-batch " + std::to_string(f.micro_batch()) +
                                       " is out of range [0, " + std::to_string(expect_.max_micro_batches) + ")");
   }
   const std::string what = who + " step " + std::to_string(f.step()) + " micro-batch " +
-                           std::to_string(f.micro_batch()) + ": " + KindName(f.kind());
+                           std::to_string(f.micro_batch()) + ": " + KindName(f.kind()) +
+                           (f.part() != 0 ? " tensor " + std::to_string(f.part()) : "");
   int64_t rows = f.tensor().shape_size() > 0 ? f.tensor().shape(0) : 0;
   if (rows < 1 || rows > expect_.max_micro_batch_size) rows = expect_.max_micro_batch_size;
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), sample->begin(), sample->end());
   if (!f.tensor().data().empty()) return absl::InvalidArgumentError(what + ": data in the header");
   const bool other = expect_.other_dtype != v1::DTYPE_UNSPECIFIED && f.tensor().dtype() == expect_.other_dtype;
-  return CheckWireTensor(f.tensor(), payload_bytes, other ? expect_.other_dtype : expect_.dtype, shape, what);
+  return CheckWireTensor(f.tensor(), payload_bytes, other ? expect_.other_dtype : dtype, shape, what);
 }
 
 Status Inbox::Deliver(Frame frame) {
@@ -118,11 +136,12 @@ Status Inbox::Deliver(Frame frame) {
                                                                   ": a frame without its tensor's bytes");
   if (!st.ok()) return FailStepOnMalformed(frame.header, st);
   const v1::TensorFrame& h = frame.header;
-  Key key{h.phase(), h.step(), h.kind(), h.chunk(), h.micro_batch()};
+  Key key{h.phase(), h.step(), h.kind(), h.chunk(), h.micro_batch(), h.part()};
   if (frames_.count(key)) {
     return absl::AlreadyExistsError("stage " + std::to_string(expect_.stage_index) + ": a " +
                                     KindName(h.kind()) + " for step " + std::to_string(h.step()) +
-                                    " micro-batch " + std::to_string(h.micro_batch()) + " arrived twice");
+                                    " micro-batch " + std::to_string(h.micro_batch()) +
+                                    (h.part() != 0 ? " tensor " + std::to_string(h.part()) : "") + " arrived twice");
   }
   if (fetch) {
     PayloadFetcher* fetcher = h.kind() == v1::FRAME_ACTIVATION ? activation_fetcher_ : gradient_fetcher_;
@@ -132,6 +151,13 @@ Status Inbox::Deliver(Frame frame) {
     }
     return fetcher->Fetch(std::move(frame.header));
   }
+  metrics::Add(metrics::Id::kStageReceivedBytes,
+               {{"job_id", expect_.job_id},
+                {"stage", std::to_string(expect_.stage_index)},
+                {"replica", "0"},
+                {"peer", h.kind() == v1::FRAME_ACTIVATION ? "upstream" : "downstream"},
+                {"transport", h.carrier() == v1::CARRIER_NCCL ? "nccl" : "grpc"}},
+               static_cast<double>(frame.payload->bytes()));
   frames_.emplace(key, std::move(frame));
   changes_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
@@ -143,9 +169,9 @@ void Inbox::SetSpin(std::chrono::microseconds spin) {
   spin_ = spin;
 }
 
-StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline) {
+StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline, int part) {
   std::unique_lock<std::mutex> lock(mu_);
-  Key key{phase_, step_, kind, chunk, micro_batch};
+  Key key{phase_, step_, kind, chunk, micro_batch, part};
   std::optional<Clock::time_point> spin_until;
   for (;;) {
     if (!failure_.ok()) return failure_;
@@ -173,6 +199,7 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
       return absl::DeadlineExceededError(
           "stage " + std::to_string(expect_.stage_index) + " waited too long for the " + KindName(kind) +
           " of step " + std::to_string(step_) + " micro-batch " + std::to_string(micro_batch) +
+          (part != 0 ? " tensor " + std::to_string(part) : "") +
           (expect_.activation_shapes.size() + expect_.gradient_shapes.size() > 2 ? " chunk " + std::to_string(chunk) : "") +
           " from stage " + std::to_string(peer) + " (" + (act ? "upstream" : "downstream") + ")");
     }

@@ -24,6 +24,12 @@
 
 namespace conveyor {
 
+// One tensor of what crosses into a chunk, per sample.
+struct ExpectedTensor {
+  v1::DType dtype = v1::DTYPE_FLOAT32;
+  std::vector<int64_t> sample_shape;
+};
+
 // What the inbox accepts while a job is configured.
 struct InboxExpectations {
   std::string job_id;
@@ -37,6 +43,12 @@ struct InboxExpectations {
   // gradients its output. A chunk absent from a map receives no such frames.
   std::map<int, std::vector<int64_t>> activation_shapes;
   std::map<int, std::vector<int64_t>> gradient_shapes;
+  // Where set for a chunk, these replace the two maps above (and `dtype`):
+  // the frames it receives by part (TensorFrame.part), each with its own
+  // dtype and shape: a tuple's tensors; for gradients only the parts that
+  // carry one (floating tensors that require grad).
+  std::map<int, std::map<int, ExpectedTensor>> activation_parts;
+  std::map<int, std::map<int, ExpectedTensor>> gradient_parts;
   int max_micro_batches = 0;
   int64_t max_micro_batch_size = 0;
 };
@@ -77,9 +89,9 @@ class Inbox {
   // unregisters. Not owned; once unregistered, never called again.
   void SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher);
 
-  // Waits for the frame (kind, chunk, micro_batch) of the current step until
-  // `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
-  StatusOr<Frame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline);
+  // Waits for the frame (kind, chunk, micro_batch, part) of the current step
+  // until `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
+  StatusOr<Frame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline, int part = 0);
 
   // How long Take() spins for its frame before it sleeps (default 0: at
   // once). A GPU stage spins a little: its frames come on a fast link, and a
@@ -95,7 +107,7 @@ class Inbox {
   // `st`, and with it the step in progress when `header` (of the current
   // job) is malformed: a good tensor will not follow. REQUIRES: mu_ held.
   Status FailStepOnMalformed(const v1::TensorFrame& header, Status st);
-  using Key = std::tuple<int, int64_t, int, int, int>;  // phase, step, kind, chunk, micro-batch
+  using Key = std::tuple<int, int64_t, int, int, int, int>;  // phase, step, kind, chunk, micro-batch, part
   Status Check(const v1::TensorFrame& frame, int64_t payload_bytes) const;
 
   mutable std::mutex mu_;  // guards everything below

@@ -18,7 +18,6 @@
 namespace conveyor {
 
 class Inbox;
-class LinkRings;
 
 enum class Peer { kUpstream, kDownstream };
 
@@ -43,30 +42,50 @@ class Transport {
 };
 
 // How a stage's links are to be made, besides the neighbours' addresses.
+// NCCL's knobs, from the job (nccl_ctas, nccl_headers).
+struct NcclOptions {
+  int ctas = 0;             // thread blocks per communicator (0: NCCL's default)
+  bool shm_headers = true;  // frame headers through shared memory where both ends share a host (header_ring.h)
+};
+
+// What a factory made for a stage's downstream link before its neighbour
+// connects (an NCCL link's shared-memory header rings): opaque to the stage,
+// which hands it back in LinkOptions.
+class PreparedLink {
+ public:
+  virtual ~PreparedLink() = default;
+};
+
 struct LinkOptions {
   v1::LinkSetup upstream;    // from the coordinator's Connect
   v1::LinkSetup downstream;  // from this stage's own PrepareLink
   std::string device;        // this stage's device ("cpu", "cuda:N")
   Inbox* inbox = nullptr;    // where payloads fetched apart (NCCL) are delivered
   std::chrono::duration<double> timeout{10};  // the job's stage_timeout
-  int nccl_ctas = 0;                          // the job's nccl_ctas (0: NCCL's default)
-  // NCCL links: frame headers through shared memory where both ends are on
-  // one host (header_ring.h); false keeps them on the gRPC stream.
-  bool shm_headers = true;
-  // The downstream link's shared memory, made with `downstream` by this
-  // stage's PrepareLink (null: none could be made). Shared with the links.
-  std::shared_ptr<LinkRings> downstream_rings;
+  NcclOptions nccl;
+  // What PrepareLink made with `downstream` (null: nothing). Shared with the links.
+  std::shared_ptr<PreparedLink> prepared;
 };
 
-// Creates a stage's links to its neighbours (addresses in the assignment).
 class TransportFactory {
  public:
   virtual ~TransportFactory() = default;
+  // The setup of a stage's downstream NCCL link, made before the neighbour
+  // hears of it (its ids; the shared memory for its headers where
+  // `nccl.shm_headers`, into *prepared). FAILED_PRECONDITION saying why where
+  // this device or build cannot use NCCL.
+  virtual StatusOr<v1::LinkSetup> PrepareLink(const std::string& device, const NcclOptions& nccl,
+                                              std::shared_ptr<PreparedLink>* prepared);
   virtual StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment,
                                                        const LinkOptions& options,
                                                        std::chrono::steady_clock::time_point deadline) = 0;
   // Whether links made here can use NCCL on a CUDA device (NCCL built in).
   virtual bool SupportsNccl() const { return false; }
 };
+
+inline StatusOr<v1::LinkSetup> TransportFactory::PrepareLink(const std::string& device, const NcclOptions&,
+                                                             std::shared_ptr<PreparedLink>*) {
+  return absl::FailedPreconditionError(device + " cannot use NCCL (these links have no NCCL)");
+}
 
 }  // namespace conveyor

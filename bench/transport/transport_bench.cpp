@@ -37,7 +37,6 @@
 #include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
 #include "transport/grpc/grpc_transport.h"
-#include "transport/nccl/header_ring.h"
 #include "transport/inbox.h"
 #include "transport/nccl/nccl_channel.h"
 #include "transport/grpc/stage_data_service.h"
@@ -128,8 +127,8 @@ int nccl_ctas = 0;
       links.device = device;
       links.inbox = &inbox;
       links.timeout = std::chrono::seconds(60);
-      links.nccl_ctas = nccl_ctas;
-      links.shm_headers = cmd.shm_headers != 0;
+      links.nccl.ctas = nccl_ctas;
+      links.nccl.shm_headers = cmd.shm_headers != 0;
       auto t = factory.Connect(Assignment(1, "127.0.0.1:" + std::to_string(sender_port)), links,
                                Clock::now() + std::chrono::seconds(30));
       Check(t.status(), "receiver NCCL link");
@@ -209,28 +208,21 @@ class Sender {
     links.device = device_;
     links.inbox = &inbox_;
     links.timeout = std::chrono::seconds(60);
-    links.nccl_ctas = nccl_ctas;
+    links.nccl.ctas = nccl_ctas;
+    GrpcTransportFactory factory;
     if (name == "nccl" || name == "nccl-grpc") {
       Command cmd{Command::kNccl};
       cmd.shm_headers = name == "nccl";
-      links.downstream.set_transport(v1::TRANSPORT_NCCL);
-      auto a = NewNcclUniqueId();
-      auto g = NewNcclUniqueId();
-      Check(a.status(), "NCCL id");
-      Check(g.status(), "NCCL id");
-      std::memcpy(cmd.ids[0], a->data(), std::min<size_t>(128, a->size()));
-      std::memcpy(cmd.ids[1], g->data(), std::min<size_t>(128, g->size()));
-      links.downstream.set_activation_nccl_id(*a);
-      links.downstream.set_gradient_nccl_id(*g);
-      if (cmd.shm_headers) {  // as the stage's PrepareLink: before the peer hears of the link
-        auto rings = LinkRings::Create(LinkRings::NameFor(*a));
-        Check(rings.status(), "header ring");
-        links.downstream_rings = std::move(*rings);
-      }
-      links.shm_headers = cmd.shm_headers != 0;
+      links.nccl.shm_headers = cmd.shm_headers != 0;
+      // As the stage's PrepareLink: the ids, and the header rings before the peer hears of the link.
+      auto setup = factory.PrepareLink(device_, links.nccl, &links.prepared);
+      Check(setup.status(), "NCCL link");
+      links.downstream = *setup;
+      std::memcpy(cmd.ids[0], setup->activation_nccl_id().data(), std::min<size_t>(128, setup->activation_nccl_id().size()));
+      std::memcpy(cmd.ids[1], setup->gradient_nccl_id().data(), std::min<size_t>(128, setup->gradient_nccl_id().size()));
       WriteAll(cmd_fd_, &cmd, sizeof cmd);  // the receiver joins while we do
     }
-    auto t = GrpcTransportFactory().Connect(Assignment(0, receiver_), links, Clock::now() + std::chrono::seconds(30));
+    auto t = factory.Connect(Assignment(0, receiver_), links, Clock::now() + std::chrono::seconds(30));
     Check(t.status(), "sender link");
     transport_ = std::move(*t);
     if (name.rfind("nccl", 0) == 0) {

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <thread>
 
+#include "common/server.h"
+#include "conveyor.grpc.pb.h"
 #include "coordinator/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
@@ -47,6 +49,16 @@ TEST(Coordinator, RunsAJobAndAnswersAboutIt) {
   EXPECT_EQ(s.stages_size(), 3);
   EXPECT_EQ(s.stages(0).transport(), v1::LINK_IN_PROCESS);
   EXPECT_EQ(s.param_digest().size(), 64u);
+  // Its curves: a row per step, with the status's losses.
+  auto curves = c->GetCurves(s.job_id());
+  ASSERT_TRUE(curves.ok()) << curves.status();
+  ASSERT_EQ(curves->steps_size(), 5);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(curves->steps(i).step(), i + 1);
+    EXPECT_FLOAT_EQ(static_cast<float>(curves->steps(i).loss()), s.losses(i));
+    EXPECT_GT(curves->steps(i).step_seconds(), 0);
+  }
+  EXPECT_TRUE(absl::IsNotFound(c->GetCurves("job-404").status()));
   auto list = c->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
@@ -140,6 +152,13 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
     job->status.set_step(3);
     job->status.add_losses(1.0f);
     ASSERT_TRUE((*store)->Update(job->status).ok());
+    // Curve rows of a longer run than the one that resumes (steps 1 to 7).
+    std::vector<v1::CurvePoint> stale(7);
+    for (int i = 0; i < 7; ++i) {
+      stale[i].set_step(i + 1);
+      stale[i].set_loss(99);
+    }
+    ASSERT_TRUE((*store)->AddCurves(id, stale, {}).ok());
   }
   InProcessCluster cluster(1);
   auto c = cluster.StartCoordinator(dir);
@@ -147,10 +166,74 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
   v1::JobStatus s = WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
   EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(c->Get(id)->losses_size(), 5);
+  auto curves = c->GetCurves(id);  // the run's own rows, none left of the earlier run
+  ASSERT_TRUE(curves.ok()) << curves.status();
+  ASSERT_EQ(curves->steps_size(), 5);
+  for (const auto& p : curves->steps()) EXPECT_NE(p.loss(), 99) << "step " << p.step();
   std::string events;
   for (const auto& e : s.events()) events += e.text() + "\n";
   EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
   EXPECT_THAT(events, HasSubstr("the job starts again from step 0"));
+}
+
+// SIGTERM to the coordinator (a pod moved, a Slurm job requeued) is not a
+// cancel: the running job stays running in the job store, and the next
+// coordinator with that state runs it again.
+TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
+  const std::string dir = ::testing::TempDir() + "/coordinator-shutdown";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  InProcessCluster cluster(2);
+  std::string id;
+  {
+    auto c = cluster.StartCoordinator(dir);
+    ASSERT_TRUE(c);
+    auto submitted = c->Submit(kEndless);
+    ASSERT_TRUE(submitted.ok()) << submitted.status();
+    id = *submitted;
+    WaitFor(*c, id, [](const v1::JobStatus& s) { return s.step() > 2; });
+    c->Shutdown();
+    auto stopped = c->Get(id);
+    ASSERT_TRUE(stopped.ok());
+    EXPECT_EQ(stopped->state(), v1::JOB_STATE_RUNNING) << stopped->error();
+    EXPECT_EQ(stopped->error(), "");
+  }
+  auto c = cluster.StartCoordinator(dir);
+  ASSERT_TRUE(c);
+  v1::JobStatus again = WaitFor(*c, id, [](const v1::JobStatus& s) { return s.state() == v1::JOB_STATE_RUNNING && s.step() > 0; });
+  std::string events;
+  for (const auto& e : again.events()) events += e.text() + "\n";
+  EXPECT_THAT(events, HasSubstr("the coordinator stopped; the job resumes when it starts again"));
+  EXPECT_THAT(events, HasSubstr("the coordinator restarted while the job ran"));
+  ASSERT_TRUE(c->Cancel(id).ok());
+  EXPECT_EQ(WaitFor(*c, id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); }).state(),
+            v1::JOB_STATE_CANCELLED);
+}
+
+// A stage that was not there when first dialled: the client's channel then
+// backs off before it dials again; Reconnect (every job's start) makes a new
+// channel, which resolves the name again and dials at once.
+TEST(GrpcStageClient, ReconnectReachesAStageThatCameUpSinceTheLastFailure) {
+  v1::StageControl::Service unimplemented;  // every call: UNIMPLEMENTED
+  int port = 0;
+  {
+    auto free = GrpcServer::Start("127.0.0.1:0", {&unimplemented});  // a free port: bound, then released
+    ASSERT_TRUE(free.ok()) << free.status();
+    port = (*free)->port();
+    (*free)->Shutdown(0);
+  }
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto client = MakeGrpcStageClient(address);
+  for (int i = 0; i < 3; ++i) {
+    auto down = client->Ping(5);
+    EXPECT_TRUE(absl::IsUnavailable(down.status())) << down.status();
+  }
+  auto server = GrpcServer::Start(address, {&unimplemented});
+  ASSERT_TRUE(server.ok()) << server.status();
+  client->Reconnect();
+  // It has no StageControl (UNIMPLEMENTED), but it was reached.
+  auto up = client->Ping(5);
+  EXPECT_FALSE(absl::IsUnavailable(up.status())) << up.status();
 }
 
 }  // namespace

@@ -7,6 +7,73 @@
 namespace conveyor {
 namespace {
 
+v1::CurvePoint Point(int64_t step, double loss, bool grad_norm) {
+  v1::CurvePoint p;
+  p.set_step(step);
+  p.set_loss(loss);
+  p.set_lr(0.01 * static_cast<double>(step));
+  p.set_has_grad_norm(grad_norm);
+  p.set_grad_norm(grad_norm ? 2.5 : 0);
+  p.set_step_seconds(0.125);
+  p.set_samples_per_second(256);
+  p.set_tokens_per_second(0);
+  p.set_unix_ms(1000 + step);
+  return p;
+}
+
+TEST(JobStore, KeepsCurvesAcrossReopening) {
+  const std::string path = ::testing::TempDir() + "/job_store_curves.db";
+  std::filesystem::remove(path);
+  v1::EvalPoint eval;
+  eval.set_step(2);
+  eval.set_loss(0.75);
+  eval.set_accuracy(0.5);
+  eval.set_unix_ms(5000);
+  {
+    auto store = JobStore::Open(path);
+    ASSERT_TRUE(store.ok()) << store.status();
+    // Two batches, as the runner writes them; step 2 is run again after a
+    // recovery and replaces the first row; another job's rows stay apart.
+    ASSERT_TRUE((*store)->AddCurves("job-1", {Point(1, 1.5, false), Point(2, 9, false)}, {}).ok());
+    ASSERT_TRUE((*store)->AddCurves("job-1", {Point(2, 1.25, true), Point(3, 1.0, false)}, {eval}).ok());
+    ASSERT_TRUE((*store)->AddCurves("job-2", {Point(1, 7, false)}, {}).ok());
+    ASSERT_TRUE((*store)->AddCurves("job-2", {}, {}).ok());
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok());
+  auto curves = (*store)->Curves("job-1");
+  ASSERT_TRUE(curves.ok()) << curves.status();
+  EXPECT_EQ(curves->job_id(), "job-1");
+  ASSERT_EQ(curves->steps_size(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(curves->steps(i).step(), i + 1);
+  EXPECT_EQ(curves->steps(1).SerializeAsString(), Point(2, 1.25, true).SerializeAsString());
+  EXPECT_EQ(curves->steps(0).SerializeAsString(), Point(1, 1.5, false).SerializeAsString());
+  EXPECT_FALSE(curves->steps(2).has_grad_norm());
+  ASSERT_EQ(curves->evals_size(), 1);
+  EXPECT_EQ(curves->evals(0).SerializeAsString(), eval.SerializeAsString());
+
+  auto later = (*store)->Curves("job-1", 2);
+  ASSERT_TRUE(later.ok());
+  ASSERT_EQ(later->steps_size(), 1);
+  EXPECT_EQ(later->steps(0).step(), 3);
+  EXPECT_EQ(later->evals_size(), 0);
+  auto other = (*store)->Curves("job-2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->steps_size(), 1);
+  auto none = (*store)->Curves("job-3");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->steps_size(), 0);
+
+  // Back to the checkpoint of step 1: later steps and evaluations go, other jobs' stay.
+  ASSERT_TRUE((*store)->DropCurves("job-1", 1).ok());
+  auto dropped = (*store)->Curves("job-1");
+  ASSERT_TRUE(dropped.ok());
+  ASSERT_EQ(dropped->steps_size(), 1);
+  EXPECT_EQ(dropped->steps(0).step(), 1);
+  EXPECT_EQ(dropped->evals_size(), 0);
+  EXPECT_EQ((*store)->Curves("job-2")->steps_size(), 1);
+}
+
 TEST(JobStore, KeepsJobsAcrossReopening) {
   const std::string path = ::testing::TempDir() + "/job_store_test.db";
   std::filesystem::remove(path);

@@ -146,6 +146,45 @@ TEST(Recovery, EpochsAreReportedOnceAcrossACoordinatorRestart) {
   EXPECT_EQ(end.param_digest(), clean.param_digest());
 }
 
+// A scheduler's warning before preemption (Slurm's --signal; deploy/slurm):
+// SIGUSR1 to the coordinator checkpoints the running job after its step in
+// flight, though checkpoint_every is far off; a coordinator started again with
+// its state (as a requeued batch job starts one) resumes from that checkpoint.
+TEST(Recovery, SigusrOneCheckpointsTheRunningJobAndARestartResumesFromIt) {
+  auto cluster = StartCluster(false);
+  ASSERT_TRUE(cluster);
+  const std::string address = cluster->coordinator_address();
+  const std::string id = testing::Submit(address, Job(100000, 100000));
+  int64_t signalled_at = -1, checkpoint = 0;
+  bool restarted = false, cancelled = false;
+  std::string events_before;
+  v1::JobStatus end = testing::Follow(address, id, [&](const v1::JobStatus& s) {
+    if (signalled_at < 0 && s.step() >= 3) {
+      signalled_at = s.step();
+      cluster->Signal(-1, SIGUSR1);
+    } else if (signalled_at >= 0 && !restarted && s.checkpoint_step() > 0) {
+      checkpoint = s.checkpoint_step();
+      events_before = Events(s);
+      restarted = true;
+      cluster->Signal(-1, SIGKILL);
+      ASSERT_TRUE(cluster->RestartCoordinator().ok());
+    } else if (!cancelled && ((restarted && s.step() > checkpoint) ||
+                              (!restarted && signalled_at >= 0 && s.step() > signalled_at + 500))) {
+      // Resumed and went on; or no checkpoint came (the test fails below).
+      cancelled = true;
+      auto r = testing::RunCommand({testing::Binary("conveyor"), "--coordinator", address, "cancel", id});
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+    }
+  });
+  ASSERT_TRUE(restarted) << "no checkpoint after SIGUSR1: " << end.error() << "\n" << Events(end);
+  EXPECT_GT(checkpoint, signalled_at);
+  EXPECT_LT(checkpoint, 100000);
+  EXPECT_THAT(events_before, HasSubstr("checkpoint of step " + std::to_string(checkpoint) +
+                                       " taken on request (the coordinator got SIGUSR1)"));
+  EXPECT_EQ(end.state(), v1::JOB_STATE_CANCELLED) << end.error() << "\n" << Events(end);
+  EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step " + std::to_string(checkpoint)));
+}
+
 TEST(Recovery, AStageThatDoesNotComeBackFailsTheJobNamingIt) {
   auto cluster = StartCluster(/*restart_stages=*/false);
   ASSERT_TRUE(cluster);

@@ -44,12 +44,14 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout
   int stages;
   int micro_batches;
   std::string schedule;
   bool init_from = false;
   std::string data = "tensors";  // the job's data format: tensors (train.pt) or tokens (train.bin)
+  std::string loss = "cross_entropy";  // or "smoothed": loss: {torchscript: losses/smoothed.pt}
+  bool recompute = false;        // every stage recomputes its forwards
   std::string recipe = "";       // Recipe(): optimizer, lr_schedule, clip_grad_norm ("": SGD with momentum)
 };
 
@@ -89,7 +91,8 @@ nlohmann::json Recipe(const std::string& name) {
 // How ctest names a case (its bytes otherwise).
 void PrintTo(const Case& c, std::ostream* out) {
   *out << c.model << " over " << c.stages << " stages, " << c.micro_batches << " micro-batches, " << c.schedule
-       << (c.init_from ? ", init_from" : "") << (c.recipe.empty() ? "" : ", " + c.recipe);
+       << (c.init_from ? ", init_from" : "") << (c.loss != "cross_entropy" ? ", loss " + c.loss : "")
+       << (c.recompute ? ", recompute" : "") << (c.recipe.empty() ? "" : ", " + c.recipe);
 }
 
 // The job's data block over the files `oracle.py make` wrote into MODEL/.
@@ -104,7 +107,9 @@ nlohmann::json DataBlock(const Case& c) {
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
   std::string n = info.param.model + "_" + std::to_string(info.param.stages) + "stages_m" +
                   std::to_string(info.param.micro_batches) + "_" + info.param.schedule +
-                  (info.param.init_from ? "_init_from" : "") + (info.param.recipe.empty() ? "" : "_" + info.param.recipe);
+                  (info.param.init_from ? "_init_from" : "") +
+                  (info.param.loss != "cross_entropy" ? "_" + info.param.loss : "") +
+                  (info.param.recompute ? "_recompute" : "") + (info.param.recipe.empty() ? "" : "_" + info.param.recipe);
   for (char& c : n)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
@@ -126,6 +131,8 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
     if (std::ifstream(folder + "/model.pt").good() && (!pretrained || std::ifstream(folder + "/pretrained.pt").good()))
       return;
     auto r = RunCommand({*python_, Oracle(), "make", model, folder});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = RunCommand({*python_, Oracle(), "losses", *dir_ + "/losses"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     if (pretrained) {
       r = RunCommand({*python_, Oracle(), "pretrained", folder});
@@ -178,12 +185,16 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
       {"batch_size", 16},
       {"micro_batches", c.micro_batches},
       {"schedule", c.schedule},
-      {"loss", "cross_entropy"},
+      {"loss", c.loss == "cross_entropy" ? nlohmann::json(c.loss)
+                                          : nlohmann::json{{"torchscript", "losses/" + c.loss + ".pt"}}},
       {"steps", 8},
       {"seed", 3},
+      {"eval", true},
+      {"eval_batch_size", 10},  // 32 test samples: three batches of 10 and one of 2
       {"save", {{"path", "out-" + tag + ".pt"}}}};
   job.update(Recipe(c.recipe));
   if (c.init_from) job["init_from"] = c.model + "/pretrained.pt";
+  if (c.recompute) job["recompute"] = true;
   const std::string job_path = *dir_ + "/" + tag + ".json";
   std::ofstream(job_path) << job.dump(1);
   // PyTorch reads the paths relative to the job's folder; so does Conveyor,
@@ -192,8 +203,8 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   const std::string ref = *dir_ + "/ref-" + tag + ".json";
   auto r = RunCommand({*python_, Oracle(), "train", job_path, ref});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto reference = nlohmann::json::parse(std::ifstream(ref));
-  const auto& expected = reference["losses"];
+  const auto oracle = nlohmann::json::parse(std::ifstream(ref));
+  const auto& expected = oracle["losses"];
 
   cli::LocalCluster* cluster = Cluster(c.stages);
   ASSERT_NE(cluster, nullptr);
@@ -216,13 +227,23 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   ASSERT_EQ(s.grad_norms_size(), s.losses_size());
   double worst_lr = 0, worst_norm = 0;
   for (int i = 0; i < s.losses_size(); ++i) {
-    const double lr = reference["lrs"][static_cast<std::size_t>(i)];
-    const double norm = reference["grad_norms"][static_cast<std::size_t>(i)];
+    const double lr = oracle["lrs"][static_cast<std::size_t>(i)];
+    const double norm = oracle["grad_norms"][static_cast<std::size_t>(i)];
     EXPECT_NEAR(s.lrs(i), lr, 1e-12 + 1e-9 * lr) << "lr of step " << i + 1;
     EXPECT_NEAR(s.grad_norms(i), norm, atol + rtol * norm) << "gradient norm of step " << i + 1;
     worst_lr = std::max(worst_lr, std::abs(s.lrs(i) - lr));
     worst_norm = std::max(worst_norm, std::abs(s.grad_norms(i) - norm));
   }
+
+  // The test split evaluated as PyTorch evaluates it: mean loss (per token
+  // for token data, whose perplexity is its exp) and accuracy.
+  ASSERT_TRUE(s.has_eval());
+  const double eval_loss = oracle["eval_loss"], eval_accuracy = oracle["eval_accuracy"];
+  EXPECT_NEAR(s.eval_loss(), eval_loss, kAtol + kRtol * std::abs(eval_loss));
+  EXPECT_NEAR(std::exp(s.eval_loss()), double(oracle["eval_perplexity"]),
+              kAtol + kRtol * double(oracle["eval_perplexity"]));
+  EXPECT_DOUBLE_EQ(s.eval_accuracy(), eval_accuracy);  // the same predictions, counted alike
+  const double eval_diff = std::abs(s.eval_loss() - eval_loss);
 
   // The weights Conveyor exported against those PyTorch trained, by name.
   auto got = ReadStateDict(*dir_ + "/out-" + tag + ".pt");
@@ -245,9 +266,11 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   RecordProperty("max_loss_diff", std::to_string(worst_loss));
   RecordProperty("max_param_diff", std::to_string(worst_param));
+  RecordProperty("eval_loss_diff", std::to_string(eval_diff));
   RecordProperty("max_grad_norm_diff", std::to_string(worst_norm));
   std::cout << tag << ": largest difference from PyTorch: loss " << worst_loss << ", parameter " << worst_param
-            << ", lr " << worst_lr << ", gradient norm " << worst_norm << std::endl;
+            << ", lr " << worst_lr << ", gradient norm " << worst_norm << ", test loss " << eval_diff << " (accuracy "
+            << s.eval_accuracy() << ")" << std::endl;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -256,28 +279,39 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mlp", 2, 4, "1f1b", /*init_from=*/true}, Case{"cnn-bn", 1, 4, "gpipe"},
                       Case{"cnn-bn", 2, 4, "1f1b"}, Case{"cnn-bn", 3, 2, "gpipe"}, Case{"frozen", 2, 4, "1f1b"},
                       Case{"frozen", 3, 4, "zero-bubble"}, Case{"tokens", 1, 2, "gpipe", false, "tokens"},
-                      Case{"tokens", 2, 4, "1f1b", false, "tokens"}),
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens"},
+                      // (hidden, bool mask) crosses every boundary; token ids in.
+                      Case{"decoder", 1, 2, "gpipe"}, Case{"decoder", 2, 4, "1f1b"}, Case{"decoder", 3, 3, "gpipe"},
+                      Case{"decoder", 3, 4, "zero-bubble"},
+                      Case{"decoder", 2, 2, "1f1b", false, "tensors", "cross_entropy", /*recompute=*/true},
+                      // (hidden, int64 ids) crosses: the ids get no gradient.
+                      Case{"decoder-ids", 2, 4, "1f1b"}, Case{"decoder-ids", 3, 2, "gpipe"},
+                      // Dropout seeded by (seed, step, micro-batch, layer): any cut, and recomputed.
+                      Case{"dropout", 1, 4, "gpipe"}, Case{"dropout", 2, 4, "1f1b"},
+                      Case{"dropout", 2, 2, "gpipe", false, "tensors", "cross_entropy", /*recompute=*/true},
+                      Case{"mlp", 2, 4, "1f1b", false, "tensors", "smoothed"},
+                      Case{"tokens", 2, 2, "gpipe", false, "tokens", "smoothed"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the
 // global norm, step by step against torch.optim, LambdaLR and clip_grad_norm_.
 INSTANTIATE_TEST_SUITE_P(
     Recipes, AgainstPyTorch,
-    ::testing::Values(Case{"mlp", 2, 2, "1f1b", false, "tensors", "nesterov"},
-                      Case{"mlp", 2, 2, "1f1b", false, "tensors", "adam"},
-                      Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "adamw"},
-                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "cosine"},
-                      Case{"mlp", 2, 2, "gpipe", false, "tensors", "linear"},
-                      Case{"mlp", 2, 2, "gpipe", false, "tensors", "step"},
-                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "clip"},
-                      Case{"mlp", 3, 4, "1f1b", false, "tensors", "clip"},
-                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "accumulate"},
-                      Case{"cnn-bn", 2, 2, "1f1b", false, "tensors", "accumulate"},
-                      Case{"frozen", 3, 4, "zero-bubble", false, "tensors", "recipe"},
-                      Case{"mlp", 2, 4, "1f1b", false, "tensors", "bf16-mixed"},
-                      Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "bf16-mixed"},
-                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "bf16-mixed"},
-                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "recipe"}),
+    ::testing::Values(Case{"mlp", 2, 2, "1f1b", false, "tensors", "cross_entropy", false, "nesterov"},
+                      Case{"mlp", 2, 2, "1f1b", false, "tensors", "cross_entropy", false, "adam"},
+                      Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"},
+                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "cross_entropy", false, "cosine"},
+                      Case{"mlp", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "linear"},
+                      Case{"mlp", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "step"},
+                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "cross_entropy", false, "clip"},
+                      Case{"mlp", 3, 4, "1f1b", false, "tensors", "cross_entropy", false, "clip"},
+                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "cross_entropy", false, "accumulate"},
+                      Case{"cnn-bn", 2, 2, "1f1b", false, "tensors", "cross_entropy", false, "accumulate"},
+                      Case{"frozen", 3, 4, "zero-bubble", false, "tensors", "cross_entropy", false, "recipe"},
+                      Case{"mlp", 2, 4, "1f1b", false, "tensors", "cross_entropy", false, "bf16-mixed"},
+                      Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "bf16-mixed"},
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "bf16-mixed"},
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "recipe"}),
     Name);
 
 // Files a job must refuse, each with a named error, the servers serving on.
@@ -316,6 +350,20 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   fails(good + "init_from: bad/wide.pt\n", "INVALID_ARGUMENT", "'1.weight' is [33, 64]");
   fails(good + "init_from: bad/extra.pt\n", "INVALID_ARGUMENT", "'9.weight', which is no parameter or buffer");
   fails(good + "init_from: mlp/train.pt\n", "INVALID_ARGUMENT", "init_from");
+  ASSERT_EQ(RunCommand({python, Oracle(), "losses", dir + "/losses"}).exit_code, 0);
+  fails(good + "loss: {torchscript: bad/notscript.pt}\n", "INVALID_ARGUMENT",
+        "/bad/notscript.pt is not a TorchScript archive");
+  fails(good + "loss: {torchscript: losses/per_sample.pt}\n", "INVALID_ARGUMENT",
+        "returns a tensor of shape [2]");
+  // The reference finds it at its first step.
+  auto ref = RunCommand({testing::Binary("conveyor"), "train", "--reference", [&] {
+                           const std::string p = dir + "/per-sample.yaml";
+                           std::ofstream(p) << good << "loss: {torchscript: losses/per_sample.pt}\n";
+                           return p;
+                         }()});
+  EXPECT_EQ(ref.exit_code, 1);
+  EXPECT_THAT(ref.err, HasSubstr("per_sample.pt returns a tensor of shape [8]"));
+  EXPECT_THAT(ref.err, HasSubstr("(INVALID_ARGUMENT)"));
   // A path outside the data roots is refused when the job is submitted.
   auto r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
                        [&] {

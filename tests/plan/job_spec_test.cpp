@@ -3,11 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <limits>
 #include <numeric>
 #include <random>
 
+#include "plan/job_keys.h"
 #include "plan/model_catalog.h"
 #include "plan/schedule.h"
 
@@ -88,7 +91,7 @@ TEST(JobSpec, UnknownKeysAreNamed) {
   st = ParseError("model: {name: toy, depth: 3}\n");
   EXPECT_THAT(std::string(st.message()), HasSubstr("model.depth: unknown key"));
   st = ParseError("model: {name: toy, width: 3}\n");
-  EXPECT_THAT(std::string(st.message()), HasSubstr("for the gpt model only"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("model.width: only with name: gpt"));
   st = ParseError("model: toy\noptimizer: {name: sgd, momentun: 0.9}\n");
   EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.momentun: unknown key"));
 }
@@ -128,7 +131,7 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: resnet9\n", "model.name: unknown value 'resnet9'"},
       {"batch_size: 3\n", "model: missing"},
       {"model: toy\nepochs: 1\nsteps: 3\n", "epochs and steps"},
-      {"model: toy\noptimizer: {name: sgd, lr: -1}\n", "optimizer.lr: must be positive"},
+      {"model: toy\noptimizer: {name: sgd, lr: -1}\n", "optimizer.lr: must be more than 0 and at most 1000, got -1"},
       {"model: toy\nbatch_size: 0\n", "batch_size: must be between"},
       {"model: toy\ndata: fashion-mnist\n", "use convnet or mlp"},
       {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
@@ -325,6 +328,27 @@ TEST(ModelCatalog, EvenPartitionsAndBoundaries) {
   EXPECT_EQ((*ranges)[3].begin, 11);
 }
 
+// loss: {torchscript: PATH} and save.format: torchscript (issue 17).
+TEST(JobSpec, ScriptedLossesAndTorchScriptSaves) {
+  const std::string script = "model: {torchscript: m.pt}\ndata: {format: tensors, train: t.pt}\n";
+  auto spec = ParseJobYaml(script + "loss: {torchscript: loss.pt}\nsave: {path: out.pt, format: torchscript}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->loss_torchscript(), "loss.pt");
+  EXPECT_EQ(spec->loss(), v1::LOSS_UNSPECIFIED);
+  EXPECT_EQ(spec->save_format(), v1::SAVE_FORMAT_TORCHSCRIPT);
+  auto fails = [](const std::string& yaml, const std::string& says) {
+    auto s = ParseJobYaml(yaml);
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << yaml << ": " << s.status();
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(says)) << yaml;
+  };
+  fails(script + "loss: {torchscript: ''}\n", "loss.torchscript: empty path");
+  fails(script + "loss: {script: loss.pt}\n", "loss.script: unknown key");
+  fails(script + "loss: huber\n", "loss: unknown value 'huber'");
+  fails("model: toy\nsave: {path: out.pt, format: torchscript}\n",
+        "save.format: torchscript needs a model from a TorchScript archive");
+  fails(script + "save: {path: out.pt, format: onnx}\n", "(one of: state_dict, torchscript)");
+}
+
 TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
   const std::string model = "model: {name: gpt, vocab: 50, width: 8, blocks: 1, heads: 2, seq_len: 8}\n";
   auto spec = ParseJobYaml(model + "data: {format: tokens, train: a.bin, test: b.bin, dtype: uint32, seq_len: 8}\n");
@@ -352,7 +376,69 @@ TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
   fails(model + "data: {format: tokens, train: a.bin, dtype: uint16, seq_len: 9}\n",
         "data.seq_len: 9 is longer than model.seq_len 8");
   fails("model: toy\ndata: {format: tokens, train: a.bin, dtype: uint16, seq_len: 8}\n", "use the gpt model or a TorchScript");
-  fails(model + "data: {format: tensors, train: a.pt, seq_len: 8}\n", "data.seq_len: unknown key");
+  fails(model + "data: {format: tensors, train: a.pt, seq_len: 8}\n", "data.seq_len: only with format: tokens");
+}
+
+
+// docs/jobs.md's key reference is the table the parser reads, word for word.
+TEST(JobKeys, DocsListEveryKey) {
+  std::ifstream in(std::string(CONVEYOR_SOURCE_DIR) + "/docs/jobs.md");
+  ASSERT_TRUE(in) << "docs/jobs.md not found";
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  const auto begin = doc.find("<!-- job-keys: begin");
+  const auto end = doc.find("<!-- job-keys: end -->");
+  ASSERT_NE(begin, std::string::npos);
+  ASSERT_NE(end, std::string::npos);
+  const auto table = doc.find("| key |", begin);
+  ASSERT_LT(table, end);
+  EXPECT_EQ(doc.substr(table, end - table), JobKeysMarkdown())
+      << "docs/jobs.md's key table differs from plan/job_keys.cpp: replace it with `build/bin/conveyor keys`";
+}
+
+// Every row is complete, and every default is a value its own key accepts.
+TEST(JobKeys, TheTableIsWhole) {
+  std::set<std::string> seen;
+  for (const JobKey& k : JobKeys()) {
+    EXPECT_TRUE(seen.insert(k.key).second) << k.key << " twice";
+    EXPECT_FALSE(k.doc.empty()) << k.key;
+    const auto dot = k.key.rfind('.');
+    if (dot != std::string::npos) {
+      const JobKey* section = FindJobKey(k.key.substr(0, dot));
+      ASSERT_NE(section, nullptr) << k.key;
+      EXPECT_EQ(section->type, KeyType::kSection) << k.key;
+    }
+    if (k.type == KeyType::kSection) continue;
+    if (k.type == KeyType::kCustom) {
+      EXPECT_TRUE(k.read) << k.key;
+    } else {
+      EXPECT_TRUE(k.set) << k.key;
+    }
+    if (k.type == KeyType::kChoice) EXPECT_FALSE(k.choices.empty()) << k.key;
+  }
+  // ReadJobKeys applies every default first: a bad one fails every parse.
+  EXPECT_TRUE(ParseJobYaml("model: toy").ok());
+}
+
+// Each range in the table is enforced at parse time and on typed specs.
+TEST(JobKeys, RangesComeFromTheTable) {
+  auto spec = ParseJobYaml("model: toy\nkeep_checkpoints: 1\n");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("keep_checkpoints: must be between 2 and 1000, got 1"));
+  auto ok = ParseJobYaml("model: toy");
+  ASSERT_TRUE(ok.ok());
+  v1::JobSpec typed = *ok;
+  typed.set_nccl_ctas(65);
+  EXPECT_THAT(std::string(ValidateJobSpec(typed).message()), HasSubstr("nccl_ctas: must be between 0 and 64, got 65"));
+  typed = *ok;
+  typed.mutable_optimizer()->set_lr(0);
+  EXPECT_THAT(std::string(ValidateJobSpec(typed).message()), HasSubstr("optimizer.lr: must be more than 0"));
+  // A key where it does not apply is named with where it does.
+  EXPECT_THAT(std::string(ParseJobYaml("model: toy\noptimizer: {name: sgd, eps: 0.1}\n").status().message()),
+              HasSubstr("optimizer.eps: only with name: adam"));
+  // An unknown key lists the keys of its mapping.
+  EXPECT_THAT(std::string(ParseJobYaml("model: toy\nsave: {paht: x.pt}\n").status().message()),
+              HasSubstr("save.paht: unknown key (known here: path, format)"));
 }
 
 }  // namespace

@@ -13,11 +13,16 @@ per-step losses and final parameters a Conveyor run must equal.
                                   over them)
     oracle.py train JOB OUT.json  trains the job (JSON; its paths relative to its
                                   folder) in PyTorch; writes the losses of
-                                  every step and OUT.pt, the final state_dict
+                                  every step and OUT.pt, the final state_dict;
+                                  with eval: true also the test split's mean
+                                  loss, accuracy and perplexity (evaluate())
     oracle.py compare OUT.json RUN.json STATE_A.pt STATE_B.pt
                                   the largest differences, as JSON
     oracle.py pretrained DIR      DIR/pretrained.pt: DIR's initial weights,
                                   changed, for init_from
+    oracle.py losses DIR          scripted losses of (output, target):
+                                  smoothed.pt (label-smoothed cross-entropy,
+                                  0.1), per_sample.pt (no reduction: refused)
     oracle.py bad DIR             files a job must refuse: notscript.pt (a
                                   state_dict), module.pt (a scripted module
                                   that is no Sequential), uneven.pt (inputs
@@ -28,9 +33,12 @@ per-step losses and final parameters a Conveyor run must equal.
                                   nan.pt (mlp data, sample 37 with a NaN)
 
 MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
-data, an (hidden, mask) tuple crossing every block boundary), frozen (an MLP
-whose first layer has requires_grad=False), tokens (Embedding, Linear, GELU,
-Linear over a flat token file: data {format: tokens}).
+data, an (hidden, mask) tuple crossing every block boundary: float hidden
+states and a bool per-sample attention mask), decoder-ids (the same with
+(hidden, token ids) crossing: int64 ids that the head reads again), dropout (an
+MLP with nn.Dropout), frozen (an MLP whose first layer has
+requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
+token file: data {format: tokens}).
 
 data {format: tokens, dtype, seq_len: N} is read as Conveyor reads it
 (model/dataset.h): a file of T token ids holds (T - 1) // N samples, sample i
@@ -49,7 +57,8 @@ precision: bf16-mixed each forward runs under torch.autocast("cpu",
 torch.bfloat16). OUT.json has
 each step's loss, lr and global gradient norm (before clipping). A step's loss
 is the sum of the scaled micro-batch losses. BatchNorm sees each micro-batch
-alone, as in torchgpipe.
+alone, as in torchgpipe. The layers run one by one, torch.manual_seed(
+dropout_seed(seed, step, micro_batch, layer)) before each (dropout).
 """
 import json
 import math
@@ -70,6 +79,12 @@ def mix(seed, salt):
     return z ^ (z >> 31)
 
 
+def dropout_seed(seed, step, micro_batch, layer):
+    """What Conveyor seeds the default generators with before a layer's forward
+    in training (model/partition.h DropoutSeed, docs/models.md)."""
+    return mix(mix(mix(seed, step), micro_batch), layer)
+
+
 # ----------------------------------------------------------------- models --
 
 class Flatten(nn.Module):
@@ -78,35 +93,49 @@ class Flatten(nn.Module):
 
 
 class Embed(nn.Module):
-    """Token ids -> (hidden states, causal mask): the tuple crosses boundaries."""
+    """Token ids -> (hidden states, causal mask per sample), or with `ids`
+    (hidden states, the ids): the tuple crosses boundaries (every tensor that
+    crosses has the batch first)."""
 
-    def __init__(self, vocab: int, width: int, seq_len: int):
+    def __init__(self, vocab: int, width: int, seq_len: int, ids: bool = False):
         super().__init__()
+        self.ids = ids
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Embedding(seq_len, width)
 
     def forward(self, ids: torch.Tensor):
         pos = torch.arange(ids.size(1), device=ids.device)
         h = self.tokens(ids) + self.positions(pos)
+        if self.ids:
+            return h, ids
         n = ids.size(1)
         mask = torch.triu(torch.ones(n, n, device=ids.device, dtype=torch.bool), diagonal=1)
-        return h, mask
+        return h, mask.expand(ids.size(0), n, n)
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int):
+    """(hidden, mask per sample) or with `ids` (hidden, ids), passed on."""
+
+    def __init__(self, width: int, heads: int, ids: bool = False):
         super().__init__()
+        self.heads = heads
+        self.ids = ids
         self.norm1 = nn.LayerNorm(width)
         self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
     def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
-        h, mask = x
+        h, other = x
+        if self.ids:
+            n = other.size(1)
+            attn_mask = torch.triu(torch.ones(n, n, device=h.device, dtype=torch.bool), diagonal=1)
+        else:
+            attn_mask = other.repeat_interleave(self.heads, 0)  # [batch * heads, L, S]
         a = self.norm1(h)
-        h = h + self.attn(a, a, a, attn_mask=mask, need_weights=False)[0]
+        h = h + self.attn(a, a, a, attn_mask=attn_mask, need_weights=False)[0]
         h = h + self.mlp(self.norm2(h))
-        return h, mask
+        return h, other
 
 
 class Head(nn.Module):
@@ -117,6 +146,20 @@ class Head(nn.Module):
 
     def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
         return self.out(self.norm(x[0]))
+
+
+class HeadIds(nn.Module):
+    """The decoder's logits plus bigram logits of the ids that crossed."""
+
+    def __init__(self, width: int, vocab: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.out = nn.Linear(width, vocab)
+        self.bigram = nn.Embedding(vocab, vocab)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]):
+        h, ids = x
+        return self.out(self.norm(h)) + self.bigram(ids)
 
 
 def build(name):
@@ -137,6 +180,15 @@ def build(name):
         vocab, width, seq = 50, 32, 16
         model = nn.Sequential(Embed(vocab, width, seq), Block(width, 4), Block(width, 4), Head(width, vocab))
         return model, "tokens"
+    if name == "decoder-ids":
+        vocab, width, seq = 50, 32, 16
+        model = nn.Sequential(Embed(vocab, width, seq, ids=True), Block(width, 4, ids=True),
+                              Block(width, 4, ids=True), HeadIds(width, vocab))
+        return model, "tokens"
+    if name == "dropout":
+        model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32),
+                              nn.Tanh(), nn.Dropout(0.5), nn.Linear(32, 10))
+        return model, "images"
     if name == "tokens":
         vocab, width = 64, 16
         model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
@@ -176,6 +228,14 @@ def read_tokens(path, dtype, seq_len):
     tokens = torch.tensor(ids.tolist(), dtype=torch.int64)
     n = (tokens.numel() - 1) // seq_len if tokens.numel() else 0
     return tokens[:n * seq_len].view(n, seq_len), tokens[1:n * seq_len + 1].view(n, seq_len)
+
+
+def read_split(spec, split, folder):
+    """(inputs, targets) of the job's data.train or data.test file."""
+    if spec.get("format") == "tokens":
+        return read_tokens(f"{folder}/{spec[split]}", spec["dtype"], spec["seq_len"])
+    data = torch.load(f"{folder}/{spec[split]}", weights_only=True)
+    return data["inputs"], data["targets"]
 
 
 def make(name, out):
@@ -256,8 +316,43 @@ def lr_factor(spec, lr, total):
         return 1.0
     return factor
 
+class SmoothedCrossEntropy(nn.Module):
+    """A user's loss: cross-entropy with label smoothing, the batch's mean."""
+
+    def __init__(self, smoothing: float = 0.1):
+        super().__init__()
+        self.smoothing = smoothing
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logp = nn.functional.log_softmax(output.reshape(-1, output.size(-1)), dim=-1)
+        target = target.reshape(-1)
+        nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)
+        return ((1.0 - self.smoothing) * nll - self.smoothing * logp.mean(dim=-1)).mean()
+
+
+class PerSampleLoss(nn.Module):
+    """A loss that forgets to reduce: one value per sample, no scalar."""
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(output, target, reduction="none")
+
+
+def losses(folder):
+    import os
+    os.makedirs(folder, exist_ok=True)
+    torch.jit.script(SmoothedCrossEntropy()).save(f"{folder}/smoothed.pt")
+    torch.jit.script(PerSampleLoss()).save(f"{folder}/per_sample.pt")
+
+
+_scripted_losses = {}
+
 
 def loss_fn(name, out, y):
+    if isinstance(name, dict):  # loss: {torchscript: PATH}, PATH as train() resolved it
+        path = name["torchscript"]
+        if path not in _scripted_losses:
+            _scripted_losses[path] = torch.jit.load(path)
+        return _scripted_losses[path](out, y)
     if name == "cross_entropy":
         return nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1))
     if name == "mse":
@@ -271,14 +366,11 @@ def train(job_path, out_json):
     with open(job_path) as f:
         job = json.load(f)
     model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
+    if isinstance(job.get("loss"), dict):
+        job["loss"] = {"torchscript": f"{folder}/{job['loss']['torchscript']}"}
     if "init_from" in job:
         model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
-    spec = job["data"]
-    if spec.get("format") == "tokens":
-        x_all, y_all = read_tokens(f"{folder}/{spec['train']}", spec["dtype"], spec["seq_len"])
-    else:
-        data = torch.load(f"{folder}/{spec['train']}", weights_only=True)
-        x_all, y_all = data["inputs"], data["targets"]
+    x_all, y_all = read_split(job["data"], "train", folder)
     n, b = x_all.size(0), job["batch_size"]
     m = job.get("micro_batches", 1)
     per_epoch = n // b  # batches
@@ -294,17 +386,17 @@ def train(job_path, out_json):
     mixed = job.get("precision", "fp32") == "bf16-mixed"
     layers = list(model.children())
 
-    def forward(x):
-        # Under autocast, the children one after the other, as eager
-        # nn.Sequential.forward (and Conveyor) runs them: from its second call
-        # TorchScript's profiling executor runs the scripted Sequential as one
-        # optimised graph, whose autocast backward rounds otherwise (up to
-        # 1.6e-2 on an mlp's bf16 gradient).
-        if not mixed:
-            return model(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            for layer in layers:
-                x = layer(x)
+    def forward(x, data_step, mb):
+        # The children one after the other, as Conveyor runs them: each seeded
+        # for its dropout by (seed, batch, micro-batch, layer) (dropout_seed),
+        # and under autocast for bf16-mixed (from its second call TorchScript's
+        # profiling executor runs a scripted Sequential as one optimised graph,
+        # whose autocast backward rounds otherwise: up to 1.6e-2 on an mlp's
+        # bf16 gradient).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+            for layer, child in enumerate(layers):
+                torch.manual_seed(dropout_seed(seed, data_step, mb, layer))
+                x = child(x)
         return x
     model.train()
     losses, perms, lrs, norms = [], {}, [], []
@@ -320,8 +412,8 @@ def train(job_path, out_json):
             else:
                 idx = torch.arange(pos * b, (pos + 1) * b)
             x, y = x_all[idx], y_all[idx]
-            for xm, ym in zip(x.tensor_split(m), y.tensor_split(m)):
-                out = forward(xm)
+            for mb, (xm, ym) in enumerate(zip(x.tensor_split(m), y.tensor_split(m))):
+                out = forward(xm, step * acc + k, mb)
                 loss = loss_fn(job.get("loss", "cross_entropy"), out.float(), ym) * (xm.size(0) / (b * acc))
                 loss.backward()
                 total += loss.item()
@@ -335,8 +427,34 @@ def train(job_path, out_json):
         sched.step()
         losses.append(total)
     torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
+    result = {"losses": losses}
+    if job.get("eval"):
+        result.update(evaluate(model, job, folder))
     with open(out_json, "w") as f:
-        json.dump({"losses": losses, "lrs": lrs, "grad_norms": norms}, f)
+        result.update({"lrs": lrs, "grad_norms": norms})
+        json.dump(result, f)
+
+
+
+def evaluate(model, job, folder):
+    """The test split as Conveyor evaluates it: in file order, batches of
+    eval_batch_size (the last one smaller), each batch's mean loss weighed by
+    its samples; accuracy over samples, or over tokens for sequences. For
+    token data the loss is per token, and its exp the perplexity."""
+    x_all, y_all = read_split(job["data"], "test", folder)
+    eb = job.get("eval_batch_size", 1000)
+    model.eval()
+    loss_sum, correct, seen = 0.0, 0, 0
+    with torch.no_grad():
+        for start in range(0, x_all.size(0), eb):
+            x, y = x_all[start:start + eb], y_all[start:start + eb]
+            out = model(x)
+            loss_sum += loss_fn(job.get("loss", "cross_entropy"), out, y).item() * x.size(0)
+            correct += int((out.argmax(-1) == y).sum())
+            seen += y.numel()
+    model.train()
+    mean = loss_sum / x_all.size(0)
+    return {"eval_loss": mean, "eval_accuracy": correct / seen, "eval_perplexity": math.exp(mean)}
 
 
 def compare(ref_json, run_json, a_path, b_path):
@@ -402,6 +520,8 @@ if __name__ == "__main__":
         compare(*sys.argv[2:6])
     elif cmd == ["pretrained"] and len(sys.argv) == 3:
         pretrained(sys.argv[2])
+    elif cmd == ["losses"] and len(sys.argv) == 3:
+        losses(sys.argv[2])
     elif cmd == ["bad"] and len(sys.argv) == 3:
         bad(sys.argv[2])
     else:

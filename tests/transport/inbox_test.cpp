@@ -42,6 +42,49 @@ v1::TensorFrame Frame(v1::FrameKind kind, int64_t step, int mb, std::vector<int6
   return f;
 }
 
+// A tuple crossing: each tensor is a frame of its own (its part), checked
+// against its own dtype and shape; gradients only for the parts that take one.
+TEST(Inbox, ChecksEachTensorOfATupleByPart) {
+  InboxExpectations e = Expect();
+  e.activation_parts[2][0] = {v1::DTYPE_FLOAT32, {3}};
+  e.activation_parts[2][1] = {v1::DTYPE_BOOL, {3, 3}};
+  e.gradient_parts[2][0] = {v1::DTYPE_FLOAT32, {5}};
+  Inbox inbox;
+  inbox.Open(e);
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  v1::TensorFrame mask = Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3, 3}, v1::DTYPE_BOOL);
+  mask.set_part(1);
+  mask.mutable_tensor()->mutable_data()->resize(2 * 3 * 3);  // a byte per bool
+  ASSERT_TRUE(inbox.Deliver(mask).ok());
+  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  auto got = inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(30), /*part=*/1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->header.part(), 1);
+  EXPECT_EQ(got->header.tensor().dtype(), v1::DTYPE_BOOL);
+  got = inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(30), /*part=*/0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->header.part(), 0);
+
+  v1::TensorFrame wrong = Frame(v1::FRAME_ACTIVATION, 0, 2, {2, 3, 3});  // float where bool is expected
+  wrong.set_part(1);
+  Status st = inbox.Deliver(wrong);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("activation tensor 1"));
+  inbox.BeginStep(v1::PHASE_TRAIN, 1);
+  v1::TensorFrame third = Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3});
+  third.set_part(2);
+  st = inbox.Deliver(third);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("expects no activation tensor 2 for chunk 2"));
+  // The mask takes no gradient: part 1 of a gradient is refused.
+  v1::TensorFrame grad = Frame(v1::FRAME_GRADIENT, 1, 0, {2, 3, 3}, v1::DTYPE_BOOL);
+  grad.set_part(1);
+  grad.mutable_tensor()->mutable_data()->resize(2 * 3 * 3);
+  st = inbox.Deliver(grad);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("expects no gradient tensor 1"));
+}
+
 TEST(Inbox, DeliversWhatTheStageWaitsFor) {
   Inbox inbox;
   inbox.Open(Expect());

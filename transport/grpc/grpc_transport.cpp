@@ -381,7 +381,7 @@ StatusOr<NcclEnd> JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const 
                            const LinkOptions& options, std::shared_ptr<LinkRings> rings, GrpcTransport* t) {
   if (!options.inbox) return absl::InternalError("NCCL links need the stage's inbox");
   const at::Device device(options.device);
-  if (!upstream_end && options.shm_headers) {
+  if (!upstream_end && options.nccl.shm_headers) {
     auto attached = LinkRings::Attach(LinkRings::NameFor(setup.activation_nccl_id()));
     if (attached.ok()) {
       rings = std::move(*attached);
@@ -399,10 +399,10 @@ StatusOr<NcclEnd> JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const 
   const std::string& recv_id = upstream_end ? setup.gradient_nccl_id() : setup.activation_nccl_id();
   const std::string what = upstream_end ? "activations to " : "gradients to ";
   CONVEYOR_ASSIGN_OR_RETURN(
-      end.send, NcclChannel::Join(send_id, 0, device, options.nccl_ctas, "NCCL link (" + what + peer + ")"));
+      end.send, NcclChannel::Join(send_id, 0, device, options.nccl.ctas, "NCCL link (" + what + peer + ")"));
   CONVEYOR_ASSIGN_OR_RETURN(
       std::unique_ptr<NcclChannel> receive,
-      NcclChannel::Join(recv_id, 1, device, options.nccl_ctas,
+      NcclChannel::Join(recv_id, 1, device, options.nccl.ctas,
                         std::string("NCCL link (") + (upstream_end ? "gradients from " : "activations from ") + peer + ")"));
   t->fetchers_.push_back(std::make_unique<NcclFetcher>(options.inbox,
                                                        upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION,
@@ -411,9 +411,45 @@ StatusOr<NcclEnd> JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const 
   return end;
 }
 
+// PrepareLink's work for Connect: the downstream link's header rings.
+struct NcclPrepared : PreparedLink {
+  std::shared_ptr<LinkRings> rings;
+};
+
+std::shared_ptr<LinkRings> DownstreamRings(const LinkOptions& options) {
+  const auto* made = dynamic_cast<const NcclPrepared*>(options.prepared.get());
+  return made && options.nccl.shm_headers ? made->rings : nullptr;
+}
+
 }  // namespace
 
 bool GrpcTransportFactory::SupportsNccl() const { return NcclBuilt(); }
+
+StatusOr<v1::LinkSetup> GrpcTransportFactory::PrepareLink(const std::string& device, const NcclOptions& nccl,
+                                                          std::shared_ptr<PreparedLink>* prepared) {
+  const at::Device d(device);
+  if (!d.is_cuda() || !NcclBuilt()) {
+    return absl::FailedPreconditionError(device + " cannot use NCCL" +
+                                         (d.is_cuda() ? " (not built with NCCL)" : " (not a CUDA device)"));
+  }
+  v1::LinkSetup link;
+  link.set_transport(v1::TRANSPORT_NCCL);
+  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_activation_nccl_id(), NewNcclUniqueId());
+  CONVEYOR_ASSIGN_OR_RETURN(*link.mutable_gradient_nccl_id(), NewNcclUniqueId());
+  auto made = std::make_shared<NcclPrepared>();
+  if (nccl.shm_headers) {
+    // Made before the downstream stage hears of the link, so that one on
+    // this host finds it when it connects.
+    auto rings = LinkRings::Create(LinkRings::NameFor(link.activation_nccl_id()));
+    if (rings.ok()) {
+      made->rings = std::move(*rings);
+    } else {
+      LOG_INFO(device, ": NCCL frame headers stay on the gRPC stream: ", rings.status().message());
+    }
+  }
+  *prepared = std::move(made);
+  return link;
+}
 
 StatusOr<std::unique_ptr<Transport>> GrpcTransportFactory::Connect(const v1::StageAssignment& a,
                                                                    const LinkOptions& options,
@@ -437,7 +473,7 @@ StatusOr<std::unique_ptr<Transport>> GrpcTransportFactory::Connect(const v1::Sta
     NcclEnd nccl;
     if (options.downstream.transport() == v1::TRANSPORT_NCCL) {
       CONVEYOR_ASSIGN_OR_RETURN(nccl, JoinNccl(options.downstream, /*upstream_end=*/true, peer, options,
-                                               options.shm_headers ? options.downstream_rings : nullptr, t.get()));
+                                               DownstreamRings(options), t.get()));
     }
     t->down_ = std::make_unique<Link>(a.downstream(), peer, options.timeout);
     CONVEYOR_RETURN_IF_ERROR(t->down_->Open(sys_deadline, std::move(nccl.send), std::move(nccl.rings), nccl.send_ring));

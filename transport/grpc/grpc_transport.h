@@ -15,6 +15,10 @@ class GrpcTransportFactory : public TransportFactory {
   StatusOr<std::unique_ptr<Transport>> Connect(const v1::StageAssignment& assignment, const LinkOptions& options,
                                                std::chrono::steady_clock::time_point deadline) override;
   bool SupportsNccl() const override;
+  // An NCCL link's ids, and the shared memory for its headers (made here,
+  // before the downstream stage attaches to it when it connects).
+  StatusOr<v1::LinkSetup> PrepareLink(const std::string& device, const NcclOptions& nccl,
+                                      std::shared_ptr<PreparedLink>* prepared) override;
 };
 
 }  // namespace conveyor

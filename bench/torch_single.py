@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""PyTorch at its best on one GPU: the baselines a user on one GPU would run.
+
+For W1 (ResNet50, fp32, MSE, SGD) and W2 (the 1.34 B GPT decoder, bf16, SGD),
+the same models as bench/torch_pipelining.py, whole on cuda:0:
+
+  pytorch-1gpu           eager, as the seed's code (W1: NCHW, no cuDNN autotuning)
+  pytorch-1gpu-cl        W1: channels-last memory and cudnn.benchmark
+  pytorch-1gpu-graph     the whole training step (forward, backward, SGD step)
+                         captured once as a CUDA graph and replayed (W1: channels-last)
+  pytorch-1gpu-compile   torch.compile (default mode; W1: channels-last)
+
+--batch B measures at that batch (a pipeline stage's micro-batch: W1 60,
+W2 8 or 4); the variants' names then end in -bB. Each variant prints one JSON
+line as torch_pipelining.py does (median of the timed steps after --warmup
+untimed ones; compile and capture happen in the warm-up).
+
+usage: bench/torch_single.py w1|w2 [--variants a,b] [--batch B] [--steps 10] [--warmup 3]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch_pipelining as tp
+
+VARIANTS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile"]
+
+
+def run(workload, variant, batch, steps, warmup, name):
+    import torch
+    import torch.nn.functional as F
+    dev = torch.device("cuda", 0)
+    cl = workload == "w1" and variant != "pytorch-1gpu"
+    torch.backends.cudnn.benchmark = cl
+    torch.manual_seed(1000)
+    model = tp.build_stage(workload, 0, tp.NUM_UNITS[workload], dev, 1000, channels_last=cl)
+    torch.manual_seed(0)
+    if workload == "w1":
+        x = torch.randn(batch, 3, 128, 128, device=dev)
+        if cl:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = F.one_hot(torch.randint(1000, (batch,), device=dev), 1000).float()
+    else:
+        x = torch.randint(tp.GPT["vocab"], (batch, tp.GPT["seq"]), device=dev)
+        y = torch.randint(tp.GPT["vocab"], (batch, tp.GPT["seq"]), device=dev)
+    lossf = tp.loss_fn(workload)
+    opt = torch.optim.SGD(model.parameters(), lr=tp.WORKLOADS[workload]["lr"])
+    fwd = torch.compile(model) if variant == "pytorch-1gpu-compile" else model
+    last = {}
+
+    def step():
+        opt.zero_grad(set_to_none=variant != "pytorch-1gpu-graph")
+        loss = lossf(fwd(x), y)
+        loss.backward()
+        opt.step()
+        last["loss"] = loss
+
+    if variant == "pytorch-1gpu-graph":
+        # PyTorch's whole-network capture recipe: warm up on a side stream, capture, replay.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        run_step = graph.replay
+    else:
+        run_step = step
+    torch.cuda.reset_peak_memory_stats(dev)
+    times = []
+    for i in range(warmup + steps):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        run_step()
+        torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    times = times[warmup:]
+    med = statistics.median(times)
+    w = tp.WORKLOADS[workload]
+    return {"workload": workload, "variant": name, "schedule": "single", "micro_batches": 1, "stages": 1,
+            "ranks": 1, "gpus": 1, "batch": batch, "unit": w["unit"], "ms_per_iter": round(1000 * med, 3),
+            "ms_min": round(1000 * min(times), 3), "ms_max": round(1000 * max(times), 3), "iters": len(times),
+            "warmup": warmup, "samples_per_second": round(batch / med, 3),
+            "throughput": round(batch * w["per_sample"] / med, 1), "loss": round(float(last["loss"].detach()), 5),
+            "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workload", choices=sorted(tp.WORKLOADS))
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--batch", type=int, default=0, help="samples per step (default: the workload's)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    a = p.parse_args()
+    import torch
+    batch = a.batch or tp.WORKLOADS[a.workload]["batch"]
+    for v in [v for v in a.variants.split(",") if v]:
+        if v not in VARIANTS:
+            sys.exit("torch_single.py: unknown variant %s (one of %s)" % (v, ", ".join(VARIANTS)))
+        if v == "pytorch-1gpu-cl" and a.workload != "w1":
+            continue  # channels-last is for convolutions
+        try:
+            r = run(a.workload, v, batch, a.steps, a.warmup, "%s-b%d" % (v, batch) if a.batch else v)
+        except Exception as e:  # out of memory, a compiler failure: a row that says so
+            r = {"workload": a.workload, "variant": v, "batch": batch, "error": "%s: %s" % (
+                type(e).__name__, str(e).splitlines()[0] if str(e) else "")}
+        print(json.dumps(r), flush=True)
+        torch.cuda.empty_cache()
+        torch._dynamo.reset() if hasattr(torch, "_dynamo") else None
+
+
+if __name__ == "__main__":
+    main()
