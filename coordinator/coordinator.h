@@ -17,7 +17,7 @@
 #include "common/files.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/stage_client.h"

@@ -20,7 +20,7 @@
 #include "common/status.h"
 #include "common/worker_pool.h"
 #include "conveyor.pb.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_store.h"
 #include "coordinator/progress.h"

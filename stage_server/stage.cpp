@@ -189,8 +189,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       // while: without this the first layers timed look the costliest, and
       // the cut moved a W2 block off the stage that needed one.
       const at::Tensor a = at::ones({4096, 4096}, at::TensorOptions().device(device_).dtype(at::kBFloat16));
-      const auto until = Clock::now() + std::chrono::milliseconds(500);
-      while (Clock::now() < until) at::mm(a, a).sum().item<double>();
+      const auto until = SteadyClock::now() + std::chrono::milliseconds(500);
+      while (SteadyClock::now() < until) at::mm(a, a).sum().item<double>();
     }
     for (int i = 0; i < layers; ++i) {
       CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layer, BuildPartition(spec, i, i + 1, /*init=*/false));
@@ -225,9 +225,9 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
         run();  // warm-up: allocations, kernel selection
         std::vector<double> seconds;  // the median of 5: one hiccup moves no cut
         for (int r = 0; r < 5; ++r) {
-          auto start = Clock::now();
+          auto start = SteadyClock::now();
           run();
-          seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+          seconds.push_back(std::chrono::duration<double>(SteadyClock::now() - start).count());
         }
         std::nth_element(seconds.begin(), seconds.begin() + 2, seconds.end());
         cost->set_seconds(seconds[2]);
@@ -425,7 +425,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
     reply.set_transport(v1::LINK_NONE);
     return reply;
   }
-  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+  auto deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
                                      std::chrono::duration<double>(job_->spec().stage_timeout_s()));
   LinkOptions links;
   links.upstream = ref.upstream_link();

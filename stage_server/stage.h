@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
 #include "proto/stage_control_ops.h"
@@ -31,6 +32,9 @@ struct StageOptions {
   // The only folders whose files (models, data, weights) this stage reads;
   // none: no confinement (see ResolveJobPaths in common/job_spec.h).
   std::vector<std::string> data_roots;
+  // The time its waits for the neighbours (stage_timeout) are judged by;
+  // null: the steady clock. Tests inject a FakeClock. Not owned.
+  Clock* clock = nullptr;
 };
 
 class Stage {

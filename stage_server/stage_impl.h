@@ -57,7 +57,7 @@
 
 namespace conveyor {
 namespace stage_internal {
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 inline std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
@@ -105,7 +105,11 @@ using namespace stage_internal;  // NOLINT: the implementation files' own helper
 class Stage::Impl {
  public:
   Impl(const StageOptions& options, at::Device device)
-      : options_(options), device_(device), checkpoints_(options.checkpoint_dir), clock_(DeviceClock::Create(device)) {}
+      : options_(options), device_(device), checkpoints_(options.checkpoint_dir), clock_(DeviceClock::Create(device)) {
+    inbox_.SetClock(options.clock);
+  }
+  // The time stage_timeout is judged by (StageOptions.clock, else the steady clock).
+  SteadyClock::time_point Now() const { return options_.clock ? options_.clock->Now() : SteadyClock::now(); }
 
   // The logic of each operation of proto/stage_control_ops.h.
 #define CONVEYOR_STAGE_LOGIC(Name, Request, Reply, Thread, How) StatusOr<Reply> Name(const Request& request);
@@ -157,7 +161,7 @@ class Stage::Impl {
     bool graphed = false;  // forwards and backwards replayed as CUDA graphs
     std::vector<int64_t> sizes, offsets;
     at::Tensor inputs, labels;
-    Clock::duration timeout;
+    SteadyClock::duration timeout;
     std::map<std::pair<int, int>, Held> held;  // (local chunk, micro-batch)
     int64_t held_bytes = 0, peak_count = 0, peak_bytes = 0;
     double busy = 0, loss_sum = 0;

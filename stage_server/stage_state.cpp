@@ -95,10 +95,10 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
   } catch (const c10::Error& e) {
     return absl::InternalError(std::string("serialising the state: ") + e.what_without_backtrace());
   }
-  auto start = Clock::now();
+  auto start = SteadyClock::now();
   CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record,
                             checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
   metrics::Observe(metrics::Id::kStageCheckpointSeconds,
                    StageLabels(job_->assignment.job_id(), job_->assignment.stage_index()), seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),

@@ -12,7 +12,7 @@ StatusOr<Tensors> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int lo
   const bool act = kind == v1::FRAME_ACTIVATION;
   Tensors out;
   for (int part : PartsOf(act ? c.inputs : c.outputs, /*all=*/act)) {
-    CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, c.index, mb, Clock::now() + st.timeout, part));
+    CONVEYOR_ASSIGN_OR_RETURN(Frame frame, inbox_.Take(kind, c.index, mb, Now() + st.timeout, part));
     if (frame.header.tensor().shape(0) != st.sizes[mb]) {
       return absl::InvalidArgumentError(Who() + " micro-batch " + std::to_string(mb) + ": " +
                                         (act ? "activation" : "gradient") +
@@ -366,16 +366,16 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
     done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
     // The host may have queued the whole step: stage_timeout bounds the wait
     // for the device's next action, not for all of them.
-    auto last_progress = Clock::now();
+    auto last_progress = Now();
     int passed = 0;
     for (int spins = 0; !done.query(); ++spins) {
       if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
       const int now_passed = st.clock ? st.clock->Passed() : 0;
       if (now_passed > passed) {
         passed = now_passed;
-        last_progress = Clock::now();
+        last_progress = Now();
       }
-      if (Clock::now() - last_progress > st.timeout)
+      if (Now() - last_progress > st.timeout)
         return absl::DeadlineExceededError(Who() + ": the device made no progress on step " +
                                            std::to_string(st.req->step()) + " within stage_timeout");
       if (spins < 1000) {
@@ -446,7 +446,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   inbox_.BeginStep(req.phase(), req.step() * accumulate);
   job_->pending_step = -1;  // a deferred update not applied is dropped
   if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
-  auto start = Clock::now();
+  auto start = SteadyClock::now();
   v1::RunStepReply reply;
   StepState st;
   st.req = &req;
@@ -456,7 +456,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   st.sizes = MicroBatchSizes(spec, req.batch_size());
   st.offsets = {0};
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
-  st.timeout = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
+  st.timeout = std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
   if (clock_) {
     st.clock = clock_.get();
     st.origin_us = NowUs();
@@ -522,7 +522,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }
-  reply.set_step_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+  reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - start).count());
   return reply;
 }
 

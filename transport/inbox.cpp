@@ -181,8 +181,8 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
       frames_.erase(it);
       return f;
     }
-    if (!spin_until) spin_until = std::min(deadline, Clock::now() + spin_);
-    if (Clock::now() < *spin_until) {  // spin outside the lock until something changes
+    if (!spin_until) spin_until = clock_ ? deadline : std::min(deadline, Clock::now() + spin_);
+    if (!clock_ && Clock::now() < *spin_until) {  // spin outside the lock until something changes
       const uint64_t seen = changes_.load(std::memory_order_relaxed);
       lock.unlock();
       for (int i = 1; changes_.load(std::memory_order_acquire) == seen; ++i) {
@@ -192,7 +192,10 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
       lock.lock();
       continue;
     }
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !frames_.count(key) && failure_.ok()) {
+    const bool timed_out =
+        clock_ ? !clock_->WaitUntil(cv_, lock, deadline, [&] { return frames_.count(key) > 0 || !failure_.ok(); })
+               : cv_.wait_until(lock, deadline) == std::cv_status::timeout;
+    if (timed_out && !frames_.count(key) && failure_.ok()) {
       const bool act = kind == v1::FRAME_ACTIVATION;
       const int p = std::max(1, expect_.num_stages);
       const int peer = (expect_.stage_index + (act ? p - 1 : 1)) % p;

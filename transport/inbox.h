@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "conveyor.pb.h"
 #include "transport/frame.h"
@@ -59,6 +60,11 @@ constexpr std::chrono::microseconds kGpuInboxSpin{100};
 class Inbox {
  public:
   using Clock = std::chrono::steady_clock;
+
+  // The time Take's deadlines are judged by (default: the steady clock); a
+  // test's FakeClock makes a stage's timeout pass without waiting for it.
+  // Set before the first Take. Not owned; outlives the inbox.
+  void SetClock(conveyor::Clock* clock) { clock_ = clock; }
 
   // Starts accepting frames of a new job; drops whatever was held.
   void Open(InboxExpectations expect);
@@ -123,6 +129,7 @@ class Inbox {
   std::atomic<uint64_t> changes_{0};  // bumped (under mu_) whenever a Take() may have more to see
   PayloadFetcher* activation_fetcher_ = nullptr;
   PayloadFetcher* gradient_fetcher_ = nullptr;
+  conveyor::Clock* clock_ = nullptr;  // null: the steady clock
 };
 
 }  // namespace conveyor

@@ -14,7 +14,7 @@
 
 #include "common/server.h"
 #include "conveyor.grpc.pb.h"
-#include "coordinator/clock.h"
+#include "common/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
 

@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include "plan/job_spec.h"
 #include "transport/inproc_transport.h"
 
@@ -149,17 +151,27 @@ TEST_F(StageTest, AStageWhoseNeighbourNeverSendsTimesOutNamingIt) {
   auto upstream = Stage::Create(options);
   ASSERT_TRUE(upstream.ok());
   fabric_.Register("inproc://0", &(*upstream)->inbox());
-  auto a = Assignment("model: toy\npartition: {stages: 2}\nstage_timeout: 0.2", 1, 2, 1, 3, {10});
+  // Its 10 minutes of stage_timeout pass on a fake clock, in no real time.
+  FakeClock clock;
+  options.clock = &clock;
+  auto waiting = Stage::Create(options);
+  ASSERT_TRUE(waiting.ok());
+  auto a = Assignment("model: toy\npartition: {stages: 2}\nstage_timeout: 600", 1, 2, 1, 3, {10});
   a.set_upstream("inproc://0");
-  ASSERT_TRUE(stage_->Configure(a).ok());
+  ASSERT_TRUE((*waiting)->Configure(a).ok());
   v1::JobRef ref;
   ref.set_job_id("job-1");
-  ASSERT_TRUE(stage_->Connect(ref).ok());
+  ASSERT_TRUE((*waiting)->Connect(ref).ok());
   v1::RunStepRequest req;
   req.set_job_id("job-1");
   req.set_phase(v1::PHASE_TRAIN);
   req.set_batch_size(32);
-  auto r = stage_->RunStep(req);
+  auto step = std::async(std::launch::async, [&] { return (*waiting)->RunStep(req); });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(60))) << "the stage never waited for its neighbour";
+  clock.Advance(std::chrono::seconds(599));
+  EXPECT_EQ(step.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "gave up before stage_timeout";
+  clock.Advance(std::chrono::seconds(2));
+  auto r = step.get();
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("waited too long for the activation of step 0 micro-batch 0 from stage 0 (upstream)"));

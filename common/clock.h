@@ -1,4 +1,5 @@
-// The time the coordinator decides timeouts by. RealClock() is the steady
+// The time timeouts are decided by (the coordinator's deadlines and recovery
+// waits, a stage's wait for its neighbours). RealClock() is the steady
 // clock; tests inject a FakeClock and advance it, so that a timeout of minutes
 // passes in microseconds of real time. Measurements (throughput, ETA, step
 // timelines) use std::chrono::steady_clock directly: they decide nothing.
