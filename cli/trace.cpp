@@ -27,6 +27,7 @@ const char* KindName(v1::TraceEvent::Kind kind) {
     case v1::TraceEvent::RECEIVE: return "receive";
     case v1::TraceEvent::OPTIMIZER: return "optimizer";
     case v1::TraceEvent::RECOMPUTE: return "recompute";
+    case v1::TraceEvent::ALL_REDUCE: return "all-reduce";
     default: return "other";
   }
 }

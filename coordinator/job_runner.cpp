@@ -60,13 +60,48 @@ v1::JobRef JobRunner::Ref() const {
 
 Status JobRunner::Setup() {
   const int p = spec_.partition().stages();
+  const int r = Replicas(spec_);
+  if (r > 1 && r * p > static_cast<int>(stages_.size())) {
+    return absl::InvalidArgumentError("replicas: " + std::to_string(r) + " copies of " + std::to_string(p) +
+                                      " stages need " + std::to_string(r * p) + " stage servers, the coordinator has " +
+                                      std::to_string(stages_.size()));
+  }
   if (p > static_cast<int>(stages_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(p) + " stages, the coordinator has " +
                                          std::to_string(stages_.size()));
   }
-  stages_.resize(p);
-  CONVEYOR_ASSIGN_OR_RETURN(assignments_, PlanJob(status_.job_id(), stages_, &spec_));
+  // Replica k's stage s is the (k * P + s)th server of the list; replica 0
+  // is planned (cut, probed) and the others copy its assignments.
+  stages_.resize(static_cast<std::size_t>(r * p));
+  CONVEYOR_ASSIGN_OR_RETURN(assignments_, PlanJob(status_.job_id(), ReplicaStages(0), &spec_));
+  for (int k = 1; k < r; ++k) {
+    for (int s = 0; s < p; ++s) {
+      v1::StageAssignment a = assignments_[s];
+      if (!a.upstream().empty()) a.set_upstream(stages_[k * p + (s + p - 1) % p]->address());
+      if (!a.downstream().empty()) a.set_downstream(stages_[k * p + (s + 1) % p]->address());
+      a.set_replica(k);
+      assignments_.push_back(std::move(a));
+    }
+  }
+  for (std::size_t i = 0; i < assignments_.size(); ++i) {
+    if (r == 1) break;
+    assignments_[i].set_num_replicas(r);
+    assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
+  }
   return absl::OkStatus();
+}
+
+std::vector<StageClient*> JobRunner::ReplicaStages(int replica) const {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  return {stages_.begin() + static_cast<std::ptrdiff_t>(replica * p),
+          stages_.begin() + static_cast<std::ptrdiff_t>((replica + 1) * p)};
+}
+
+Status JobRunner::OnStage(const Status& st, std::size_t i) const {
+  const int p = spec_.partition().stages();
+  if (Replicas(spec_) == 1) return ForStage(st, static_cast<int64_t>(i));
+  return Annotate(st, "replica " + std::to_string(i / p) + " stage " + std::to_string(i % p) + " (" +
+                          stages_[i]->address() + ")");
 }
 
 Status JobRunner::Deploy() {
@@ -81,15 +116,21 @@ Status JobRunner::Deploy() {
 }
 
 Status JobRunner::ConfigureAll() {
-  const int p = static_cast<int>(assignments_.size());
+  const int n = static_cast<int>(assignments_.size());  // replicas x stages
+  const int p = spec_.partition().stages();
   const bool ring = assignments_.front().num_chunks() > p;
   // Keep what the stages measured so far; the rest is filled in anew.
   std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
   status_.clear_stages();
-  for (int s = 0; s < p; ++s) {
-    const v1::StageAssignment& a = assignments_[s];
+  std::vector<std::string> stores(static_cast<std::size_t>(p));  // replica 0's, by stage
+  for (int s = 0; s < n; ++s) {
+    v1::StageAssignment a = assignments_[s];
+    if (a.num_replicas() > 1 && a.replica() > 0) a.set_replica_store(stores[s % p]);
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
+    if (!reply.ok()) return OnStage(reply.status(), s);
+    if (a.num_replicas() > 1 && a.replica() == 0) {
+      stores[s] = HostOf(stages_[s]->address()) + ":" + std::to_string(reply->replica_store_port());
+    }
     if (s == 0) {
       steps_per_epoch_ = reply->train_samples() / spec_.batch_size();
       test_samples_ = reply->test_samples();
@@ -98,20 +139,24 @@ Status JobRunner::ConfigureAll() {
     if (s < static_cast<int>(before.size())) *r = before[s];
     r->clear_chunks();
     for (const auto& ca : a.chunks()) r->add_chunks(ca.index());
-    r->set_index(s);
+    r->set_index(s % p);
+    r->set_replica(s / p);
     r->set_address(stages_[s]->address());
     r->set_layer_begin(a.chunks(0).layer_begin());
     r->set_layer_end(a.chunks(0).layer_end());
     r->set_device(reply->device());
     r->set_num_parameters(reply->num_parameters());
   }
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links, PlanLinks(status_.job_id(), spec_, stages_, ring));
-  for (int s = 0; s < p; ++s) {
-    v1::JobRef ref = Ref();
-    *ref.mutable_upstream_link() = links[s];
-    auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
-    status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : v1::LINK_NONE);
+  for (int k = 0; k * p < n; ++k) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links,
+                              PlanLinks(status_.job_id(), spec_, ReplicaStages(k), ring));
+    for (int s = 0; s < p; ++s) {
+      v1::JobRef ref = Ref();
+      *ref.mutable_upstream_link() = links[s];
+      auto reply = stages_[k * p + s]->Connect(ref, kControlDeadlineS);
+      if (!reply.ok()) return OnStage(reply.status(), k * p + s);
+      status_.mutable_stages(k * p + s)->set_transport(s + 1 < p || ring ? reply->transport() : v1::LINK_NONE);
+    }
   }
   return absl::OkStatus();
 }
@@ -171,7 +216,9 @@ Status JobRunner::Restore() {
 }
 
 Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
-  const std::size_t p = stages_.size();
+  // Evaluation runs on replica 0 alone (the replicas hold the same parameters).
+  const std::size_t p = req.phase() == v1::PHASE_EVAL ? static_cast<std::size_t>(spec_.partition().stages())
+                                                       : stages_.size();
   replies->assign(p, v1::RunStepReply());
   std::vector<Status> results(p);
   std::mutex first_mu;  // guards first_failure
@@ -207,9 +254,9 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
     });
   }
   pool_.RunAll(calls);
-  if (first_failure >= 0) return ForStage(results[first_failure], first_failure);
+  if (first_failure >= 0) return OnStage(results[first_failure], static_cast<std::size_t>(first_failure));
   for (std::size_t s = 0; s < p; ++s)
-    if (!results[s].ok()) return ForStage(results[s], s);
+    if (!results[s].ok()) return OnStage(results[s], s);
   return absl::OkStatus();
 }
 
@@ -244,7 +291,7 @@ Status JobRunner::Train() {
       Publish();
     }
     if (done % std::max<int64_t>(1, steps_per_epoch_ / 4) == 0 || done == total) {
-      LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", replies.back().loss_sum(), " ",
+      LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", status_.loss(), " ",
                static_cast<int64_t>(status_.samples_per_second()), " samples/s");
     }
     if (ByEpochs() && done % steps_per_epoch_ == 0) {
@@ -314,8 +361,9 @@ Status JobRunner::SaveWeights() {
   if (spec_.save_path().empty()) return absl::OkStatus();
   std::vector<v1::ParametersReply> parts;
   v1::JobRef ref = Ref();
-  for (std::size_t s = 0; s < stages_.size(); ++s) {
-    auto reply = stages_[s]->GetParameters(ref, kControlDeadlineS);
+  const std::vector<StageClient*> stages = ReplicaStages(0);  // the replicas hold the same parameters
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    auto reply = stages[s]->GetParameters(ref, kControlDeadlineS);
     if (!reply.ok()) return ForStage(reply.status(), static_cast<int64_t>(s));
     parts.push_back(std::move(*reply));
   }
@@ -330,10 +378,16 @@ Status JobRunner::CollectDigest() {
   v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
+    if (!reply.ok()) return OnStage(reply.status(), s);
     if (reply->layers_size() != reply->layer_digests_size())
-      return absl::InternalError("stage " + std::to_string(s) + ": digests without layer indices");
-    for (int i = 0; i < reply->layers_size(); ++i) by_layer[reply->layers(i)] = reply->layer_digests(i);
+      return OnStage(absl::InternalError("digests without layer indices"), s);
+    for (int i = 0; i < reply->layers_size(); ++i) {
+      // Replicas after replica 0 must hold what it holds, bit for bit.
+      auto [it, added] = by_layer.emplace(reply->layers(i), reply->layer_digests(i));
+      if (!added && it->second != reply->layer_digests(i))
+        return OnStage(absl::InternalError("layer " + std::to_string(reply->layers(i)) +
+                                           " differs from replica 0's copy after training"), s);
+    }
   }
   std::vector<std::string> digests;
   for (auto& [layer, d] : by_layer) digests.push_back(std::move(d));

@@ -93,14 +93,19 @@ class JobRunner {
   // Whether the job trains for epochs (not a number of steps).
   bool ByEpochs() const { return spec_.steps() == 0 && steps_per_epoch_ > 0; }
   Status CollectDigest();
-  // Runs `req` on every stage at once; replies in stage order.
+  // Runs `req` on every stage at once (evaluation: on replica 0's); replies
+  // in the order of stages_.
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
+  // replicas: replica `replica`'s P stages, in stage order.
+  std::vector<StageClient*> ReplicaStages(int replica) const;
+  // `st` named by the stage (and replica) of stages_[i].
+  Status OnStage(const Status& st, std::size_t i) const;
   void AbortAll(const std::string& reason);
   void Publish();
 
   v1::JobStatus status_;
   v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()
-  std::vector<StageClient*> stages_;
+  std::vector<StageClient*> stages_;  // replicas x stages: replica k's stage s at k * P + s
   JobStore* store_;
   StatusSink sink_;
   Clock* clock_;

@@ -519,6 +519,13 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 1000000)
       .Set([](const V& v, S* s) { s->set_batch_size(static_cast<int32_t>(v.integer)); })
       .Get([](const S& s) { return s.batch_size(); });
+  add("replicas", kInt,
+      "copies of the pipeline trained side by side on R × P stage servers, each on its share of every batch, "
+      "their gradients all-reduced before the optimizer step (see [parallelism.md](parallelism.md))")
+      .Default("1")
+      .Range(1, 4096)
+      .Set([](const V& v, S* s) { s->set_replicas(static_cast<int32_t>(v.integer)); })
+      .Get([](const S& s) { return s.replicas(); });
   add("micro_batches", kInt, "micro-batches per step (near-equal sizes, as `torch.tensor_split`)")
       .DefaultDoc("1")
       .Range(1, 1000000)

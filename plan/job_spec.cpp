@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cerrno>
 #include <cmath>
@@ -367,6 +368,18 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.split_size() > spec.batch_size())
     return Invalid("split_size: " + std::to_string(spec.split_size()) +
                    " is larger than batch_size " + std::to_string(spec.batch_size()));
+  if (Replicas(spec) > 1) {
+    const int r = Replicas(spec);
+    if (spec.batch_size() % r != 0)
+      return Invalid("replicas: batch_size " + std::to_string(spec.batch_size()) + " does not split evenly over " +
+                     std::to_string(r) + " replicas");
+    const int64_t share = spec.batch_size() / r;
+    if (spec.micro_batches() > share || spec.split_size() > share)
+      return Invalid("replicas: each of the " + std::to_string(r) + " replicas gets " + std::to_string(share) +
+                     " samples of a batch, fewer than " +
+                     (spec.micro_batches() > 0 ? "micro_batches " + std::to_string(spec.micro_batches())
+                                               : "split_size " + std::to_string(spec.split_size())));
+  }
   if (spec.schedule() == v1::SCHEDULE_UNSPECIFIED) return Invalid("schedule: missing");
   const auto& o = spec.optimizer();
   if (o.kind() == v1::OPTIMIZER_UNSPECIFIED) return Invalid("optimizer.name: missing");
@@ -496,6 +509,13 @@ bool RecomputeOn(const v1::JobSpec& spec, int stage) {
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+int Replicas(const v1::JobSpec& spec) { return std::max(1, spec.replicas()); }
+
+ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica) {
+  const int64_t r = Replicas(spec);
+  return {batch * replica / r, batch * (replica + 1) / r - batch * replica / r};
 }
 
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {
