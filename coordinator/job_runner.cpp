@@ -469,7 +469,8 @@ v1::JobStatus JobRunner::Run() {
   status_.set_virtual_stages(spec_.virtual_stages());
   status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
   Publish();
-  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages");
+  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages",
+           Replicas(spec_) > 1 ? " x " + std::to_string(Replicas(spec_)) + " replicas" : "");
   if (spec_.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
     LOG_WARN("job ", status_.job_id(), ": the zero-bubble schedule is experimental (see docs/schedules.md)");
 

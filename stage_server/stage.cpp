@@ -247,7 +247,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
 }
 
 StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a) {
-  const std::string who = "stage " + std::to_string(a.stage_index());
+  const std::string who = "stage " + std::to_string(a.stage_index()) +
+                          (a.num_replicas() > 1 ? " of replica " + std::to_string(a.replica()) : "");
   if (a.job_id().empty()) return absl::InvalidArgumentError(who + ": job_id is empty");
   CONVEYOR_RETURN_IF_ERROR(Annotate(ValidateJobSpec(a.spec()), who));
   if (a.num_stages() < 1 || a.stage_index() < 0 || a.stage_index() >= a.num_stages()) {

@@ -90,8 +90,8 @@ struct Case {
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << ViaName(c.via) << ", " << c.model << ", " << c.stages << " stages, " << c.micro_batches
-      << " micro-batches, " << c.schedule << (c.extra.empty() ? "" : ", ") << c.extra << ", " << c.replicas
-      << " replicas";
+      << " micro-batches, " << c.schedule << (c.extra.empty() ? "" : ", ") << c.extra;
+  if (c.replicas > 1) *os << ", " << c.replicas << " replicas";
 }
 
 // A GPT that fits two GPUs' test budget; convolutions are left out on GPUs
