@@ -33,7 +33,7 @@ const char* KindName(v1::TraceEvent::Kind kind) {
 }
 
 bool IsCompute(v1::TraceEvent::Kind kind) {
-  return kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE;
+  return kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE && kind != v1::TraceEvent::ALL_REDUCE;
 }
 
 std::pair<int64_t, int64_t> Span(const v1::StepTrace& trace) {

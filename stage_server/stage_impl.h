@@ -187,7 +187,8 @@ class Stage::Impl {
    public:
     Span(StepState& st, v1::TraceEvent::Kind kind, int chunk, int mb)
         : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()),
-          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE) {
+          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE &&
+                   kind != v1::TraceEvent::ALL_REDUCE) {
       if (compute_ && st_.clock) start_mark_ = st_.clock->Mark();
     }
     ~Span() {
