@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -43,7 +44,7 @@ StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Serve(std::chrono::millise
     o.port = 0;
     o.isServer = true;
     o.waitWorkers = false;
-    o.timeout = timeout;
+    o.timeout = std::max(timeout, std::chrono::milliseconds(1000));  // as ReplicaGroup's client
     auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);  // listens on every interface
     return std::unique_ptr<ReplicaStore>(new TcpReplicaStore(std::move(store)));
   } catch (const std::exception& e) {
@@ -64,7 +65,8 @@ Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
       c10d::TCPStoreOptions o;
       o.port = static_cast<uint16_t>(std::stoi(options_.store.substr(colon + 1)));
       o.isServer = false;
-      o.timeout = options_.timeout;
+      // 1.13's client gives up at once under a second (it counts whole seconds).
+      o.timeout = std::max(options_.timeout, std::chrono::milliseconds(1000));
       auto tcp = c10::make_intrusive<c10d::TCPStore>(options_.store.substr(0, colon), o);
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
       gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
