@@ -83,10 +83,11 @@ Status JobRunner::Setup() {
       assignments_.push_back(std::move(a));
     }
   }
-  for (std::size_t i = 0; i < assignments_.size(); ++i) {
-    if (r == 1) break;
-    assignments_[i].set_num_replicas(r);
-    assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
+  if (r > 1) {
+    for (std::size_t i = 0; i < assignments_.size(); ++i) {
+      assignments_[i].set_num_replicas(r);
+      assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
+    }
   }
   return absl::OkStatus();
 }

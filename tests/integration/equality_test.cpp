@@ -323,6 +323,7 @@ std::vector<Case> Replicated(Via via, std::vector<int> stages, std::vector<std::
 INSTANTIATE_TEST_SUITE_P(Replicas, PipelineEquality,
                          ::testing::ValuesIn(Join({
                              Replicated(Via::kInProc, {1, 2}, {"gpipe", "1f1b"}),
+                             Replicated(Via::kInProc, {2}, {"interleaved", "zero-bubble"}),
                              {Case{Via::kInProc, "toy", 2, 2, "1f1b", "", 2}},
                              {Case{Via::kInProc, "gpt", 2, 2, "1f1b", "", 2}},
                              Replicated(Via::kGrpc, {2}, {"1f1b"}),
