@@ -98,11 +98,15 @@ std::vector<StageClient*> JobRunner::ReplicaStages(int replica) const {
           stages_.begin() + static_cast<std::ptrdiff_t>((replica + 1) * p)};
 }
 
+std::string JobRunner::StageName(std::size_t i) const {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  return (Replicas(spec_) > 1 ? "replica " + std::to_string(i / p) + " " : std::string()) + "stage " +
+         std::to_string(i % p);
+}
+
 Status JobRunner::OnStage(const Status& st, std::size_t i) const {
-  const int p = spec_.partition().stages();
   if (Replicas(spec_) == 1) return ForStage(st, static_cast<int64_t>(i));
-  return Annotate(st, "replica " + std::to_string(i / p) + " stage " + std::to_string(i % p) + " (" +
-                          stages_[i]->address() + ")");
+  return Annotate(st, StageName(i) + " (" + stages_[i]->address() + ")");
 }
 
 Status JobRunner::Deploy() {
@@ -441,7 +445,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
       if (cancelled_) return absl::CancelledError("cancelled");
       const double left = std::chrono::duration<double>(deadline - clock_->Now()).count();
       if (left <= 0) {
-        return absl::UnavailableError("stage " + std::to_string(s) + " at " + stages_[s]->address() +
+        return absl::UnavailableError(StageName(s) + " at " + stages_[s]->address() +
                                       " did not come back within recovery_timeout (" +
                                       std::to_string(static_cast<int>(spec_.recovery_timeout_s())) +
                                       " s); it failed with: " + std::string(failure.message()));

@@ -98,6 +98,8 @@ class JobRunner {
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   // replicas: replica `replica`'s P stages, in stage order.
   std::vector<StageClient*> ReplicaStages(int replica) const;
+  // "stage s", or with replicas "replica k stage s", of stages_[i].
+  std::string StageName(std::size_t i) const;
   // `st` named by the stage (and replica) of stages_[i].
   Status OnStage(const Status& st, std::size_t i) const;
   void AbortAll(const std::string& reason);
