@@ -423,7 +423,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   LocalClusterOptions options;
   options.data_roots = JobDataRoots(file);
   if (Status files = ResolveJobPaths(&*spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
-  options.stages = stages > 0 ? stages : spec->partition().stages();
+  options.stages = stages > 0 ? stages : Replicas(*spec) * spec->partition().stages();
   options.bin_dir = ExecutableDir();
   options.log_level = c.log_level == "warn" ? "info" : c.log_level;
   const int gpus = device == "cpu" ? 0 : CountGpus(options.bin_dir);

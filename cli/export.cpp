@@ -86,6 +86,7 @@ StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::strin
   std::vector<v1::ParametersReply> parts;
   ExportSummary summary;
   for (int s = 0; s < job.stages_size(); ++s) {
+    if (job.stages(s).replica() > 0) continue;  // replicas hold replica 0's parameters
     CONVEYOR_ASSIGN_OR_RETURN(v1::ParametersReply part,
                               GetParameters(job.job_id(), s, job.stages(s).address(), deadline_s));
     for (const auto* list : {&part.parameters(), &part.buffers()}) {
@@ -94,7 +95,7 @@ StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::strin
     }
     parts.push_back(std::move(part));
   }
-  summary.stages = job.stages_size();
+  summary.stages = static_cast<int>(parts.size());
   if (format == "torchscript") {
     CONVEYOR_ASSIGN_OR_RETURN(std::string archive, BuildTorchScript(job, std::move(parts), deadline_s));
     CONVEYOR_RETURN_IF_ERROR(Annotate(WriteFileAtomically(path, archive), "--out"));

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <cstdio>
@@ -142,6 +143,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : s.stages()) {
     stages.push_back({{"index", st.index()},
+                      {"replica", st.replica()},
                       {"address", st.address()},
                       {"layers", {st.layer_begin(), st.layer_end()}},
                       {"device", st.device()},
@@ -195,8 +197,11 @@ std::string Summary(const v1::JobStatus& s) {
         << ")\n";
   }
   for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
+  // With replicas, the grid: replica x stage -> server.
+  const bool replicated = std::any_of(s.stages().begin(), s.stages().end(), [](const auto& st) { return st.replica() > 0; });
   for (const auto& st : s.stages()) {
-    out << "  stage " << st.index() << " " << st.address() << " layers [" << st.layer_begin() << ", "
+    out << "  " << (replicated ? "replica " + std::to_string(st.replica()) + " " : "") << "stage " << st.index() << " "
+        << st.address() << " layers [" << st.layer_begin() << ", "
         << st.layer_end() << ") " << st.device() << ", " << st.num_parameters() << " params, busy "
         << std::setprecision(0) << 100 * st.busy_fraction() << "%, idle " << 100 * st.idle_fraction()
         << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak "

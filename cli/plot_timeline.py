@@ -33,6 +33,7 @@ COLOURS = {
     "recompute": "#8172B3",
     "optimizer": "#7F7F7F",
     "send": "#C44E52",
+    "all-reduce": "#937860",
 }
 LABELLED = ("forward", "backward", "weight")
 DPI = 130

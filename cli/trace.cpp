@@ -24,12 +24,13 @@ const char* KindName(v1::TraceEvent::Kind kind) {
     case v1::TraceEvent::RECEIVE: return "receive";
     case v1::TraceEvent::OPTIMIZER: return "optimizer";
     case v1::TraceEvent::RECOMPUTE: return "recompute";
+    case v1::TraceEvent::ALL_REDUCE: return "all-reduce";
     default: return "other";
   }
 }
 
 bool IsCompute(v1::TraceEvent::Kind kind) {
-  return kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE;
+  return kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE && kind != v1::TraceEvent::ALL_REDUCE;
 }
 
 std::pair<int64_t, int64_t> Span(const v1::StepTrace& trace) {

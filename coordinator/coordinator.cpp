@@ -69,6 +69,12 @@ void Coordinator::Shutdown() {
 StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(job_yaml));
   CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, data_roots_));
+  if (Replicas(spec) > 1 && Replicas(spec) * spec.partition().stages() > static_cast<int>(clients_.size())) {
+    return absl::InvalidArgumentError("replicas: " + std::to_string(Replicas(spec)) + " copies of " +
+                                      std::to_string(spec.partition().stages()) + " stages need " +
+                                      std::to_string(Replicas(spec) * spec.partition().stages()) +
+                                      " stage servers, this coordinator has " + std::to_string(clients_.size()));
+  }
   if (spec.partition().stages() > static_cast<int>(clients_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(spec.partition().stages()) +
                                          " stages, this coordinator has " + std::to_string(clients_.size()));

@@ -163,4 +163,17 @@ StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const 
   return upstream;
 }
 
+std::string HostOf(const std::string& address) {
+  std::string a = address;
+  if (a.rfind("inproc://", 0) == 0) return "127.0.0.1";
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"})
+    if (a.rfind(scheme, 0) == 0) a = a.substr(std::string(scheme).size());
+  if (!a.empty() && a.front() == '[') {
+    const auto close = a.find(']');
+    return close == std::string::npos ? a : a.substr(1, close - 1);
+  }
+  const auto colon = a.rfind(':');
+  return colon == std::string::npos ? a : a.substr(0, colon);
+}
+
 }  // namespace conveyor

@@ -39,4 +39,9 @@ StatusOr<std::vector<v1::StageInfo>> InfoAll(const std::vector<StageClient*>& st
 StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const v1::JobSpec& spec,
                                                const std::vector<StageClient*>& stages, bool ring);
 
+// The host part of a stage's address ("10.0.0.5:7000" -> "10.0.0.5",
+// "[::1]:7000" -> "::1", "dns:///node3:7000" -> "node3"); 127.0.0.1 for an
+// in-process one. Where a replica's group listens and its store is found.
+std::string HostOf(const std::string& address);
+
 }  // namespace conveyor

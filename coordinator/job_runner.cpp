@@ -70,13 +70,53 @@ v1::JobRef JobRunner::Ref() const {
 
 Status JobRunner::Setup() {
   const int p = spec_.partition().stages();
+  const int r = Replicas(spec_);
+  if (r > 1 && r * p > static_cast<int>(stages_.size())) {
+    return absl::InvalidArgumentError("replicas: " + std::to_string(r) + " copies of " + std::to_string(p) +
+                                      " stages need " + std::to_string(r * p) + " stage servers, the coordinator has " +
+                                      std::to_string(stages_.size()));
+  }
   if (p > static_cast<int>(stages_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(p) + " stages, the coordinator has " +
                                          std::to_string(stages_.size()));
   }
-  stages_.resize(p);
-  CONVEYOR_ASSIGN_OR_RETURN(assignments_, PlanJob(status_.job_id(), stages_, &spec_));
+  // Replica k's stage s is the (k * P + s)th server of the list; replica 0
+  // is planned (cut, probed) and the others copy its assignments.
+  stages_.resize(static_cast<std::size_t>(r * p));
+  CONVEYOR_ASSIGN_OR_RETURN(assignments_, PlanJob(status_.job_id(), ReplicaStages(0), &spec_));
+  for (int k = 1; k < r; ++k) {
+    for (int s = 0; s < p; ++s) {
+      v1::StageAssignment a = assignments_[s];
+      if (!a.upstream().empty()) a.set_upstream(stages_[k * p + (s + p - 1) % p]->address());
+      if (!a.downstream().empty()) a.set_downstream(stages_[k * p + (s + 1) % p]->address());
+      a.set_replica(k);
+      assignments_.push_back(std::move(a));
+    }
+  }
+  if (r > 1) {
+    for (std::size_t i = 0; i < assignments_.size(); ++i) {
+      assignments_[i].set_num_replicas(r);
+      assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
+    }
+  }
   return absl::OkStatus();
+}
+
+std::vector<StageClient*> JobRunner::ReplicaStages(int replica) const {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  return {stages_.begin() + static_cast<std::ptrdiff_t>(replica * p),
+          stages_.begin() + static_cast<std::ptrdiff_t>((replica + 1) * p)};
+}
+
+std::string JobRunner::StageName(std::size_t i) const {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  return (Replicas(spec_) > 1 ? "replica " + std::to_string(i / p) + " " : std::string()) + "stage " +
+         std::to_string(i % p);
+}
+
+Status JobRunner::OnStage(const Status& st, std::size_t i) const {
+  if (Replicas(spec_) == 1) return ForStage(st, static_cast<int64_t>(i));
+  return Annotate(st, StageName(i) + " (" + stages_[i]->address() + ")");
 }
 
 Status JobRunner::Deploy() {
@@ -94,15 +134,21 @@ Status JobRunner::Deploy() {
 }
 
 Status JobRunner::ConfigureAll() {
-  const int p = static_cast<int>(assignments_.size());
+  const int n = static_cast<int>(assignments_.size());  // replicas x stages
+  const int p = spec_.partition().stages();
   const bool ring = assignments_.front().num_chunks() > p;
   // Keep what the stages measured so far; the rest is filled in anew.
   std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
   status_.clear_stages();
-  for (int s = 0; s < p; ++s) {
-    const v1::StageAssignment& a = assignments_[s];
+  std::vector<std::string> stores(static_cast<std::size_t>(p));  // replica 0's, by stage
+  for (int s = 0; s < n; ++s) {
+    v1::StageAssignment a = assignments_[s];
+    if (a.num_replicas() > 1 && a.replica() > 0) a.set_replica_store(stores[s % p]);
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
+    if (!reply.ok()) return OnStage(reply.status(), s);
+    if (a.num_replicas() > 1 && a.replica() == 0) {
+      stores[s] = HostOf(stages_[s]->address()) + ":" + std::to_string(reply->replica_store_port());
+    }
     if (s == 0) {
       // Optimizer steps: each reads accumulate_steps batches.
       steps_per_epoch_ = reply->train_samples() / spec_.batch_size() / AccumulateSteps(spec_);
@@ -112,20 +158,24 @@ Status JobRunner::ConfigureAll() {
     if (s < static_cast<int>(before.size())) *r = before[s];
     r->clear_chunks();
     for (const auto& ca : a.chunks()) r->add_chunks(ca.index());
-    r->set_index(s);
+    r->set_index(s % p);
+    r->set_replica(s / p);
     r->set_address(stages_[s]->address());
     r->set_layer_begin(a.chunks(0).layer_begin());
     r->set_layer_end(a.chunks(0).layer_end());
     r->set_device(reply->device());
     r->set_num_parameters(reply->num_parameters());
   }
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links, PlanLinks(status_.job_id(), spec_, stages_, ring));
-  for (int s = 0; s < p; ++s) {
-    v1::JobRef ref = Ref();
-    *ref.mutable_upstream_link() = links[s];
-    auto reply = stages_[s]->Connect(ref, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
-    status_.mutable_stages(s)->set_transport(s + 1 < p || ring ? reply->transport() : v1::LINK_NONE);
+  for (int k = 0; k * p < n; ++k) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links,
+                              PlanLinks(status_.job_id(), spec_, ReplicaStages(k), ring));
+    for (int s = 0; s < p; ++s) {
+      v1::JobRef ref = Ref();
+      *ref.mutable_upstream_link() = links[s];
+      auto reply = stages_[k * p + s]->Connect(ref, kControlDeadlineS);
+      if (!reply.ok()) return OnStage(reply.status(), k * p + s);
+      status_.mutable_stages(k * p + s)->set_transport(s + 1 < p || ring ? reply->transport() : v1::LINK_NONE);
+    }
   }
   return absl::OkStatus();
 }
@@ -189,7 +239,9 @@ Status JobRunner::Restore() {
 }
 
 Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
-  const std::size_t p = stages_.size();
+  // Evaluation runs on replica 0 alone (the replicas hold the same parameters).
+  const std::size_t p = req.phase() == v1::PHASE_EVAL ? static_cast<std::size_t>(spec_.partition().stages())
+                                                       : stages_.size();
   replies->assign(p, v1::RunStepReply());
   std::vector<Status> results(p);
   std::mutex first_mu;  // guards first_failure
@@ -225,9 +277,9 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
     });
   }
   pool_.RunAll(calls);
-  if (first_failure >= 0) return ForStage(results[first_failure], first_failure);
+  if (first_failure >= 0) return OnStage(results[first_failure], static_cast<std::size_t>(first_failure));
   for (std::size_t s = 0; s < p; ++s)
-    if (!results[s].ok()) return ForStage(results[s], s);
+    if (!results[s].ok()) return OnStage(results[s], s);
   return absl::OkStatus();
 }
 
@@ -272,7 +324,7 @@ Status JobRunner::Train() {
       Publish();
     }
     if (done % std::max<int64_t>(1, steps_per_epoch_ / 4) == 0 || done == total) {
-      LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", replies.back().loss_sum(), " ",
+      LOG_INFO("job ", status_.job_id(), " step ", done, "/", total, " loss ", status_.loss(), " ",
                static_cast<int64_t>(status_.samples_per_second()), " samples/s");
     }
     if (ByEpochs() && done % steps_per_epoch_ == 0) {
@@ -285,21 +337,24 @@ Status JobRunner::Train() {
 
 Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
   const int64_t step = req.step() + 1;  // as progress counts
-  const int last = static_cast<int>(replies->size()) - 1;
-  const double loss = (*replies)[last].loss_sum();
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
   auto show = [](double v) { return std::isnan(v) ? std::string("nan") : std::isinf(v) ? "inf" : std::to_string(v); };
-  if (!std::isfinite(loss)) {
-    return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) +
-                                         " on stage " + std::to_string(last) + " (the last); no update was made");
+  for (std::size_t i = p - 1; i < replies->size(); i += p) {  // each replica's last stage
+    const double loss = (*replies)[i].loss_sum();
+    if (!std::isfinite(loss)) {
+      return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) + " on " +
+                                           StageName(i) + " (the last); no update was made");
+    }
   }
+  // Replica 0's stages hold one copy of every gradient (the replicas' are
+  // all-reduced, equal). Gradients flow from the last stage to the first:
+  // the highest stage with a gradient that is not finite saw it first.
   double sq = 0;
-  // Gradients flow from the last stage to the first: the highest stage with
-  // a gradient that is not finite saw it first.
-  for (int s = last; s >= 0; --s) {
+  for (std::size_t s = p; s-- > 0;) {
     const double share = (*replies)[s].grad_sq_norm();
     if (!std::isfinite(share)) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the gradient norm is " +
-                                           show(std::sqrt(share)) + " on stage " + std::to_string(s) +
+                                           show(std::sqrt(share)) + " on " + StageName(s) +
                                            " (the first to see it); no update was made");
     }
     sq += share;
@@ -387,9 +442,10 @@ Status JobRunner::Evaluate() {
 Status JobRunner::SaveWeights() {
   if (spec_.save_path().empty()) return absl::OkStatus();
   std::vector<v1::ParametersReply> parts;
-  for (std::size_t s = 0; s < stages_.size(); ++s) {
+  const std::vector<StageClient*> stages = ReplicaStages(0);  // the replicas hold the same parameters
+  for (std::size_t s = 0; s < stages.size(); ++s) {
     auto reply = GatherParameters(status_.job_id(), [&](const v1::JobRef& ref) {
-      return stages_[s]->GetParameters(ref, kControlDeadlineS);
+      return stages[s]->GetParameters(ref, kControlDeadlineS);
     });
     if (!reply.ok()) return ForStage(reply.status(), static_cast<int64_t>(s));
     parts.push_back(std::move(*reply));
@@ -416,10 +472,16 @@ Status JobRunner::CollectDigest() {
   v1::JobRef ref = Ref();
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     auto reply = stages_[s]->GetDigest(ref, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), s);
+    if (!reply.ok()) return OnStage(reply.status(), s);
     if (reply->layers_size() != reply->layer_digests_size())
-      return absl::InternalError("stage " + std::to_string(s) + ": digests without layer indices");
-    for (int i = 0; i < reply->layers_size(); ++i) by_layer[reply->layers(i)] = reply->layer_digests(i);
+      return OnStage(absl::InternalError("digests without layer indices"), s);
+    for (int i = 0; i < reply->layers_size(); ++i) {
+      // Replicas after replica 0 must hold what it holds, bit for bit.
+      auto [it, added] = by_layer.emplace(reply->layers(i), reply->layer_digests(i));
+      if (!added && it->second != reply->layer_digests(i))
+        return OnStage(absl::InternalError("layer " + std::to_string(reply->layers(i)) +
+                                           " differs from replica 0's copy after training"), s);
+    }
   }
   std::vector<std::string> digests;
   for (auto& [layer, d] : by_layer) digests.push_back(std::move(d));
@@ -473,7 +535,7 @@ Status JobRunner::AwaitStages(const Status& failure) {
       if (cancelled_) return absl::CancelledError("cancelled");
       const double left = std::chrono::duration<double>(deadline - clock_->Now()).count();
       if (left <= 0) {
-        return absl::UnavailableError("stage " + std::to_string(s) + " at " + stages_[s]->address() +
+        return absl::UnavailableError(StageName(s) + " at " + stages_[s]->address() +
                                       " did not come back within recovery_timeout (" +
                                       std::to_string(static_cast<int>(spec_.recovery_timeout_s())) +
                                       " s); it failed with: " + std::string(failure.message()));
@@ -502,7 +564,8 @@ v1::JobStatus JobRunner::Run() {
   status_.set_virtual_stages(spec_.virtual_stages());
   status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
   Publish();
-  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages");
+  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages",
+           Replicas(spec_) > 1 ? " x " + std::to_string(Replicas(spec_)) + " replicas" : "");
   if (spec_.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
     LOG_WARN("job ", status_.job_id(), ": the zero-bubble schedule is experimental (see docs/schedules.md)");
 

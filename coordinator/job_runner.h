@@ -101,7 +101,8 @@ class JobRunner {
   // Whether the job trains for epochs (not a number of steps).
   bool ByEpochs() const { return spec_.steps() == 0 && steps_per_epoch_ > 0; }
   Status CollectDigest();
-  // Runs `req` on every stage at once; replies in stage order.
+  // Runs `req` on every stage at once (evaluation: on replica 0's); replies
+  // in the order of stages_.
   Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
   // After StepAll of training step `req`: fails the job on a loss or gradient
   // norm that is not finite (FAILED_PRECONDITION naming the step and the stage
@@ -109,12 +110,18 @@ class JobRunner {
   // for a deferred update (clip_grad_norm over several stages) has every stage
   // apply it, scaled by the one clipping factor (ApplyStep).
   Status Update(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
+  // replicas: replica `replica`'s P stages, in stage order.
+  std::vector<StageClient*> ReplicaStages(int replica) const;
+  // "stage s", or with replicas "replica k stage s", of stages_[i].
+  std::string StageName(std::size_t i) const;
+  // `st` named by the stage (and replica) of stages_[i].
+  Status OnStage(const Status& st, std::size_t i) const;
   void AbortAll(const std::string& reason);
   void Publish();
 
   v1::JobStatus status_;
   v1::JobSpec spec_;  // the partition's boundaries are filled in by Setup()
-  std::vector<StageClient*> stages_;
+  std::vector<StageClient*> stages_;  // replicas x stages: replica k's stage s at k * P + s
   JobStore* store_;
   StatusSink sink_;
   Clock* clock_;

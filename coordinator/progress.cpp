@@ -41,9 +41,12 @@ double Progress::EpochSeconds() const {
 
 void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replies, SteadyClock::time_point start,
                        SteadyClock::time_point end) {
-  const v1::RunStepReply& last = replies.back();
-  status_->add_losses(static_cast<float>(last.loss_sum()));
-  status_->set_loss(static_cast<float>(last.loss_sum()));
+  // Last stages report their share of the loss, the others 0: with replicas
+  // the sum is the whole batch's.
+  double loss = 0;
+  for (const v1::RunStepReply& r : replies) loss += r.loss_sum();
+  status_->add_losses(static_cast<float>(loss));
+  status_->set_loss(static_cast<float>(loss));
   for (std::size_t s = 0; s < replies.size(); ++s) {
     busy_[s] += replies[s].busy_seconds();
     wall_[s] += replies[s].step_seconds();

@@ -301,7 +301,9 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
   const int64_t per_epoch = StepsPerEpoch();
   const int64_t epoch = step / per_epoch, pos = step % per_epoch;
   const int64_t b = spec_.batch_size();
-  if (spec_.data().no_shuffle()) return at::arange(pos * b, pos * b + b, at::kLong);  // file order
+  const ReplicaShare share = replica_ < 0 ? ReplicaShare{0, b} : ShareOf(spec_, b, replica_);
+  const int64_t first = pos * b + share.offset;
+  if (spec_.data().no_shuffle()) return at::arange(first, first + share.size, at::kLong);  // file order
   at::Tensor perm;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -313,7 +315,7 @@ at::Tensor Dataset::Indices(v1::Phase phase, int64_t step) {
     }
     perm = it->second;
   }
-  return perm.slice(0, pos * b, pos * b + b);
+  return perm.slice(0, first, first + share.size);
 }
 
 namespace {

@@ -45,6 +45,10 @@ class Dataset {
   int64_t EvalBatches() const;
   // Samples in the mini-batch of (phase, step).
   int64_t BatchSize(v1::Phase phase, int64_t step) const;
+  // With `replicas: R`: training batches give only replica `replica`'s share
+  // of each batch (plan/job_spec.h's ShareOf), so that over an epoch the
+  // replicas read every sample once between them. Evaluation batches whole.
+  void ReadShare(int replica) { replica_ = replica; }
 
   // Float inputs [B, ...] and int64 labels [B] of one mini-batch.
   // A batch's inputs and labels, gathered straight into pinned memory when
@@ -65,6 +69,7 @@ class Dataset {
   // data file's own dtypes (tensors, taken as they are).
   at::Tensor train_x_, train_y_, test_x_, test_y_;
   bool scale_bytes_ = true;
+  int replica_ = -1;  // -1: whole batches (one pipeline, the reference)
   // data: {format: tokens}: the mapped files (null otherwise, or no test file).
   std::unique_ptr<TokenFile> train_tokens_, test_tokens_;
   std::mutex mu_;  // guards perms_

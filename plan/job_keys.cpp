@@ -138,10 +138,12 @@ std::string Expected(const JobKey& k) {
 Status CheckRange(const JobKey& k, double v) {
   if (!k.has_range) return absl::OkStatus();
   const bool low = k.above_min ? !(v > k.min) : !(v >= k.min);
-  if (!low && v <= k.max) return absl::OkStatus();
+  if (!low && (k.below_max ? v < k.max : v <= k.max)) return absl::OkStatus();
   std::string want;
   const bool unbounded = k.max >= 1e300;
-  if (k.above_min && k.min == 0 && unbounded) {
+  if (k.below_max) {
+    want = "must be at least " + ShowNumber(k.min) + " and less than " + ShowNumber(k.max);
+  } else if (k.above_min && k.min == 0 && unbounded) {
     want = "must be positive";
   } else if (k.above_min) {
     want = "must be more than " + ShowNumber(k.min) + (unbounded ? "" : " and at most " + ShowNumber(k.max));
@@ -227,11 +229,12 @@ class Row {
     k_.default_doc = std::move(doc);
     return *this;
   }
-  Row& Range(double lo, double hi = 1e308, bool above_lo = false) {
+  Row& Range(double lo, double hi = 1e308, bool above_lo = false, bool below_hi = false) {
     k_.has_range = true;
     k_.min = lo;
     k_.max = hi;
     k_.above_min = above_lo;
+    k_.below_max = below_hi;
     return *this;
   }
   Row& Positive(double hi = 1e308) { return Range(0, hi, true); }
@@ -523,6 +526,13 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 1000000)
       .Set([](const V& v, S* s) { s->set_batch_size(static_cast<int32_t>(v.integer)); })
       .Get([](const S& s) { return s.batch_size(); });
+  add("replicas", kInt,
+      "copies of the pipeline trained side by side on R × P stage servers, each on its share of every batch, "
+      "their gradients all-reduced before the optimizer step (see [parallelism.md](parallelism.md))")
+      .Default("1")
+      .Range(1, 4096)
+      .Set([](const V& v, S* s) { s->set_replicas(static_cast<int32_t>(v.integer)); })
+      .Get([](const S& s) { return s.replicas(); });
   add("micro_batches", kInt, "micro-batches per step (near-equal sizes, as `torch.tensor_split`)")
       .DefaultDoc("1")
       .Range(1, 1000000)
@@ -590,7 +600,7 @@ std::vector<JobKey> MakeTable() {
   add("optimizer.betas", KeyType::kNumberList, "the moving averages' coefficients, each in [0, 1)")
       .DefaultDoc("`[0.9, 0.999]`")
       .Length(2)
-      .Range(0, 0.999999999)
+      .Range(0, 1, /*above_lo=*/false, /*below_hi=*/true)
       .Only("name: adam or adamw", adam)
       .Set([](const V& v, S* s) {
         s->mutable_optimizer()->set_beta1(v.numbers[0]);
@@ -625,8 +635,8 @@ std::vector<JobKey> MakeTable() {
       "lr − (lr−min_lr)·p, step: lr·gamma^⌊(t−W)/step_size⌋ (plan/lr_schedule.h); each step's lr is in `status "
       "--json` (`lrs`) and the progress line")
       .DefaultDoc("constant");
-  const auto decays = [](std::initializer_list<v1::LrDecay> kinds) {
-    return [kinds](const S& s) {
+  const auto decays = [](std::vector<v1::LrDecay> kinds) {
+    return [kinds = std::move(kinds)](const S& s) {
       for (auto k : kinds)
         if (s.lr_schedule().decay() == k) return true;
       return false;
@@ -634,7 +644,7 @@ std::vector<JobKey> MakeTable() {
   };
   add("lr_schedule.warmup_steps", kInt, "W: optimizer steps of linear warmup from lr/W to lr")
       .Default("0")
-      .Range(0, 1e12)
+      .Range(0)
       .Set([](const V& v, S* s) { s->mutable_lr_schedule()->set_warmup_steps(v.integer); })
       .Get([](const S& s) { return static_cast<double>(s.lr_schedule().warmup_steps()); });
   add("lr_schedule.decay", kChoice, "after the warmup: `none`, `cosine` or `linear` (to `min_lr`), or `step`")
@@ -991,7 +1001,7 @@ std::string JobKeysMarkdown() {
         type += ", > 0";
       } else {
         type += std::string(", ") + (k.above_min ? "> " : "") + ShowNumber(k.min) +
-                (unbounded ? " or more" : " to " + ShowNumber(k.max));
+                (unbounded ? " or more" : (k.below_max ? " to < " : " to ") + ShowNumber(k.max));
       }
     }
     std::string def = !k.default_doc.empty() ? k.default_doc : k.default_value.empty() ? "" : "`" + k.default_value + "`";

@@ -66,6 +66,7 @@ struct JobKey {
   bool has_range = false;
   double min = 0, max = 0;
   bool above_min = false;
+  bool below_max = false;  // the maximum is exclusive
   bool required = false;  // docs mark it; the rule lives in ValidateJobSpec
   // kIntList/kNumberList: exact length (0: any).
   std::size_t list_length = 0;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cerrno>
 #include <cmath>
@@ -378,6 +379,18 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.split_size() > spec.batch_size())
     return Invalid("split_size: " + std::to_string(spec.split_size()) +
                    " is larger than batch_size " + std::to_string(spec.batch_size()));
+  if (Replicas(spec) > 1) {
+    const int r = Replicas(spec);
+    if (spec.batch_size() % r != 0)
+      return Invalid("replicas: batch_size " + std::to_string(spec.batch_size()) + " does not split evenly over " +
+                     std::to_string(r) + " replicas");
+    const int64_t share = spec.batch_size() / r;
+    if (spec.micro_batches() > share || spec.split_size() > share)
+      return Invalid("replicas: each of the " + std::to_string(r) + " replicas gets " + std::to_string(share) +
+                     " samples of a batch, fewer than " +
+                     (spec.micro_batches() > 0 ? "micro_batches " + std::to_string(spec.micro_batches())
+                                               : "split_size " + std::to_string(spec.split_size())));
+  }
   if (spec.schedule() == v1::SCHEDULE_UNSPECIFIED) return Invalid("schedule: missing");
   const auto& o = spec.optimizer();
   if (o.kind() == v1::OPTIMIZER_UNSPECIFIED) return Invalid("optimizer.name: missing");
@@ -389,7 +402,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (ls.min_lr() > o.lr()) return Invalid("lr_schedule.min_lr: must be between 0 and optimizer.lr");
   if (ls.decay() == v1::LR_DECAY_STEP && (ls.step_size() < 1 || !(ls.gamma() > 0) || ls.gamma() > 1))
     return Invalid("lr_schedule: decay: step needs step_size >= 1 and 0 < gamma <= 1");
-  if (spec.loss() == v1::LOSS_UNSPECIFIED) return Invalid("loss: missing");
+  if (spec.loss() == v1::LOSS_UNSPECIFIED && spec.loss_torchscript().empty()) return Invalid("loss: missing");
   if (spec.epochs() < 0 || spec.steps() < 0 || (spec.epochs() == 0 && spec.steps() == 0))
     return Invalid("epochs/steps: must be positive");
   if (spec.epochs() > 100000 || spec.steps() > 1000000000) return Invalid("epochs/steps: too large");
@@ -519,6 +532,13 @@ bool RecomputeOn(const v1::JobSpec& spec, int stage) {
 
 bool IsTerminal(v1::JobState s) {
   return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+int Replicas(const v1::JobSpec& spec) { return std::max(1, spec.replicas()); }
+
+ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica) {
+  const int64_t r = Replicas(spec);
+  return {batch * replica / r, batch * (replica + 1) / r - batch * replica / r};
 }
 
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {

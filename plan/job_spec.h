@@ -88,6 +88,16 @@ std::string JobStateName(v1::JobState state);
 // Succeeded, failed or cancelled: the job will not change again.
 bool IsTerminal(v1::JobState state);
 
+// Copies of the pipeline (`replicas`, at least 1).
+int Replicas(const v1::JobSpec& spec);
+// Replica `replica`'s rows of a training batch of `batch` samples: the
+// batch's contiguous `size` rows from `offset` (ValidateJobSpec refuses a
+// batch_size that the replicas do not divide).
+struct ReplicaShare {
+  int64_t offset = 0, size = 0;
+};
+ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica);
+
 // Sizes of the micro-batches of one mini-batch of `batch` samples:
 // micro_batches: M -> M near-equal parts (as torch.tensor_split; fewer when
 // batch < M); split_size: S -> parts of S samples, the last one smaller.

@@ -23,6 +23,8 @@ if [ "$(scripts/torch-source.sh)" = debian ]; then
   # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
   # libtorch-dev), the oracle that a Conveyor run must equal.
   packages+=(libtorch-dev python3-torch)
+  # c10d's Gloo group (replicas: docs/parallelism.md) needs gloo's headers.
+  packages+=(libgloo-dev)
 fi
 
 missing=()

@@ -247,7 +247,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
 }
 
 StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a) {
-  const std::string who = "stage " + std::to_string(a.stage_index());
+  const std::string who = "stage " + std::to_string(a.stage_index()) +
+                          (a.num_replicas() > 1 ? " of replica " + std::to_string(a.replica()) : "");
   if (a.job_id().empty()) return absl::InvalidArgumentError(who + ": job_id is empty");
   CONVEYOR_RETURN_IF_ERROR(Annotate(ValidateJobSpec(a.spec()), who));
   if (a.num_stages() < 1 || a.stage_index() < 0 || a.stage_index() >= a.num_stages()) {
@@ -328,6 +329,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     auto data = Dataset::Open(a.spec(), reads_inputs, reads_labels);
     if (!data.ok()) return Annotate(data.status(), who);
     job->data = std::move(*data);
+    if (a.num_replicas() > 1) job->data->ReadShare(a.replica());
     job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
                                                 reads_labels);
   }
@@ -336,6 +338,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     const auto& shape = c.outputs.front().shape();
     CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), std::vector<int64_t>(shape.begin(), shape.end())), who));
   }
+  CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
   ParameterGroups groups;
   if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params, &groups);
   const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
@@ -387,6 +390,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   for (int64_t d : job->chunks.back().outputs.front().shape()) reply.add_output_sample_shape(d);
   reply.set_num_parameters(num_params);
   reply.set_device(device_.str());
+  if (job->replica_store) reply.set_replica_store_port(job->replica_store->port());
   if (job->data) {
     reply.set_train_samples(job->data->train_size());
     reply.set_test_samples(job->data->test_size());
@@ -404,6 +408,35 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   job_id_ = a.job_id();
   stage_index_ = a.stage_index();
   return reply;
+}
+
+Status Stage::Impl::JoinReplicas(Job& job) {
+  const v1::StageAssignment& a = job.assignment;
+  if (a.num_replicas() <= 1) return absl::OkStatus();
+  const std::string who = "stage " + std::to_string(a.stage_index()) + " of replica " + std::to_string(a.replica());
+  if (a.replica() < 0 || a.replica() >= a.num_replicas())
+    return absl::InvalidArgumentError(who + ": replica out of range for " + std::to_string(a.num_replicas()) +
+                                      " replicas");
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(a.spec().stage_timeout_s()));
+  ReplicaGroup::Options o;
+  o.rank = a.replica();
+  o.size = a.num_replicas();
+  o.timeout = timeout;
+  o.who = who;
+  o.host = a.replica_host().empty() ? "127.0.0.1" : a.replica_host();
+  if (a.replica() == 0) {  // serves its group's store; joins it on its own host
+    auto store = ReplicaStore::Serve(timeout);
+    if (!store.ok()) return Annotate(store.status(), who);
+    job.replica_store = std::move(*store);
+    o.store = "127.0.0.1:" + std::to_string(job.replica_store->port());
+  } else if (a.replica_store().empty()) {
+    return absl::InvalidArgumentError(who + ": replica_store is empty (the address of replica 0's store)");
+  } else {
+    o.store = a.replica_store();
+  }
+  job.replica_group = std::make_unique<ReplicaGroup>(std::move(o));
+  return absl::OkStatus();
 }
 
 StatusOr<v1::LinkSetup> Stage::Impl::PrepareLink(const v1::JobRef& ref) {

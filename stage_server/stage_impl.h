@@ -50,6 +50,7 @@
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/graphed_passes.h"
+#include "stage_server/replica_group.h"
 #include "transport/inbox.h"
 #include "transport/loopback_transport.h"
 #include "plan/schedule.h"
@@ -149,6 +150,10 @@ class Stage::Impl {
     bool trained_eagerly = false;           // a training step ran without graphs
     bool graphs_recorded = false;
     int64_t pending_step = -1;  // a step run with defer_update whose optimizer step waits for ApplyStep
+    // replicas: R > 1 (docs/parallelism.md): replica 0 serves the store of
+    // its stage's group; every replica all-reduces through `replica_group`.
+    std::unique_ptr<ReplicaStore> replica_store;
+    std::unique_ptr<ReplicaGroup> replica_group;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -192,7 +197,8 @@ class Stage::Impl {
    public:
     Span(StepState& st, v1::TraceEvent::Kind kind, int chunk, int mb)
         : st_(st), kind_(kind), chunk_(chunk), mb_(mb), start_(NowUs()),
-          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE) {
+          compute_(kind != v1::TraceEvent::SEND && kind != v1::TraceEvent::RECEIVE &&
+                   kind != v1::TraceEvent::ALL_REDUCE) {
       if (compute_ && st_.clock) start_mark_ = st_.clock->Mark();
     }
     ~Span() {
@@ -219,6 +225,9 @@ class Stage::Impl {
   };
 
   Status CheckJob(const std::string& job_id) const;
+  // replicas: R > 1: serves (replica 0) or finds the store of this stage's
+  // group, and makes the group that joins at the first all-reduce.
+  Status JoinReplicas(Job& job);
   void DropJob();
   // Sizes matmuls to leave SMs to this stage's NCCL kernels, as the job's
   // matmul_sm_carveout says (auto: none without NCCL links).
@@ -231,7 +240,11 @@ class Stage::Impl {
   const std::string& ProfileDir() const {
     return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
   }
-  std::string Who() const { return "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1); }
+  std::string Who() const {
+    std::string who = "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1);
+    if (job_ && job_->assignment.num_replicas() > 1) who += " of replica " + std::to_string(job_->assignment.replica());
+    return who;
+  }
   // Every tensor of (kind, local chunk, mb): activations are the chunk's
   // inputs, gradients those of its outputs that require grad.
   StatusOr<Tensors> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
@@ -250,6 +263,10 @@ class Stage::Impl {
   Status PrepareUpdate(StepState& st);
   // Writes the checkpoint of the state after `step` (0-based) was applied.
   StatusOr<v1::CheckpointRecord> CheckpointAfter(int64_t step);
+  // replicas: sums the step's gradients over the copies of this stage (each
+  // replica's losses are scaled by their share of the whole batch, so the
+  // sum is the whole batch's gradient); just before the optimizer step.
+  Status AllReduceGradients(StepState& st);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;

@@ -259,7 +259,12 @@ Status Stage::Impl::RunActions(StepState& st) {
         case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
       }
     }
-    if (st.train && job_->optimizer && st.data_step % st.accumulate == st.accumulate - 1) {
+    const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
+    if (st.train && job_->replica_group && last_batch) {
+      doing = "all-reduce of the gradients";
+      CONVEYOR_RETURN_IF_ERROR(AllReduceGradients(st));
+    }
+    if (st.train && job_->optimizer && last_batch) {
       doing = "optimizer step";
       Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
       CONVEYOR_RETURN_IF_ERROR(PrepareUpdate(st));
@@ -349,12 +354,25 @@ Status Stage::Impl::LoadBatch(StepState& st) {
     // The next batch is gathered on the host while this one is launched.
     job_->loader->Prefetch(req.phase(), st.data_step + 1);
   }
-  if ((st.inputs.defined() && st.inputs.size(0) != req.batch_size()) ||
-      (st.labels.defined() && st.labels.size(0) != req.batch_size())) {
+  int64_t rows = 0;  // this replica's share of the batch
+  for (int64_t n : st.sizes) rows += n;
+  if ((st.inputs.defined() && st.inputs.size(0) != rows) || (st.labels.defined() && st.labels.size(0) != rows)) {
     return absl::FailedPreconditionError(Who() + ": the data gives a different batch size than " +
-                                         std::to_string(req.batch_size()) + " for step " + std::to_string(req.step()));
+                                         std::to_string(rows) + " for step " + std::to_string(req.step()));
   }
   return absl::OkStatus();
+}
+
+Status Stage::Impl::AllReduceGradients(StepState& st) {
+  Span span(st, v1::TraceEvent::ALL_REDUCE, 0, -1);
+  std::vector<at::Tensor> grads;
+  for (const Chunk& c : job_->chunks)
+    for (const at::Tensor& p : c.params) {
+      // A parameter that got no gradient here may have one in another replica.
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+  return job_->replica_group->AllReduce(grads);
 }
 
 Status Stage::Impl::FinishOnDevice(StepState& st) {
@@ -453,7 +471,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   st.reply = &reply;
   st.train = req.phase() == v1::PHASE_TRAIN;
   st.accumulate = accumulate;
-  st.sizes = MicroBatchSizes(spec, req.batch_size());
+  // A replica trains on its share of the batch; the losses stay scaled by
+  // the whole batch (Forward), so the all-reduced sum is its gradient.
+  const int64_t rows =
+      st.train ? ShareOf(spec, req.batch_size(), job_->assignment.replica()).size : req.batch_size();
+  st.sizes = MicroBatchSizes(spec, rows);
   st.offsets = {0};
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
   st.timeout = std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));

@@ -261,6 +261,27 @@ TEST(FirstContact, WhatTheCliSaysAboutJobs) {
   EXPECT_EQ(testing::Follow(coord, running).state(), v1::JOB_STATE_CANCELLED);
 }
 
+// replicas: the summary shows the grid, replica x stage -> server.
+TEST(FirstContact, AReplicatedJobShowsItsGrid) {
+  v1::JobStatus s;
+  s.set_job_id("job-1");
+  s.set_state(v1::JOB_STATE_RUNNING);
+  s.set_micro_batches(1);
+  for (int i = 0; i < 4; ++i) {
+    v1::StageReport* r = s.add_stages();
+    r->set_replica(i / 2);
+    r->set_index(i % 2);
+    r->set_address("10.0.0." + std::to_string(i) + ":7000");
+    r->set_device("cpu");
+  }
+  const std::string text = cli::Summary(s);
+  EXPECT_THAT(text, HasSubstr("  replica 0 stage 1 10.0.0.1:7000 layers"));
+  EXPECT_THAT(text, HasSubstr("  replica 1 stage 0 10.0.0.2:7000 layers"));
+  s.mutable_stages()->DeleteSubrange(2, 2);  // one pipeline: no replica column
+  EXPECT_THAT(cli::Summary(s), HasSubstr("  stage 1 10.0.0.1:7000 layers"));
+  EXPECT_THAT(cli::Summary(s), Not(HasSubstr("replica")));
+}
+
 TEST(FirstContact, ARunningJobHasALossNotAFinalLoss) {
   v1::JobStatus s;
   s.set_job_id("job-1");

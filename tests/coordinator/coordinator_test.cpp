@@ -79,6 +79,10 @@ TEST(Coordinator, BadJobsAreRefusedWithTheReason) {
   id = c->Submit("model: toy\npartition: {stages: 3}\n");  // the coordinator has 2
   EXPECT_TRUE(absl::IsFailedPrecondition(id.status()));
   EXPECT_THAT(std::string(id.status().message()), HasSubstr("needs 3 stages, this coordinator has 2"));
+  id = c->Submit("model: toy\npartition: {stages: 2}\nreplicas: 2\nmicro_batches: 2\n");  // 4 servers
+  EXPECT_TRUE(absl::IsInvalidArgument(id.status())) << id.status();
+  EXPECT_THAT(std::string(id.status().message()),
+              HasSubstr("replicas: 2 copies of 2 stages need 4 stage servers, this coordinator has 2"));
   EXPECT_TRUE(absl::IsNotFound(c->Get("job-42").status()));
   EXPECT_TRUE(absl::IsNotFound(c->Cancel("job-42").status()));
   EXPECT_TRUE(absl::IsNotFound(c->Get("").status()));

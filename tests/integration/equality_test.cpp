@@ -86,10 +86,12 @@ struct Case {
   int micro_batches;
   std::string schedule;
   std::string extra = "";  // more job keys
+  int replicas = 1;        // copies of the pipeline, on replicas x stages servers
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << ViaName(c.via) << ", " << c.model << ", " << c.stages << " stages, " << c.micro_batches
       << " micro-batches, " << c.schedule << (c.extra.empty() ? "" : ", ") << c.extra;
+  if (c.replicas > 1) *os << ", " << c.replicas << " replicas";
 }
 
 // A GPT that fits two GPUs' test budget; convolutions are left out on GPUs
@@ -116,7 +118,7 @@ RunResult RunInProcess(const Case& c, const std::string& yaml) {
       return std::chrono::microseconds((*rng)() % 300);
     };
   }
-  InProcessCluster cluster(c.stages, delay);
+  InProcessCluster cluster(c.stages * c.replicas, delay);
   auto coordinator = cluster.StartCoordinator();
   RunResult run;
   run.status = RunToEnd(*coordinator, yaml);
@@ -128,7 +130,7 @@ RunResult RunInProcess(const Case& c, const std::string& yaml) {
 RunResult RunOverGrpcInProcess(const Case& c, const std::string& yaml) {
   std::vector<std::unique_ptr<StageServer>> servers;
   CoordinatorOptions options;
-  for (int i = 0; i < c.stages; ++i) {
+  for (int i = 0; i < c.stages * c.replicas; ++i) {
     StageServerOptions o;
     o.threads = 1;
     auto server = StageServer::Start(o);
@@ -142,7 +144,9 @@ RunResult RunOverGrpcInProcess(const Case& c, const std::string& yaml) {
   if (!coordinator.ok()) return {};
   RunResult run;
   run.status = RunToEnd(**coordinator, yaml);
-  run.parameters = testing::ServerParameters(options.stages, run.status.job_id());
+  // Replica 0's stages (the replicas' copies are checked equal by the job's digest).
+  run.parameters = testing::ServerParameters({options.stages.begin(), options.stages.begin() + c.stages},
+                                             run.status.job_id());
   coordinator->reset();
   // Each server waits out a grace period (2 s) for the stream its neighbour
   // still has open: all at once, not one after another.
@@ -155,7 +159,7 @@ RunResult RunOverGrpcInProcess(const Case& c, const std::string& yaml) {
 RunResult RunOverProcesses(const Case& c, const std::string& yaml, std::vector<std::string> devices) {
   cli::LocalClusterOptions options;
   options.remove_run_dir = true;
-  options.stages = c.stages;
+  options.stages = c.stages * c.replicas;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.threads_per_stage = 1;
   options.devices = std::move(devices);
@@ -164,7 +168,8 @@ RunResult RunOverProcesses(const Case& c, const std::string& yaml, std::vector<s
   if (!cluster.ok()) return {};
   RunResult run;
   run.status = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
-  run.parameters = testing::ServerParameters((*cluster)->stage_addresses(), run.status.job_id());
+  const std::vector<std::string>& all = (*cluster)->stage_addresses();
+  run.parameters = testing::ServerParameters({all.begin(), all.begin() + c.stages}, run.status.job_id());
   return run;
 }
 
@@ -186,6 +191,7 @@ TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
                      std::to_string(c.stages) + "}\nmicro_batches: " + std::to_string(c.micro_batches) +
                      "\nschedule: " + c.schedule + "\n" + c.extra;
   if (c.schedule == "interleaved") yaml += "virtual_stages: 2\n";
+  if (c.replicas > 1) yaml += "replicas: " + std::to_string(c.replicas) + "\n";
   RunResult run;
   switch (c.via) {
     case Via::kInProc:
@@ -208,6 +214,11 @@ TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
                                      : c.via == Via::kInProc || c.via == Via::kDelayed ? v1::LINK_IN_PROCESS
                                                                                         : v1::LINK_GRPC;
   if (c.stages > 1) EXPECT_EQ(run.status.stages(0).transport(), expected_link);
+  ASSERT_EQ(run.status.stages_size(), c.stages * c.replicas);
+  for (int i = 0; i < run.status.stages_size(); ++i) {  // the grid: replica k's stage s at k * P + s
+    EXPECT_EQ(run.status.stages(i).replica(), i / c.stages);
+    EXPECT_EQ(run.status.stages(i).index(), i % c.stages);
+  }
   // Against a fresh reference where the job differs from the cached one's.
   const bool cached = !gpu && c.extra.empty();
   const cli::ReferenceResult ref = cached ? CachedReference(c.model) : Reference(yaml, gpu ? "cuda:0" : "cpu");
@@ -227,11 +238,12 @@ TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
     return;
   }
   if (c.schedule == "interleaved") return;
-  for (int s = 0; s < run.status.stages_size(); ++s) {
+  for (int i = 0; i < run.status.stages_size(); ++i) {
+    const int s = run.status.stages(i).index();
     int64_t bound = c.micro_batches;
     if (c.schedule == "1f1b") bound = std::min(c.micro_batches, c.stages - s);
     if (c.schedule == "zero-bubble") bound = std::min(c.micro_batches, 2 * (c.stages - s) - 1);
-    EXPECT_EQ(run.status.stages(s).peak_activations(), bound) << "stage " << s;
+    EXPECT_EQ(run.status.stages(i).peak_activations(), bound) << "stage " << s;
   }
 }
 
@@ -244,6 +256,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
   if (c.extra.find("eval: true") != std::string::npos) name += "_eval";
   if (c.extra.find("cuda_graphs: true") != std::string::npos) name += "_graphs";
   if (c.extra.find("nccl_headers: grpc") != std::string::npos) name += "_grpc_headers";
+  if (c.replicas > 1) name += "_" + std::to_string(c.replicas) + "replicas";
   return name;
 }
 
@@ -296,6 +309,25 @@ INSTANTIATE_TEST_SUITE_P(Processes, PipelineEquality,
                          ::testing::ValuesIn(Join({
                              Over(Via::kProcesses, "toy", {3}, {4}, {"1f1b"}),
                              Over(Via::kProcesses, "convnet", {4}, {8}, kAll, "eval: true\n"),
+                         })),
+                         Name);
+// Data parallel x pipeline parallel (docs/parallelism.md): R copies of the
+// pipeline, each on half of every batch, their gradients all-reduced through
+// c10d's Gloo group, equal the single-process run on the whole batch.
+std::vector<Case> Replicated(Via via, std::vector<int> stages, std::vector<std::string> schedules, int mbs = 4) {
+  std::vector<Case> out;
+  for (int p : stages)
+    for (const std::string& s : schedules) out.push_back(Case{via, "convnet", p, mbs, s, "", 2});
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Replicas, PipelineEquality,
+                         ::testing::ValuesIn(Join({
+                             Replicated(Via::kInProc, {1, 2}, {"gpipe", "1f1b"}),
+                             Replicated(Via::kInProc, {2}, {"interleaved", "zero-bubble"}),
+                             {Case{Via::kInProc, "toy", 2, 2, "1f1b", "", 2}},
+                             {Case{Via::kInProc, "gpt", 2, 2, "1f1b", "", 2}},
+                             Replicated(Via::kGrpc, {2}, {"1f1b"}),
+                             Replicated(Via::kProcesses, {2}, {"gpipe"}),
                          })),
                          Name);
 // Two GPUs (gpu_test's GpuLinks cases): NCCL, and gRPC through pinned staging;

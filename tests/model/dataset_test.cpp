@@ -40,6 +40,32 @@ TEST(Dataset, SyntheticIsDeterministicPerSeedAndStep) {
   EXPECT_EQ((*a)->BatchSize(v1::PHASE_EVAL, 0), 20);
 }
 
+// replicas: each replica reads its own rows of every batch, and between them
+// the whole batch (DistributedSampler's semantics: over an epoch, every
+// sample once); evaluation batches stay whole.
+TEST(Dataset, ReplicasReadDisjointSharesOfEachBatch) {
+  const std::string yaml = "model: toy\nbatch_size: 8\nreplicas: 2\nmicro_batches: 2\n"
+                           "data: {name: synthetic, train_samples: 64, test_samples: 20}\n";
+  v1::JobSpec spec = Spec(yaml);
+  auto whole = Dataset::Open(spec, true, true);
+  auto r0 = Dataset::Open(spec, true, true);
+  auto r1 = Dataset::Open(spec, true, true);
+  ASSERT_TRUE(whole.ok() && r0.ok() && r1.ok());
+  (*r0)->ReadShare(0);
+  (*r1)->ReadShare(1);
+  // The whole batches walk a permutation of the split; the shares split each.
+  for (int64_t step = 0; step < (*whole)->StepsPerEpoch(); ++step) {
+    const at::Tensor a = (*r0)->Inputs(v1::PHASE_TRAIN, step), b = (*r1)->Inputs(v1::PHASE_TRAIN, step);
+    ASSERT_EQ(a.size(0), 4);
+    ASSERT_EQ(b.size(0), 4);
+    EXPECT_TRUE(at::equal(at::cat({a, b}), (*whole)->Inputs(v1::PHASE_TRAIN, step))) << step;
+    EXPECT_TRUE(at::equal(at::cat({(*r0)->Labels(v1::PHASE_TRAIN, step), (*r1)->Labels(v1::PHASE_TRAIN, step)}),
+                          (*whole)->Labels(v1::PHASE_TRAIN, step)))
+        << step;
+  }
+  EXPECT_EQ((*r1)->Inputs(v1::PHASE_EVAL, 0).size(0), 20);
+}
+
 TEST(Dataset, FashionMnist) {
   if (!testing::HaveFashionMnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   auto d = Dataset::Open(Spec("model: convnet\ndata: fashion-mnist\nbatch_size: 64\n"), true, true);

@@ -116,6 +116,11 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\nbatch_size: 4\nmicro_batches: 8\n", "micro_batches: 8 is larger than batch_size 4"},
       {"model: toy\nbatch_size: 4\nsplit_size: 5\n", "split_size: 5 is larger than batch_size 4"},
       {"model: toy\nmicro_batches: 2\nsplit_size: 2\n", "not both"},
+      {"model: toy\nbatch_size: 10\nmicro_batches: 1\nreplicas: 4\n",
+       "replicas: batch_size 10 does not split evenly over 4 replicas"},
+      {"model: toy\nbatch_size: 8\nmicro_batches: 8\nreplicas: 2\n",
+       "each of the 2 replicas gets 4 samples of a batch, fewer than micro_batches 8"},
+      {"model: toy\nreplicas: 0\n", "replicas"},
       {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
       {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
       {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "3 chunks need 2 boundaries"},
@@ -343,7 +348,7 @@ TEST(JobSpec, ScriptedLossesAndTorchScriptSaves) {
   };
   fails(script + "loss: {torchscript: ''}\n", "loss.torchscript: empty path");
   fails(script + "loss: {script: loss.pt}\n", "loss.script: unknown key");
-  fails(script + "loss: huber\n", "loss: unknown value 'huber'");
+  fails(script + "loss: huber\n", "loss.name: unknown value 'huber'");
   fails("model: toy\nsave: {path: out.pt, format: torchscript}\n",
         "save.format: torchscript needs a model from a TorchScript archive");
   fails(script + "save: {path: out.pt, format: onnx}\n", "(one of: state_dict, torchscript)");

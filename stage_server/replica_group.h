@@ -1,0 +1,63 @@
+// The copies of one stage across a job's replicas (docs/parallelism.md): a
+// c10d process group (ProcessGroupGloo, PyTorch DDP's CPU engine) that
+// averages their gradients before the optimizer step.
+//
+// Replica 0's stage serves the group's store (c10d's TCPStore) from
+// Configure on; every member joins the group at its first all-reduce, which
+// all of them reach in the same training step (the coordinator starts a step
+// on every stage at once). Not thread-safe: the stage's executor thread only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace conveyor {
+
+// Whether this build has c10d's Gloo group (Debian's LibTorch with
+// libgloo-dev; elsewhere a replicated job fails with UNIMPLEMENTED).
+bool ReplicaGroupsAvailable();
+
+// The store that replica 0's stage serves for its group: a TCPStore on an
+// ephemeral port of every interface, until destroyed.
+class ReplicaStore {
+ public:
+  static StatusOr<std::unique_ptr<ReplicaStore>> Serve(std::chrono::milliseconds timeout);
+  virtual ~ReplicaStore() = default;
+  virtual int port() const = 0;
+};
+
+class ReplicaGroup {
+ public:
+  struct Options {
+    std::string store;  // host:port of replica 0's ReplicaStore
+    std::string host;   // the name this member's group transport listens on
+    int rank = 0;       // the replica
+    int size = 1;       // replicas
+    std::chrono::milliseconds timeout{10000};  // joining, and each all-reduce
+    std::string who;    // "stage 1 of replica 0", for errors
+  };
+  // Only records the options: the group is joined at the first AllReduce.
+  explicit ReplicaGroup(Options options);
+  ~ReplicaGroup();
+  ReplicaGroup(const ReplicaGroup&) = delete;
+  ReplicaGroup& operator=(const ReplicaGroup&) = delete;
+
+  // Sums `grads` (undefined ones count as zeros and come back defined) over
+  // the group, in place, as one flat buffer per dtype and device.
+  // DEADLINE_EXCEEDED or UNAVAILABLE naming the group when a member does not
+  // take part within the timeout (a dead peer ends in an error, not a hang).
+  Status AllReduce(std::vector<at::Tensor>& grads);
+
+ private:
+  struct Impl;
+  Options options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace conveyor
