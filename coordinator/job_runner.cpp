@@ -201,6 +201,8 @@ Status JobRunner::Restore() {
     metrics_.Rewind(0);
     status_.set_step(0);
     status_.clear_losses();
+    status_.clear_lrs();
+    status_.clear_grad_norms();
     return absl::OkStatus();
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,

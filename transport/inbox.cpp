@@ -79,9 +79,10 @@ Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
     return absl::InvalidArgumentError(who + ": frame has no phase");
   // A neighbour may start the next step (or the evaluation's first batch, or
   // the training step after an evaluation) before this stage does.
-  bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + 1)
+  const int64_t ahead = std::max(1, expect_.batches_per_step);
+  bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + ahead)
                  : f.phase() == v1::PHASE_EVAL ? f.step() == 0
-                                                : f.step() == train_step_ + 1;
+                                                : (f.step() > train_step_ && f.step() <= train_step_ + ahead);
   if (!step_ok) {
     return absl::FailedPreconditionError(who + " does not expect tensors of step " + std::to_string(f.step()) +
                                          " (it is at step " + std::to_string(step_) + ")");

@@ -40,6 +40,9 @@ struct InboxExpectations {
   // Also accepted where set: under autocast (bf16-mixed) a chunk's output is
   // bf16 or fp32 depending on its last op, as in PyTorch.
   v1::DType other_dtype = v1::DTYPE_UNSPECIFIED;
+  // Batches per optimizer step (accumulate_steps): a neighbour already in the
+  // next optimizer step may send any of its batches before this stage starts it.
+  int batches_per_step = 1;
   // Per-sample shapes by receiving model chunk: activations its input,
   // gradients its output. A chunk absent from a map receives no such frames.
   std::map<int, std::vector<int64_t>> activation_shapes;

@@ -239,9 +239,9 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   // for token data, whose perplexity is its exp) and accuracy.
   ASSERT_TRUE(s.has_eval());
   const double eval_loss = oracle["eval_loss"], eval_accuracy = oracle["eval_accuracy"];
-  EXPECT_NEAR(s.eval_loss(), eval_loss, kAtol + kRtol * std::abs(eval_loss));
+  EXPECT_NEAR(s.eval_loss(), eval_loss, atol + rtol * std::abs(eval_loss));
   EXPECT_NEAR(std::exp(s.eval_loss()), double(oracle["eval_perplexity"]),
-              kAtol + kRtol * double(oracle["eval_perplexity"]));
+              atol + rtol * double(oracle["eval_perplexity"]));
   EXPECT_DOUBLE_EQ(s.eval_accuracy(), eval_accuracy);  // the same predictions, counted alike
   const double eval_diff = std::abs(s.eval_loss() - eval_loss);
 

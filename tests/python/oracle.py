@@ -448,7 +448,12 @@ def evaluate(model, job, folder):
     with torch.no_grad():
         for start in range(0, x_all.size(0), eb):
             x, y = x_all[start:start + eb], y_all[start:start + eb]
-            out = model(x)
+            # As Conveyor evaluates: the layers one by one, under autocast for bf16-mixed.
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=job.get("precision") == "bf16-mixed"):
+                out = x
+                for child in model.children():
+                    out = child(out)
+            out = out.float()
             loss_sum += loss_fn(job.get("loss", "cross_entropy"), out, y).item() * x.size(0)
             correct += int((out.argmax(-1) == y).sum())
             seen += y.numel()
