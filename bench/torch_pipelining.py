@@ -203,11 +203,12 @@ def build_stage(workload, lo, hi, device, seed, channels_last=False):
     return mod.to(memory_format=torch.channels_last) if channels_last else mod
 
 
-def make_batch(workload, input_device, target_device, channels_last=False):
+def make_batch(workload, input_device, target_device, channels_last=False, batch=None):
+    """A step's inputs and targets (batch: the workload's unless given)."""
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
-    B = WORKLOADS[workload]["batch"]
+    B = batch or WORKLOADS[workload]["batch"]
     if workload == "w1":
         x = torch.randn(B, 3, 128, 128, device=input_device)
         if channels_last:

@@ -30,21 +30,12 @@ VARIANTS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1g
 
 def run(workload, variant, batch, steps, warmup, name):
     import torch
-    import torch.nn.functional as F
     dev = torch.device("cuda", 0)
     cl = workload == "w1" and variant != "pytorch-1gpu"
     torch.backends.cudnn.benchmark = cl
     torch.manual_seed(1000)
     model = tp.build_stage(workload, 0, tp.NUM_UNITS[workload], dev, 1000, channels_last=cl)
-    torch.manual_seed(0)
-    if workload == "w1":
-        x = torch.randn(batch, 3, 128, 128, device=dev)
-        if cl:
-            x = x.contiguous(memory_format=torch.channels_last)
-        y = F.one_hot(torch.randint(1000, (batch,), device=dev), 1000).float()
-    else:
-        x = torch.randint(tp.GPT["vocab"], (batch, tp.GPT["seq"]), device=dev)
-        y = torch.randint(tp.GPT["vocab"], (batch, tp.GPT["seq"]), device=dev)
+    x, y = tp.make_batch(workload, dev, dev, channels_last=cl, batch=batch)
     lossf = tp.loss_fn(workload)
     opt = torch.optim.SGD(model.parameters(), lr=tp.WORKLOADS[workload]["lr"])
     fwd = torch.compile(model) if variant == "pytorch-1gpu-compile" else model

@@ -685,7 +685,7 @@ std::vector<JobKey> MakeTable() {
       .Default("1")
       .Range(1, 65536)
       .Set([](const V& v, S* s) { s->set_accumulate_steps(static_cast<int32_t>(v.integer)); })
-      .Get([](const S& s) { return std::max(1, s.accumulate_steps()); });  // 0 in an older spec: 1
+      .Get([](const S& s) { return AccumulateSteps(s); });  // 0 in an older spec: 1
   add("loss", kSection, "a loss name, or `{torchscript: PATH}` for your own")
       .DefaultDoc("`cross_entropy`")
       .Shorthand("name");
