@@ -944,14 +944,29 @@ const std::vector<std::pair<std::string, int>>& KeyChoices(const std::string& do
   return k ? k->choices : kNone;
 }
 
+namespace {
+
+// Every key's default applied to an empty spec: read once, not per job file.
+const StatusOr<v1::JobSpec>& Defaults() {
+  static const auto* defaults = new StatusOr<v1::JobSpec>([]() -> StatusOr<v1::JobSpec> {
+    v1::JobSpec spec;
+    for (const JobKey& k : JobKeys()) {
+      if (k.default_value.empty()) continue;
+      KeyValue v;
+      const Status read = ReadValue(k, YAML::Load(k.default_value), &v);
+      if (!read.ok()) return absl::InternalError("job key table: default of " + read.ToString());
+      CONVEYOR_RETURN_IF_ERROR(k.set(v, &spec));
+    }
+    return spec;
+  }());
+  return *defaults;
+}
+
+}  // namespace
+
 Status ReadJobKeys(const YAML::Node& root, v1::JobSpec* spec, std::set<std::string>* present) {
-  for (const JobKey& k : JobKeys()) {
-    if (k.default_value.empty()) continue;
-    KeyValue v;
-    const Status read = ReadValue(k, YAML::Load(k.default_value), &v);
-    if (!read.ok()) return absl::InternalError("job key table: default of " + read.ToString());
-    CONVEYOR_RETURN_IF_ERROR(k.set(v, spec));
-  }
+  CONVEYOR_RETURN_IF_ERROR(Defaults().status());
+  spec->MergeFrom(*Defaults());  // the defaults are scalars: nothing repeated is appended
   CONVEYOR_RETURN_IF_ERROR(ReadMapping(root, "", spec, present));
   // A key is refused where it does not apply, judged on the spec as read
   // (keys may come in any order within a mapping).
