@@ -155,6 +155,12 @@ class Link {
         }
       }
       if (!st.ok()) {
+        // Shutdown() closes the queue before it cancels the stream: a write
+        // that fails after that is our own cancellation, not a broken link.
+        if (queue_.closed()) {
+          writer_->Finish();
+          return;
+        }
         if (stream_broken_) {  // the server's status says why
           Status end = FromGrpc(writer_->Finish());
           if (!end.ok()) st = end;
