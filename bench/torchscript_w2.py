@@ -32,7 +32,8 @@ V, W, H, M, T = 32000, 2048, 16, 8192, 1024
 BATCH = 32
 
 
-def build(blocks):
+def build(blocks, dtype="bfloat16"):
+    """W2's decoder with `blocks` blocks, its parameters in `dtype` (a torch dtype's name)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -74,7 +75,7 @@ def build(blocks):
             return self.out(self.norm(x))
 
     torch.manual_seed(0)
-    return nn.Sequential(Embedding(), *[Block() for _ in range(blocks)], Head()).to(torch.bfloat16)
+    return nn.Sequential(Embedding(), *[Block() for _ in range(blocks)], Head()).to(getattr(torch, dtype))
 
 
 def job(path, lines):
