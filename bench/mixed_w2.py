@@ -11,7 +11,8 @@ for --steps steps on one device, one after the other:
   conveyor-bf16-mixed  `conveyor train --reference` of the scripted module with
                      `precision: bf16-mixed` (the same weights and batches)
   conveyor-bf16      the same with `precision: bf16` (pure bf16 parameters; a
-                     different arithmetic: its curve is shown, not compared)
+                     different arithmetic: its curve is shown, not compared;
+                     --bf16-steps steps, 12 by default, enough for its time)
 
 Prints a table (ms per step after the warm-up, peak device memory, final loss,
 the largest loss difference from pytorch-autocast over the steps) and writes
@@ -21,7 +22,8 @@ The curves cannot agree exactly: bf16 matmuls accumulate in different orders
 in LibTorch's and PyTorch's kernels choices (cuBLAS picks by shape and
 workspace), and those differences grow over steps as SGD follows them.
 
-usage: bench/mixed_w2.py [--bin build/bin] [--out DIR] [--steps 50] [--blocks 24] [--device cuda:0]
+usage: bench/mixed_w2.py [--bin build/bin] [--out DIR] [--steps 50] [--bf16-steps 12] [--blocks 24]
+                         [--device cuda:0] [--only VARIANTS] [--tiny]
 """
 import argparse
 import csv
@@ -109,6 +111,7 @@ def main():
     p.add_argument("--bin", default=os.path.join(os.path.dirname(HERE), "build", "bin"))
     p.add_argument("--out", default="mixed-w2")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--bf16-steps", type=int, default=12, help="steps of the pure-bf16 run")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--blocks", type=int, default=24)
     p.add_argument("--timeout", type=int, default=400)
@@ -147,7 +150,9 @@ def main():
         job(path, ["name: " + name, "model: {torchscript: w2-fp32.pt}",
                    "data: {format: tokens, train: tokens.bin, dtype: uint16, seq_len: %d, shuffle: false}" % T,
                    "batch_size: %d" % BATCH, "micro_batches: 1", "precision: " + precision,
-                   "optimizer: {name: sgd, lr: %g}" % LR, "steps: %d" % args.steps, "stage_timeout: 120"])
+                   "optimizer: {name: sgd, lr: %g}" % LR,
+                   "steps: %d" % (args.steps if precision == "bf16-mixed" else min(args.steps, args.bf16_steps)),
+                   "stage_timeout: 120"])
         row, curves[name] = run_conveyor(args, name, path)
         rows.append(row)
     ref = curves.get("pytorch-autocast") or []
