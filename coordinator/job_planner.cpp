@@ -135,19 +135,12 @@ StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const 
   const v1::TransportKind want = spec.transport() == v1::TRANSPORT_UNSPECIFIED ? v1::TRANSPORT_AUTO : spec.transport();
   if (p == 1 || want == v1::TRANSPORT_GRPC) return upstream;
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll(stages, spec.stage_timeout_s()));
-  auto gpu = [](const std::string& device) { return device == "cuda" ? std::string("cuda:0") : device; };
   for (int s = 0; s < (ring ? p : p - 1); ++s) {
     const int d = (s + 1) % p;
     const std::string link = "stage " + std::to_string(s) + " -> stage " + std::to_string(d);
-    std::string why;
-    for (int e : {s, d}) {
-      if (why.empty() && !infos[e].nccl()) {
-        why = "stage " + std::to_string(e) + " is on " + infos[e].device() +
-              (infos[e].device().rfind("cuda", 0) == 0 ? " in a server built without NCCL" : ", not a CUDA device");
-      }
-    }
-    if (why.empty() && gpu(infos[s].device()) == gpu(infos[d].device()))
-      why = "both stages are on " + gpu(infos[s].device());
+    infos[s].set_stage_index(s);  // what the reasons name
+    infos[d].set_stage_index(d);
+    const std::string why = WhyNotNccl(infos[s], stages[s]->address(), infos[d], stages[d]->address());
     if (!why.empty()) {
       if (want == v1::TRANSPORT_NCCL)
         return absl::FailedPreconditionError("transport nccl: the link " + link + " cannot use NCCL: " + why);
@@ -161,6 +154,23 @@ StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const 
     upstream[d] = *setup;
   }
   return upstream;
+}
+
+std::string WhyNotNccl(const v1::StageInfo& a, const std::string& address_a, const v1::StageInfo& b,
+                       const std::string& address_b) {
+  for (const v1::StageInfo* e : {&a, &b}) {
+    if (!e->nccl()) {
+      return "stage " + std::to_string(e->stage_index()) + " is on " + e->device() +
+             (e->device().rfind("cuda", 0) == 0 ? " in a server built without NCCL" : ", not a CUDA device");
+    }
+  }
+  if (!a.gpu_uuid().empty() && !b.gpu_uuid().empty()) {
+    return a.gpu_uuid() == b.gpu_uuid() ? "both stages are on the GPU " + a.gpu_uuid() : "";
+  }
+  auto gpu = [](const std::string& device) { return device == "cuda" ? std::string("cuda:0") : device; };
+  if (HostOf(address_a) == HostOf(address_b) && gpu(a.device()) == gpu(b.device()))
+    return "both stages are on " + gpu(a.device()) + " of " + HostOf(address_a);
+  return "";
 }
 
 std::string HostOf(const std::string& address) {

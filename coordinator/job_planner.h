@@ -39,6 +39,14 @@ StatusOr<std::vector<v1::StageInfo>> InfoAll(const std::vector<StageClient*>& st
 StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const v1::JobSpec& spec,
                                                const std::vector<StageClient*>& stages, bool ring);
 
+// Why the link between stages `a` and `b` (their infos and addresses) cannot
+// use NCCL, or "" when it can: both must be CUDA devices of servers built
+// with NCCL, on different GPUs. Two stages are on one GPU when their GPU
+// UUIDs are equal, or, where a server does not report one, when they have
+// the same host and device name.
+std::string WhyNotNccl(const v1::StageInfo& a, const std::string& address_a, const v1::StageInfo& b,
+                       const std::string& address_b);
+
 // The host part of a stage's address ("10.0.0.5:7000" -> "10.0.0.5",
 // "[::1]:7000" -> "::1", "dns:///node3:7000" -> "node3"); 127.0.0.1 for an
 // in-process one. Where a replica's group listens and its store is found.

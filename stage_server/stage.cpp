@@ -499,6 +499,7 @@ v1::StageInfo Stage::Impl::Info() const {
   info.set_device(device_.str());
   info.set_threads(ComputeThreads());
   info.set_nccl(device_.is_cuda() && options_.transports->SupportsNccl());
+  if (device_.is_cuda()) info.set_gpu_uuid(gpu_uuid_);
   std::lock_guard<std::mutex> lock(info_mu_);
   info.set_job_id(job_id_);
   info.set_stage_index(stage_index_);

@@ -49,6 +49,7 @@
 #include "common/wire.h"
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
+#include "stage_server/device_info.h"
 #include "stage_server/graphed_passes.h"
 #include "stage_server/replica_group.h"
 #include "transport/inbox.h"
@@ -106,7 +107,11 @@ using namespace stage_internal;  // NOLINT: the implementation files' own helper
 class Stage::Impl {
  public:
   Impl(const StageOptions& options, at::Device device)
-      : options_(options), device_(device), checkpoints_(options.checkpoint_dir), clock_(DeviceClock::Create(device)) {
+      : options_(options),
+        device_(device),
+        gpu_uuid_(device.is_cuda() ? CudaDeviceUuid(device.str()) : ""),
+        checkpoints_(options.checkpoint_dir),
+        clock_(DeviceClock::Create(device)) {
     inbox_.SetClock(options.clock);
   }
   // The time stage_timeout is judged by (StageOptions.clock, else the steady clock).
@@ -277,6 +282,7 @@ class Stage::Impl {
 
   const StageOptions options_;
   const at::Device device_;
+  const std::string gpu_uuid_;  // "" off CUDA (StageInfo.gpu_uuid)
   CheckpointFiles checkpoints_;
   const std::unique_ptr<DeviceClock> clock_;  // null off CUDA
   SerialExecutor executor_;
