@@ -85,6 +85,8 @@ void ProgressPrinter::Update(const v1::JobStatus& s) {
   if (s.lrs_size() > 0) line << "  lr " << std::scientific << std::setprecision(3) << s.lrs(s.lrs_size() - 1);
   if (s.grad_norms_size() > 0)
     line << "  grad norm " << std::fixed << std::setprecision(4) << s.grad_norms(s.grad_norms_size() - 1);
+  if (s.loss_scales_size() > 0)
+    line << "  loss scale " << std::defaultfloat << s.loss_scales(s.loss_scales_size() - 1);
   line << "  " << std::fixed << std::setprecision(0) << s.samples_per_second() << " samples/s"
        << "  ETA " << FormatDuration(s.eta_seconds());
   if (tty_) {
@@ -113,7 +115,10 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["losses"] = std::vector<float>(s.losses().begin(), s.losses().end());
   // Each step's learning rate and global gradient norm (before clipping).
   j["lrs"] = std::vector<double>(s.lrs().begin(), s.lrs().end());
+  // A norm that is not finite (a step skipped under loss scaling) is null.
   j["grad_norms"] = std::vector<double>(s.grad_norms().begin(), s.grad_norms().end());
+  // Loss scaling: each step's scale (empty without it).
+  j["loss_scales"] = std::vector<double>(s.loss_scales().begin(), s.loss_scales().end());
   // The loss of the last step done (the job's final loss once it ended).
   if (s.losses_size() > 0) j["final_loss"] = s.losses(s.losses_size() - 1);
   else if (s.step() > 0) j["final_loss"] = s.loss();

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "model/dataset.h"
@@ -41,6 +42,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     return absl::InvalidArgumentError("unknown device '" + options.device + "'");
   }
   if (device->is_cuda() && !at::hasCUDA()) return absl::FailedPreconditionError("no CUDA device here");
+  if (spec.precision() == v1::PRECISION_FP16_MIXED && !device->is_cuda()) {
+    return absl::InvalidArgumentError("the reference is on " + device->str() +
+                                      ": precision fp16-mixed needs a CUDA device (float16 autocast); use bf16-mixed");
+  }
   CONVEYOR_ASSIGN_OR_RETURN(auto data, Dataset::Open(spec, true, true));
   CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> model, BuildPartition(spec, 0, NumLayers(spec.model())));
   if (!spec.init_from().empty()) {
@@ -102,6 +107,8 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       s.set_eval_accuracy(static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, predictions)));
     };
     const bool by_epochs = spec.steps() == 0;
+    const bool scaling = LossScaling(spec);
+    LossScaleState loss_scale = InitialLossScale(spec);  // as the coordinator keeps it
     auto epoch_start = Clock::now();
     for (int64_t step = 0; step < total; ++step) {
       std::unique_ptr<OpProfile> profile;
@@ -120,20 +127,32 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
           out = ValueOrThrow(model->ForwardOne(batch.inputs));
         }
         at::Tensor l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
-        l.backward();
+        (scaling ? l * loss_scale.scale : l).backward();
         loss = loss.defined() ? loss + l.detach() : l.detach();
       }
       const double lr = LearningRate(spec, step, total);
       SetLearningRate(*optimizer, lr);
+      if (scaling) ScaleGrads(trainable, 1 / loss_scale.scale);  // unscaled
+      for (const v1::InfGradient& g : spec.inject_inf_gradients()) {  // a test's overflow: any stage's is the model's
+        if (g.step() == step && !trainable.empty() && trainable.front().grad().defined())
+          trainable.front().grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
+      }
       const double norm = std::sqrt(GradSquaredNorm(trainable));
       const double step_loss = loss.item<double>();
-      if (!std::isfinite(step_loss) || !std::isfinite(norm)) {  // as the coordinator fails a pipelined job
+      const bool found_inf = scaling && !std::isfinite(norm);  // the step is skipped
+      if (!std::isfinite(step_loss) || (!std::isfinite(norm) && !scaling)) {  // as the coordinator fails a pipelined job
         return absl::FailedPreconditionError("step " + std::to_string(step + 1) + ": the " +
                                              (std::isfinite(step_loss) ? "gradient norm" : "loss") +
                                              " is not finite; no update was made");
       }
-      if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
-      optimizer->step();
+      if (!found_inf) {
+        if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
+        optimizer->step();
+      }
+      if (scaling) {
+        s.add_loss_scales(loss_scale.scale);
+        UpdateLossScale(spec, found_inf, &loss_scale);
+      }
       s.add_lrs(lr);
       s.add_grad_norms(norm);
       s.add_losses(loss.item<float>());  // waits for the device

@@ -203,6 +203,7 @@ Status JobRunner::Restore() {
     status_.clear_losses();
     status_.clear_lrs();
     status_.clear_grad_norms();
+    status_.clear_loss_scales();
     return absl::OkStatus();
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,
@@ -237,6 +238,7 @@ Status JobRunner::Restore() {
   if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
   if (status_.lrs_size() > restored) status_.mutable_lrs()->Truncate(static_cast<int>(restored));
   if (status_.grad_norms_size() > restored) status_.mutable_grad_norms()->Truncate(static_cast<int>(restored));
+  if (status_.loss_scales_size() > restored) status_.mutable_loss_scales()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
 
@@ -291,6 +293,9 @@ Status JobRunner::Train() {
   const int64_t samples = batch * AccumulateSteps(spec_);  // per optimizer step
   const int64_t every = spec_.checkpoint_every();
   const int64_t first = status_.step();  // > 0 when resumed from a checkpoint
+  // The loss scale where the run left it: replayed from the steps' norms.
+  loss_scale_ = ReplayLossScale(spec_, status_.grad_norms().data(),
+                                std::min<int64_t>(first, status_.grad_norms_size()));
   started_ = true;
   if (progress_.StartRun(first, total, samples, steps_per_epoch_, ByEpochs())) {
     CONVEYOR_RETURN_IF_ERROR(EndEpoch(first, first, 0));
@@ -308,8 +313,11 @@ Status JobRunner::Train() {
     const bool asked = checkpoint_requested_.exchange(false);
     req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
     req.set_total_steps(total);
-    // Clipping over several stages: every stage's share of the norm first.
-    req.set_defer_update(spec_.clip_grad_norm() > 0 && stages_.size() > 1);
+    // Clipping over several stages, or loss scaling: every stage's share of
+    // the norm first (under loss scaling a share that is not finite skips
+    // the step on every stage).
+    req.set_defer_update((spec_.clip_grad_norm() > 0 && stages_.size() > 1) || LossScaling(spec_));
+    if (LossScaling(spec_)) req.set_loss_scale(loss_scale_.scale);
     const auto step_start = SteadyClock::now();
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
@@ -352,9 +360,10 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
   // all-reduced, equal). Gradients flow from the last stage to the first:
   // the highest stage with a gradient that is not finite saw it first.
   double sq = 0;
+  const bool scaling = LossScaling(spec_);
   for (std::size_t s = p; s-- > 0;) {
     const double share = (*replies)[s].grad_sq_norm();
-    if (!std::isfinite(share)) {
+    if (!std::isfinite(share) && !scaling) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the gradient norm is " +
                                            show(std::sqrt(share)) + " on " + StageName(s) +
                                            " (the first to see it); no update was made");
@@ -362,13 +371,28 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
     sq += share;
   }
   const double norm = std::sqrt(sq);
+  const bool found_inf = !std::isfinite(norm);  // only under loss scaling
   status_.add_grad_norms(norm);
   status_.add_lrs(LearningRate(spec_, req.step(), req.total_steps()));
+  if (scaling) {
+    status_.add_loss_scales(loss_scale_.scale);
+    if (found_inf) {
+      Event("step " + std::to_string(step) + ": a gradient is not finite at loss scale " +
+            std::to_string(loss_scale_.scale) + ": skipped on every stage");
+    }
+    UpdateLossScale(spec_, found_inf, &loss_scale_);
+    if (!(loss_scale_.scale > 0) || !std::isfinite(loss_scale_.scale)) {
+      return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss scale left the numbers (" +
+                                           show(loss_scale_.scale) +
+                                           "): the gradients are not finite at any scale; no update was made");
+    }
+  }
   if (!req.defer_update()) return absl::OkStatus();
   v1::ApplyStepRequest apply;
   apply.set_job_id(status_.job_id());
   apply.set_step(req.step());
-  apply.set_grad_scale(ClipFactor(spec_.clip_grad_norm(), norm));
+  apply.set_skip(found_inf);
+  apply.set_grad_scale(found_inf ? 1.0 : spec_.clip_grad_norm() > 0 ? ClipFactor(spec_.clip_grad_norm(), norm) : 1.0);
   apply.set_checkpoint(req.checkpoint());
   std::vector<StatusOr<v1::ApplyStepReply>> results(stages_.size(), absl::UnknownError("not called"));
   std::vector<std::function<void()>> calls;

@@ -25,6 +25,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/progress.h"
 #include "coordinator/stage_client.h"
+#include "plan/lr_schedule.h"
 
 namespace conveyor {
 
@@ -140,6 +141,7 @@ class JobRunner {
   int64_t test_samples_ = 0;
   Progress progress_{&status_};  // status fields, epochs and traces of the steps
   JobMetrics metrics_;           // Prometheus series and the curves in the store
+  LossScaleState loss_scale_;    // loss scaling: the next step's scale (replayed on resume)
 };
 
 }  // namespace conveyor

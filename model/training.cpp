@@ -130,6 +130,7 @@ at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits_in,
 
 ForwardPrecision::ForwardPrecision(const v1::JobSpec& spec, const at::Device& device) {
   if (spec.precision() == v1::PRECISION_BF16_MIXED) autocast_.emplace(device.type(), at::kBFloat16);
+  if (spec.precision() == v1::PRECISION_FP16_MIXED) autocast_.emplace(device.type(), at::kHalf);
 }
 
 int64_t CountCorrect(const at::Tensor& logits, const at::Tensor& labels) {

@@ -37,7 +37,8 @@ at::Tensor ComputeLoss(const v1::JobSpec& spec, const at::Tensor& logits,
 Status CheckLoss(const v1::JobSpec& spec, const std::vector<int64_t>& output_sample_shape);
 
 // What a forward runs under, as long as it lives: with precision: bf16-mixed,
-// autocast in bfloat16 on `device`'s type (model/compat.h), the parameters
+// autocast in bfloat16 on `device`'s type (model/compat.h) (fp16-mixed: in
+// float16), the parameters
 // staying fp32; otherwise nothing. Backward passes run outside it, as they
 // do outside torch.autocast.
 class ForwardPrecision {

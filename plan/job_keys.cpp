@@ -142,7 +142,8 @@ Status CheckRange(const JobKey& k, double v) {
   std::string want;
   const bool unbounded = k.max >= 1e300;
   if (k.below_max) {
-    want = "must be at least " + ShowNumber(k.min) + " and less than " + ShowNumber(k.max);
+    want = std::string(k.above_min ? "must be more than " : "must be at least ") + ShowNumber(k.min) +
+           " and less than " + ShowNumber(k.max);
   } else if (k.above_min && k.min == 0 && unbounded) {
     want = "must be positive";
   } else if (k.above_min) {
@@ -420,10 +421,13 @@ std::vector<JobKey> MakeTable() {
   add("precision", kChoice,
       "`fp32`; `bf16`: pure bfloat16, parameters, optimizer state and activations (the loss is computed in fp32); "
       "`bf16-mixed`: fp32 parameters and optimizer state (the master weights), forwards in bfloat16 under autocast "
-      "as `torch.autocast` runs them, gradients in fp32 (see [Training recipes](#training-recipes))")
-      .Choices(Names<v1::Precision>(
-          {{"fp32", v1::PRECISION_FP32}, {"bf16", v1::PRECISION_BF16}, {"bf16-mixed", v1::PRECISION_BF16_MIXED}}))
-      .Expect("fp32, bf16 or bf16-mixed")
+      "as `torch.autocast` runs them, gradients in fp32 (see [Training recipes](#training-recipes)); `fp16-mixed` "
+      "(CUDA stages only): the same in float16, with dynamic loss scaling (`loss_scale`)")
+      .Choices(Names<v1::Precision>({{"fp32", v1::PRECISION_FP32},
+                                     {"bf16", v1::PRECISION_BF16},
+                                     {"bf16-mixed", v1::PRECISION_BF16_MIXED},
+                                     {"fp16-mixed", v1::PRECISION_FP16_MIXED}}))
+      .Expect("fp32, bf16, bf16-mixed or fp16-mixed")
       .Default("fp32")
       .Set([](const V& v, S* s) { s->set_precision(static_cast<v1::Precision>(v.integer)); });
 
@@ -686,6 +690,63 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 65536)
       .Set([](const V& v, S* s) { s->set_accumulate_steps(static_cast<int32_t>(v.integer)); })
       .Get([](const S& s) { return AccumulateSteps(s); });  // 0 in an older spec: 1
+  add("loss_scale", kSection,
+      "dynamic loss scaling as `torch.cuda.amp.GradScaler` does it: the loss multiplied by the scale before backward, "
+      "the gradients divided by it; a step whose gradients are not finite on any stage is skipped on every stage and "
+      "the scale backs off; each step's scale is in `status --json` (`loss_scales`)")
+      .DefaultDoc("off; on with `fp16-mixed`");
+  const auto scaling = [](const S& s) {
+    return s.loss_scale().dynamic() || s.precision() == v1::PRECISION_FP16_MIXED;
+  };
+  add("loss_scale.dynamic", kBool, "scale the loss (always on with `precision: fp16-mixed`)")
+      .DefaultDoc("`false`; `true` with `fp16-mixed`")
+      .Set([](const V& v, S* s) { s->mutable_loss_scale()->set_dynamic(v.flag); });
+  add("loss_scale.init", kNumber, "the first step's scale")
+      .Default("65536")
+      .Range(0, 1e38, /*above_lo=*/true)
+      .Only("dynamic: true or precision: fp16-mixed", scaling)
+      .Set([](const V& v, S* s) { s->mutable_loss_scale()->set_init(v.number); })
+      .Get([](const S& s) { return s.loss_scale().init(); });
+  add("loss_scale.growth_factor", kNumber, "the scale's factor after `growth_interval` finite steps in a row")
+      .Default("2")
+      .Range(1, 1e6, /*above_lo=*/true)
+      .Only("dynamic: true or precision: fp16-mixed", scaling)
+      .Set([](const V& v, S* s) { s->mutable_loss_scale()->set_growth_factor(v.number); })
+      .Get([](const S& s) { return s.loss_scale().growth_factor(); });
+  add("loss_scale.backoff_factor", kNumber, "the scale's factor after a step with gradients that are not finite")
+      .Default("0.5")
+      .Range(0, 1, /*above_lo=*/true, /*below_hi=*/true)
+      .Only("dynamic: true or precision: fp16-mixed", scaling)
+      .Set([](const V& v, S* s) { s->mutable_loss_scale()->set_backoff_factor(v.number); })
+      .Get([](const S& s) { return s.loss_scale().backoff_factor(); });
+  add("loss_scale.growth_interval", kInt, "finite steps in a row before the scale grows")
+      .Default("2000")
+      .Range(1, 1e12)
+      .Only("dynamic: true or precision: fp16-mixed", scaling)
+      .Set([](const V& v, S* s) { s->mutable_loss_scale()->set_growth_interval(v.integer); })
+      .Get([](const S& s) { return static_cast<double>(s.loss_scale().growth_interval()); });
+  add("inject_inf_gradients", KeyType::kCustom,
+      "for tests of loss scaling: a list of `{stage: S, step: N}`; stage S puts an inf into its first gradient at "
+      "optimizer step N (from 0), as an fp16 overflow would")
+      .Expect("a list of {stage, step}")
+      .DefaultDoc("`[]`")
+      .Read([](const YAML::Node& node, S* s) -> Status {
+        if (!node.IsSequence()) return Invalid("inject_inf_gradients: expected a list of {stage, step}, got " + Show(node));
+        for (std::size_t i = 0; i < node.size(); ++i) {
+          const YAML::Node& item = node[i];
+          int64_t stage = -1, step = -1;
+          const bool ok = item.IsMap() && item.size() == 2 && item["stage"] && item["step"] &&
+                          ReadScalar(item["stage"], &stage) && ReadScalar(item["step"], &step) && stage >= 0 &&
+                          stage < (1 << 20) && step >= 0;
+          if (!ok)
+            return Invalid("inject_inf_gradients: item " + std::to_string(i) +
+                           ": expected {stage: S, step: N} with S and N >= 0, got " + Show(item));
+          v1::InfGradient* g = s->add_inject_inf_gradients();
+          g->set_stage(static_cast<int32_t>(stage));
+          g->set_step(step);
+        }
+        return absl::OkStatus();
+      });
   add("loss", kSection, "a loss name, or `{torchscript: PATH}` for your own")
       .DefaultDoc("`cross_entropy`")
       .Shorthand("name");

@@ -92,6 +92,12 @@ Status Complete(const std::set<std::string>& given, v1::JobSpec* spec) {
     spec->mutable_optimizer()->set_beta1(0.9);
     spec->mutable_optimizer()->set_beta2(0.999);
   }
+  // loss scaling: always with fp16-mixed; its numbers' defaults are the table's
+  if (spec->precision() == v1::PRECISION_FP16_MIXED) {
+    if (has("loss_scale.dynamic") && !spec->loss_scale().dynamic())
+      return Invalid("loss_scale.dynamic: precision fp16-mixed needs loss scaling (float16 gradients underflow)");
+    spec->mutable_loss_scale()->set_dynamic(true);
+  }
   // loss
   if (has("loss.name") && has("loss.torchscript"))
     return Invalid("loss: give name (a built-in loss) or torchscript (your own), not both");
@@ -424,8 +430,14 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   if (spec.cuda_graphs() && (spec.recompute() || spec.recompute_stages_size() > 0))
     return Invalid("cuda_graphs: cannot be combined with recompute (a graph replays the forward that backward reads)");
-  if (spec.cuda_graphs() && spec.precision() == v1::PRECISION_BF16_MIXED)
-    return Invalid("cuda_graphs: not with precision: bf16-mixed yet (autocast's casts are not recorded)");
+  if (spec.cuda_graphs() &&
+      (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED))
+    return Invalid("cuda_graphs: not with mixed precision yet (autocast's casts are not recorded)");
+  if (spec.cuda_graphs() && spec.loss_scale().dynamic())
+    return Invalid("cuda_graphs: not with loss scaling (a captured graph would keep its first step's scale)");
+  for (const auto& g : spec.inject_inf_gradients())
+    if (g.stage() >= spec.partition().stages())
+      return Invalid("inject_inf_gradients: stage " + std::to_string(g.stage()) + " is not one of the job's stages");
   if (spec.cuda_graphs() && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
     return Invalid("cuda_graphs: cannot be combined with the zero-bubble schedule (its backward is split in two passes)");
   for (int s : spec.recompute_stages())

@@ -23,4 +23,30 @@ double LearningRate(const v1::JobSpec& spec, int64_t t, int64_t total_steps) {
 
 double ClipFactor(double max_norm, double norm) { return std::min(1.0, max_norm / (norm + 1e-6)); }
 
+bool LossScaling(const v1::JobSpec& spec) { return spec.loss_scale().dynamic(); }
+
+LossScaleState InitialLossScale(const v1::JobSpec& spec) {
+  LossScaleState state;
+  state.scale = LossScaling(spec) ? spec.loss_scale().init() : 1;
+  return state;
+}
+
+void UpdateLossScale(const v1::JobSpec& spec, bool found_inf, LossScaleState* state) {
+  const v1::LossScale& ls = spec.loss_scale();
+  if (found_inf) {
+    state->scale *= ls.backoff_factor();
+    state->growth_tracker = 0;
+  } else if (++state->growth_tracker >= ls.growth_interval()) {
+    state->scale *= ls.growth_factor();
+    state->growth_tracker = 0;
+  }
+}
+
+LossScaleState ReplayLossScale(const v1::JobSpec& spec, const double* norms, int64_t n) {
+  LossScaleState state = InitialLossScale(spec);
+  if (!LossScaling(spec)) return state;
+  for (int64_t i = 0; i < n; ++i) UpdateLossScale(spec, !std::isfinite(norms[i]), &state);
+  return state;
+}
+
 }  // namespace conveyor

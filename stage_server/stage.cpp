@@ -257,6 +257,10 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   }
   if (a.chunks().empty() || a.num_chunks() < a.chunks_size() || a.num_chunks() > 4096)
     return absl::InvalidArgumentError(who + ": a stage needs 1 or more of the model's chunks");
+  if (a.spec().precision() == v1::PRECISION_FP16_MIXED && !device_.is_cuda()) {
+    return absl::InvalidArgumentError(who + " is on " + device_.str() +
+                                      ": precision fp16-mixed needs a CUDA device (float16 autocast); use bf16-mixed");
+  }
   {
     // The coordinator resolved the job's paths under its roots; this stage
     // reads them only under its own.
@@ -363,6 +367,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.num_stages = a.num_stages();
   expect.dtype = ActivationDType(spec);
   if (spec.precision() == v1::PRECISION_BF16_MIXED) expect.other_dtype = v1::DTYPE_BFLOAT16;
+  if (spec.precision() == v1::PRECISION_FP16_MIXED) expect.other_dtype = v1::DTYPE_FLOAT16;
   expect.batches_per_step = AccumulateSteps(spec);
   for (const Chunk& c : job->chunks) {
     // By part: each tensor of a tuple is a frame with its own dtype and shape.

@@ -258,6 +258,9 @@ class Stage::Impl {
   Status Forward(StepState& st, int local, int mb);
   // The chunk's layers over `x`, checked against what the probe found.
   StatusOr<Tensors> RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x);
+  // The last stage's loss as backward starts from it: times the step's loss
+  // scale (RunStepRequest.loss_scale) when the job scales its loss.
+  at::Tensor ScaledLoss(const StepState& st, const at::Tensor& loss) const;
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);

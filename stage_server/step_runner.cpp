@@ -3,6 +3,7 @@
 #include "stage_server/stage_impl.h"
 
 #include <cmath>
+#include <limits>
 
 namespace conveyor {
 
@@ -102,7 +103,7 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
         st.correct += CountCorrect(out.front(), h.labels);
         st.predictions += h.labels.numel();
       }
-      if (!job_->recompute) h.outputs = {loss};
+      if (!job_->recompute) h.outputs = {ScaledLoss(st, loss)};
     } else if (!job_->recompute) {
       h.outputs = out;
     }
@@ -118,6 +119,11 @@ Status Stage::Impl::Forward(StepState& st, int local, int mb) {
     st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
   }
   return absl::OkStatus();
+}
+
+at::Tensor Stage::Impl::ScaledLoss(const StepState& st, const at::Tensor& loss) const {
+  const double scale = st.train ? st.req->loss_scale() : 0;
+  return scale > 0 && scale != 1 ? loss * scale : loss;
 }
 
 StatusOr<Tensors> Stage::Impl::RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x) {
@@ -163,7 +169,7 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
       ForwardPrecision precision(job_->spec(), device_);
       CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
     }
-    h.outputs = last ? Tensors{ComputeLoss(job_->spec(), out.front(), h.labels, h.scale)} : std::move(out);
+    h.outputs = last ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))} : std::move(out);
   }
   // What backward starts from: the outputs that require grad, with theirs.
   Tensors roots, root_grads;
@@ -288,11 +294,26 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
   st.reply->set_lr(lr);
   std::vector<at::Tensor> params;
   for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
+  // Loss scaling: the gradients back to the loss's own scale (GradScaler's
+  // unscale_), then the test's injected overflow, if any, at this step.
+  const double loss_scale = st.req->loss_scale();
+  if (loss_scale > 0 && loss_scale != 1) ScaleGrads(params, 1 / loss_scale);
+  for (const v1::InfGradient& g : spec.inject_inf_gradients()) {
+    if (g.stage() != job_->assignment.stage_index() || g.step() != step) continue;
+    for (const at::Tensor& p : params) {
+      if (!p.grad().defined() || p.grad().numel() == 0) continue;
+      p.grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
+      break;
+    }
+  }
   const double sq = GradSquaredNorm(params);
   st.reply->set_grad_sq_norm(sq);
   if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
   job_->pending_step = -1;
-  if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) {
+  // Under loss scaling a gradient that is not finite skips the step on every
+  // stage (the coordinator decides, in ApplyStep); otherwise it fails the job.
+  const bool scaling = loss_scale > 0;
+  if ((!scaling && !std::isfinite(sq)) || !std::isfinite(st.loss_sum)) {
     st.skipped = true;  // no update, no checkpoint: the coordinator fails the job
     return absl::OkStatus();
   }
@@ -300,6 +321,7 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
     job_->pending_step = step;
     return absl::OkStatus();
   }
+  if (!std::isfinite(sq)) return absl::OkStatus();  // loss scaling, one stage deciding alone: skipped
   // Alone (one stage), the stage clips its own gradients: they are all of them.
   if (spec.clip_grad_norm() > 0) ScaleGrads(params, ClipFactor(spec.clip_grad_norm(), std::sqrt(sq)));
   job_->optimizer->step();
@@ -312,11 +334,14 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
   if (job_->optimizer && job_->pending_step != req.step())
     return absl::FailedPreconditionError(Who() + ": no deferred update of step " + std::to_string(req.step()) +
                                          " to apply (RunStep with defer_update first)");
-  if (!(req.grad_scale() > 0) || req.grad_scale() > 1)
+  if (!req.skip() && (!(req.grad_scale() > 0) || req.grad_scale() > 1))
     return absl::InvalidArgumentError(Who() + ": grad_scale must be in (0, 1], got " + std::to_string(req.grad_scale()));
   job_->pending_step = -1;
   try {
-    if (job_->optimizer) {
+    if (job_->optimizer && req.skip()) {
+      // A gradient somewhere was not finite: no step here either (the next
+      // step zeroes the gradients first).
+    } else if (job_->optimizer) {
       if (req.grad_scale() != 1) {
         std::vector<at::Tensor> params;
         for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());

@@ -56,7 +56,7 @@ struct Case {
 };
 
 // Issue 18's recipes: the job keys each one sets.
-nlohmann::json Recipe(const std::string& name) {
+nlohmann::json Recipe(const std::string& name, int stages) {
   const nlohmann::json adamw = {{"name", "adamw"}, {"lr", 0.01},          {"betas", {0.9, 0.95}},
                                 {"eps", 1e-8},     {"weight_decay", 0.1}, {"no_decay", {"bias"}}};
   if (name.empty()) return {{"optimizer", {{"name", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}}}};
@@ -81,6 +81,15 @@ nlohmann::json Recipe(const std::string& name) {
   // fp32 master weights, forwards under CPU autocast in bf16.
   if (name == "bf16-mixed")
     return {{"optimizer", {{"name", "sgd"}, {"lr", 0.05}, {"momentum", 0.9}}}, {"precision", "bf16-mixed"}};
+  // Dynamic loss scaling on fp32 (exact: the scales are powers of two) with
+  // an overflow injected at steps 2 (the last stage) and 3 (the first): both
+  // skipped on every stage, the scale halved twice, grown back after 3
+  // finite steps; with clipping and AdamW, whose step count skips too.
+  if (name == "loss-scale")
+    return {{"optimizer", adamw},
+            {"clip_grad_norm", 0.38},
+            {"loss_scale", {{"dynamic", true}, {"init", 1024.0}, {"growth_interval", 3}}},
+            {"inject_inf_gradients", {{{"stage", stages - 1}, {"step", 2}}, {{"stage", 0}, {"step", 3}}}}};
   // All of it: AdamW without decay on biases, warmup then cosine, clipping, accumulation.
   return {{"optimizer", adamw},
           {"lr_schedule", {{"warmup_steps", 2}, {"decay", "cosine"}, {"min_lr", 0.001}}},
@@ -192,7 +201,7 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
       {"eval", true},
       {"eval_batch_size", 10},  // 32 test samples: three batches of 10 and one of 2
       {"save", {{"path", "out-" + tag + ".pt"}}}};
-  job.update(Recipe(c.recipe));
+  job.update(Recipe(c.recipe, c.stages));
   if (c.init_from) job["init_from"] = c.model + "/pretrained.pt";
   if (c.recompute) job["recompute"] = true;
   const std::string job_path = *dir_ + "/" + tag + ".json";
@@ -228,11 +237,28 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   double worst_lr = 0, worst_norm = 0;
   for (int i = 0; i < s.losses_size(); ++i) {
     const double lr = oracle["lrs"][static_cast<std::size_t>(i)];
-    const double norm = oracle["grad_norms"][static_cast<std::size_t>(i)];
+    const auto& oracle_norm = oracle["grad_norms"][static_cast<std::size_t>(i)];
+    if (oracle_norm.is_null()) {  // not finite: a step skipped under loss scaling
+      EXPECT_FALSE(std::isfinite(s.grad_norms(i))) << "gradient norm of step " << i + 1 << ": PyTorch's is not finite";
+      continue;
+    }
+    const double norm = oracle_norm;
     EXPECT_NEAR(s.lrs(i), lr, 1e-12 + 1e-9 * lr) << "lr of step " << i + 1;
     EXPECT_NEAR(s.grad_norms(i), norm, atol + rtol * norm) << "gradient norm of step " << i + 1;
     worst_lr = std::max(worst_lr, std::abs(s.lrs(i) - lr));
     worst_norm = std::max(worst_norm, std::abs(s.grad_norms(i) - norm));
+  }
+
+  // Loss scaling: the same scale at every step as GradScaler's rule.
+  const auto want_scales = oracle.value("loss_scales", nlohmann::json::array());
+  ASSERT_EQ(s.loss_scales_size(), static_cast<int>(want_scales.size()));
+  for (int i = 0; i < s.loss_scales_size(); ++i)
+    EXPECT_EQ(s.loss_scales(i), double(want_scales[static_cast<std::size_t>(i)])) << "loss scale of step " << i + 1;
+  if (c.recipe == "loss-scale") {  // the rule itself, not only agreement: halved twice, then grown back
+    EXPECT_EQ(std::vector<double>(s.loss_scales().begin(), s.loss_scales().end()),
+              (std::vector<double>{1024, 1024, 1024, 512, 256, 256, 256, 512}));
+    EXPECT_FALSE(std::isfinite(s.grad_norms(2)));
+    EXPECT_FALSE(std::isfinite(s.grad_norms(3)));
   }
 
   // The test split evaluated as PyTorch evaluates it: mean loss (per token
@@ -311,7 +337,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mlp", 2, 4, "1f1b", false, "tensors", "cross_entropy", false, "bf16-mixed"},
                       Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "bf16-mixed"},
                       Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "bf16-mixed"},
-                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "recipe"}),
+                      Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "recipe"},
+                      Case{"mlp", 1, 2, "gpipe", false, "tensors", "cross_entropy", false, "loss-scale"},
+                      // (Not cnn-bn: its conv biases feed BatchNorm, their true gradient is 0, and AdamW
+                      // turns the rounding noise of a different summation order into steps of lr.)
+                      Case{"mlp", 3, 4, "1f1b", false, "tensors", "cross_entropy", false, "loss-scale"}),
     Name);
 
 // Files a job must refuse, each with a named error, the servers serving on.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "plan/job_spec.h"
 #include "plan/lr_schedule.h"
@@ -73,8 +75,15 @@ TEST(Recipe, BadKeysAreNamed) {
       {"clip_grad_norm: -1", "clip_grad_norm: must be at least 0, got -1"},
       {"accumulate_steps: 0", "accumulate_steps: must be between 1 and 65536, got 0"},
       {"accumulate_steps: 100000", "accumulate_steps: must be between 1 and 65536, got 100000"},
-      {"precision: bf16-mixed\ncuda_graphs: true", "cuda_graphs: not with precision: bf16-mixed"},
-      {"precision: fp16", "precision: unknown value 'fp16' (one of: fp32, bf16, bf16-mixed)"},
+      {"precision: bf16-mixed\ncuda_graphs: true", "cuda_graphs: not with mixed precision"},
+      {"precision: fp16", "precision: unknown value 'fp16' (one of: fp32, bf16, bf16-mixed, fp16-mixed)"},
+      {"precision: fp16-mixed\nloss_scale: {dynamic: false}", "loss_scale.dynamic: precision fp16-mixed needs"},
+      {"loss_scale: {dynamic: true}\ncuda_graphs: true", "cuda_graphs: not with loss scaling"},
+      {"loss_scale: {init: 8}", "loss_scale.init: only with dynamic: true or precision: fp16-mixed"},
+      {"loss_scale: {dynamic: true, backoff_factor: 1}", "loss_scale.backoff_factor: must be more than 0 and less than 1"},
+      {"loss_scale: {dynamic: true, growth_interval: 0}", "loss_scale.growth_interval: must be"},
+      {"inject_inf_gradients: [{stage: 3, step: 1}]", "inject_inf_gradients: stage 3 is not one of the job's stages"},
+      {"inject_inf_gradients: [{stage: 0}]", "inject_inf_gradients: item 0: expected {stage: S, step: N}"},
       {"clip_grad_norm: big", "clip_grad_norm: expected a number"},
   };
   for (const auto& [yaml, says] : cases) {
@@ -128,6 +137,34 @@ TEST(Recipe, ClipFactorIsClipGradNormsOwn) {
   EXPECT_DOUBLE_EQ(ClipFactor(1.0, 0.5), 1.0);
   EXPECT_DOUBLE_EQ(ClipFactor(1.0, 4.0), 1.0 / (4.0 + 1e-6));
   EXPECT_DOUBLE_EQ(ClipFactor(1.0, 0.0), 1.0);
+}
+
+// GradScaler's rule: back off on an overflow, grow after growth_interval
+// finite steps in a row; a resumed job replays it from the steps' norms.
+TEST(Recipe, LossScaleFollowsGradScalersRule) {
+  auto spec = ParseJobYaml("model: toy\nprecision: fp16-mixed\nloss_scale: {init: 1024, growth_interval: 3}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(LossScaling(*spec));  // on with fp16-mixed
+  EXPECT_DOUBLE_EQ(spec->loss_scale().growth_factor(), 2);
+  EXPECT_DOUBLE_EQ(spec->loss_scale().backoff_factor(), 0.5);
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> norms = {1, 1, inf, std::nan(""), 1, 1, 1, 1};
+  LossScaleState state = InitialLossScale(*spec);
+  std::vector<double> scales;
+  for (double n : norms) {
+    scales.push_back(state.scale);
+    UpdateLossScale(*spec, !std::isfinite(n), &state);
+  }
+  EXPECT_EQ(scales, (std::vector<double>{1024, 1024, 1024, 512, 256, 256, 256, 512}));
+  EXPECT_EQ(state.growth_tracker, 1);
+  for (int64_t n = 0; n <= static_cast<int64_t>(norms.size()); ++n) {
+    LossScaleState replayed = ReplayLossScale(*spec, norms.data(), n);
+    EXPECT_DOUBLE_EQ(replayed.scale, n < static_cast<int64_t>(norms.size()) ? scales[n] : state.scale) << n;
+  }
+  auto plain = ParseJobYaml("model: toy\n");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(LossScaling(*plain));
+  EXPECT_DOUBLE_EQ(InitialLossScale(*plain).scale, 1);
 }
 
 }  // namespace

@@ -384,6 +384,21 @@ def train(job_path, out_json):
     # bf16-mixed: fp32 parameters, each forward under CPU autocast in bf16, the
     # loss outside it on the output made fp32 (as Conveyor computes it).
     mixed = job.get("precision", "fp32") == "bf16-mixed"
+    # fp16-mixed (CUDA only): the same on the GPU under autocast in float16,
+    # with the loss scaling below (GradScaler's rule).
+    fp16 = job.get("precision") == "fp16-mixed"
+    dev = torch.device("cuda" if fp16 else "cpu")
+    model.to(dev)
+    x_all, y_all = x_all.to(dev), y_all.to(dev)
+    # Dynamic loss scaling, torch.cuda.amp.GradScaler's rule written out (its
+    # class is CUDA-only in 1.13): scaled loss, unscaled gradients, a step
+    # with gradients that are not finite skipped (the scheduler still steps,
+    # as in a plain GradScaler loop), the scale backed off, grown after
+    # growth_interval finite steps in a row.
+    ls = job.get("loss_scale", {})
+    scaling = ls.get("dynamic", False) or job.get("precision") == "fp16-mixed"
+    scale, tracker = float(ls.get("init", 65536.0)), 0
+    infs = {g["step"] for g in job.get("inject_inf_gradients", [])}  # any stage's overflow is the model's
     layers = list(model.children())
 
     def forward(x, data_step, mb):
@@ -393,13 +408,13 @@ def train(job_path, out_json):
         # profiling executor runs a scripted Sequential as one optimised graph,
         # whose autocast backward rounds otherwise: up to 1.6e-2 on an mlp's
         # bf16 gradient).
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
+        with torch.autocast(dev.type, dtype=torch.float16 if fp16 else torch.bfloat16, enabled=mixed or fp16):
             for layer, child in enumerate(layers):
                 torch.manual_seed(dropout_seed(seed, data_step, mb, layer))
                 x = child(x)
         return x
     model.train()
-    losses, perms, lrs, norms = [], {}, [], []
+    losses, perms, lrs, norms, scales = [], {}, [], [], []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         total = 0.0
@@ -415,23 +430,41 @@ def train(job_path, out_json):
             for mb, (xm, ym) in enumerate(zip(x.tensor_split(m), y.tensor_split(m))):
                 out = forward(xm, step * acc + k, mb)
                 loss = loss_fn(job.get("loss", "cross_entropy"), out.float(), ym) * (xm.size(0) / (b * acc))
-                loss.backward()
+                (loss * scale if scaling else loss).backward()
                 total += loss.item()
         lrs.append(opt.param_groups[0]["lr"])
         grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if scaling:
+            for g in grads:
+                g.mul_(1.0 / scale)  # GradScaler.unscale_
+            if step in infs:
+                grads[0].view(-1)[0] = float("inf")
         if clip:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
         else:
             norms.append(torch.norm(torch.stack([torch.norm(g, 2.0) for g in grads]), 2.0).item())
-        opt.step()
+        found_inf = scaling and not math.isfinite(norms[-1])
+        if not found_inf:
+            opt.step()
         sched.step()
+        if scaling:
+            scales.append(scale)
+            if found_inf:
+                scale, tracker = scale * ls.get("backoff_factor", 0.5), 0
+            else:
+                tracker += 1
+                if tracker == ls.get("growth_interval", 2000):
+                    scale, tracker = scale * ls.get("growth_factor", 2.0), 0
         losses.append(total)
+    model.to("cpu")
     torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
     result = {"losses": losses}
     if job.get("eval"):
         result.update(evaluate(model, job, folder))
     with open(out_json, "w") as f:
-        result.update({"lrs": lrs, "grad_norms": norms})
+        # A norm that is not finite (a skipped step) is null, as Conveyor's --json writes it.
+        result.update({"lrs": lrs, "grad_norms": [n if math.isfinite(n) else None for n in norms],
+                       "loss_scales": scales})
         json.dump(result, f)
 
 

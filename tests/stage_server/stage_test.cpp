@@ -90,6 +90,14 @@ TEST_F(StageTest, ConfigureRefusesAShapeTheLayersCannotTake) {
   EXPECT_THAT(std::string(reply.status().message()), HasSubstr("cannot take samples of shape [3, 7]"));
 }
 
+// float16 autocast is CUDA's: a CPU stage refuses fp16-mixed, naming itself.
+TEST_F(StageTest, ConfigureRefusesFp16MixedOnTheCpu) {
+  auto reply = stage_->Configure(Assignment("model: toy\nprecision: fp16-mixed", 0, 1, 0, 3, {10}));
+  EXPECT_TRUE(absl::IsInvalidArgument(reply.status())) << reply.status();
+  EXPECT_THAT(std::string(reply.status().message()),
+              HasSubstr("stage 0 is on cpu: precision fp16-mixed needs a CUDA device"));
+}
+
 TEST_F(StageTest, ConfigureNamesAMissingDatasetPath) {
   auto reply = stage_->Configure(Assignment(
       "model: convnet\ndata: {name: fashion-mnist, path: /nowhere/fmnist}\n", 0, 1, 0, 12, {1, 28, 28}));
