@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -27,13 +28,17 @@ using Clock = std::chrono::steady_clock;
 
 // Small enough to run hundreds of steps in seconds on 2 cores; issue 18's
 // recipe (AdamW with parameter groups, warmup then cosine, clipping by the
-// global norm over the 4 stages), so that optimizer state and the schedule's
-// position must come back too; past an epoch, so the data order does.
+// global norm over the 4 stages, two batches a step, dynamic loss scaling
+// with overflows injected on three stages), so that optimizer state, the
+// schedule's position and the loss scale must come back too; past an epoch,
+// so the data order does.
 std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60) {
   return "name: chaos\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 4}\n"
-         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 32\nmicro_batches: 4\nschedule: 1f1b\n"
-         "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
+         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: 4\n"
+         "schedule: 1f1b\noptimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
          "lr_schedule: {warmup_steps: 10, decay: cosine, min_lr: 0.0001}\nclip_grad_norm: 0.5\n"
+         "loss_scale: {dynamic: true, init: 1024, growth_interval: 7}\n"
+         "inject_inf_gradients: [{stage: 3, step: 12}, {stage: 0, step: 13}, {stage: 2, step: 47}]\n"
          "seed: 5\nstage_timeout: 10\nsteps: " +
          std::to_string(steps) + "\ncheckpoint_every: " + std::to_string(checkpoint_every) +
          "\nrecovery_timeout: " + std::to_string(recovery_timeout) + "\n";
@@ -105,8 +110,16 @@ TEST(Recovery, CoordinatorKilledMidJobResumesToTheSameDigest) {
   ASSERT_EQ(end.grad_norms_size(), clean.grad_norms_size());
   for (int i = 0; i < end.lrs_size(); ++i) {
     EXPECT_EQ(end.lrs(i), clean.lrs(i)) << "step " << i;
-    EXPECT_EQ(end.grad_norms(i), clean.grad_norms(i)) << "step " << i;
+    if (std::isfinite(clean.grad_norms(i))) EXPECT_EQ(end.grad_norms(i), clean.grad_norms(i)) << "step " << i;
+    else EXPECT_FALSE(std::isfinite(end.grad_norms(i))) << "step " << i << " was skipped";
   }
+  // The loss scale too, replayed across the restart: the three overflows
+  // skipped their steps, each halving the scale, which grew back.
+  ASSERT_EQ(end.loss_scales_size(), clean.loss_scales_size());
+  for (int i = 0; i < end.loss_scales_size(); ++i) EXPECT_EQ(end.loss_scales(i), clean.loss_scales(i)) << "step " << i;
+  EXPECT_EQ(clean.loss_scales(12), 1024 * 2);  // grown after 7 finite steps (0-6), not after 12 (a skip at 12)
+  EXPECT_EQ(clean.loss_scales(14), 1024 / 2);
+  EXPECT_FALSE(std::isfinite(clean.grad_norms(47)));
   EXPECT_THAT(Events(end), HasSubstr("coordinator restarted"));
   EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step"));
 }
