@@ -1,5 +1,8 @@
 // What LibTorch's CUDA caching allocator holds reserved on a device (the
-// memory this process took from the GPU), for conveyor_stage_device_memory_bytes.
+// memory this process took from the GPU), for conveyor_stage_device_memory_bytes
+// and out-of-memory answers; and emptying its cache after one.
+#include "stage_server/device_memory.h"
+
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <cstdint>
@@ -16,6 +19,13 @@ int64_t CudaReservedBytes(const std::string& device) {
     return stats.reserved_bytes[0].current;
   } catch (const std::exception&) {
     return -1;
+  }
+}
+
+void EmptyCudaCache() {
+  try {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  } catch (const std::exception&) {
   }
 }
 

@@ -1,9 +1,9 @@
-// A build without CUDA: no GPU memory to report.
-#include <cstdint>
-#include <string>
+// A build without CUDA: no GPU memory to report or free.
+#include "stage_server/device_memory.h"
 
 namespace conveyor {
 
 int64_t CudaReservedBytes(const std::string&) { return -1; }
+void EmptyCudaCache() {}
 
 }  // namespace conveyor

@@ -133,6 +133,7 @@ void Stage::Impl::DropJob() {
   inbox_.Close();
   if (job_ && job_->transport) job_->transport->Shutdown();
   job_.reset();
+  if (device_.is_cuda()) EmptyCudaCache();  // what the job held goes back to the device
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_.clear();
   stage_index_ = -1;
@@ -300,7 +301,9 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
                                           std::to_string(c.outputs.size()) + " tensors; the loss takes one");
       }
     } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(cannot + ": " + e.what_without_backtrace());
+      return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
+    } catch (const std::bad_alloc& e) {
+      return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
     }
     const std::vector<int64_t> made(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
     std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());

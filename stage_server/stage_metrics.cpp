@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 
+#include "stage_server/device_memory.h"
+
 namespace conveyor {
 namespace {
 
@@ -69,9 +71,6 @@ int64_t ResidentBytes() {
 }
 
 }  // namespace
-
-// The GPU's side is in device_memory_cuda.cpp (CUDA builds) or _stub.cpp.
-int64_t CudaReservedBytes(const std::string& device);
 
 metrics::Labels StageLabels(const std::string& job_id, int stage_index) {
   return {{"job_id", job_id}, {"stage", std::to_string(stage_index)}, {"replica", "0"}};

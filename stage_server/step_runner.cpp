@@ -270,8 +270,11 @@ Status Stage::Impl::RunActions(StepState& st) {
       CONVEYOR_RETURN_IF_ERROR(PrepareUpdate(st));
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(Who() + " step " + std::to_string(st.req->step()) + ", " + doing + ": " +
-                               e.what_without_backtrace());
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(st.req->step()) + ", " + doing,
+                        &st);
+  } catch (const std::bad_alloc& e) {
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(st.req->step()) + ", " + doing,
+                        &st);
   }
   return absl::OkStatus();
 }
@@ -325,8 +328,9 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
       job_->optimizer->step();
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(Who() + " step " + std::to_string(req.step()) + ", optimizer step: " +
-                               e.what_without_backtrace());
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
+  } catch (const std::bad_alloc& e) {
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
   }
   v1::ApplyStepReply reply;
   if (req.checkpoint()) {
@@ -529,8 +533,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       }
     }
   } catch (const c10::Error& e) {
-    status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
+    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
+  } catch (const std::bad_alloc& e) {
+    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
   }
+  if (status.code() == absl::StatusCode::kResourceExhausted) FreeStep(st);
   if (!status.ok()) {
     LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
     return status;

@@ -3,6 +3,7 @@
 // reference on the same device.
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -102,6 +103,37 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   v1::JobStatus run = testing::RunToEnd(*coordinator, yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
+}
+
+// Out of memory is an answer, not a crash: a job whose activations need
+// about 270 GB (ResNet50 at 128x128 keeps ~33 MB a sample for its backward;
+// 8192 samples in one micro-batch) fails with RESOURCE_EXHAUSTED naming the
+// stage, what it held and the allocation that failed; the same stage server
+// process then trains a small job.
+TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 1;
+  options.devices = {"cuda:0"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->coordinator_address();
+  const v1::JobStatus huge = testing::SubmitAndWait(
+      address,
+      "model: {name: resnet50, image_size: 128, num_classes: 10}\npartition: {stages: 1}\n"
+      "data: {name: synthetic, train_samples: 8192, test_samples: 0}\nbatch_size: 8192\nmicro_batches: 1\n"
+      "optimizer: {name: sgd, lr: 0.001, momentum: 0.9}\nloss: mse\nsteps: 2\n");
+  ASSERT_EQ(huge.state(), v1::JOB_STATE_FAILED) << huge.error();
+  EXPECT_EQ(huge.error_code(), "RESOURCE_EXHAUSTED") << huge.error();
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("stage 0 step 0"));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("out of memory"));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("holding parameters "));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("the allocation that failed: "));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("Tried to allocate"));  // the CUDA allocator's own words
+  const v1::JobStatus small = testing::SubmitAndWait(address, std::string(kConvNet) + "partition: {stages: 1}\n");
+  EXPECT_EQ(small.state(), v1::JOB_STATE_SUCCEEDED) << small.error();
+  EXPECT_EQ(small.stages(0).device(), "cuda:0");
 }
 
 // Stage server processes on two GPUs over NCCL and the gRPC stream: the Nccl

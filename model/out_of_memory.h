@@ -1,0 +1,32 @@
+// Out of memory as LibTorch reports it, and the status Conveyor answers with:
+// RESOURCE_EXHAUSTED, never a crash. Torch-free header.
+#pragma once
+
+#include <absl/status/status.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+
+namespace conveyor {
+
+// Whether `e` says an allocation failed: c10::OutOfMemoryError (the CUDA
+// caching allocator), std::bad_alloc, or a c10::Error whose message says an
+// allocator could not allocate (the CPU allocator's "can't allocate memory"
+// in LibTorch 1.13, "not enough memory" in 2.x; cuBLAS's and cuDNN's
+// ALLOC_FAILED; CUDA's "out of memory").
+bool IsOutOfMemory(const std::exception& e);
+
+// e's message, without the C++ backtrace that a c10::Error carries.
+std::string ErrorMessage(const std::exception& e);
+
+// "<context>: out of memory: <e>" with RESOURCE_EXHAUSTED where `e` is an
+// allocation that failed (`held`, when given, goes before the allocator's
+// message: what the caller held then), otherwise "<context>: <e>" with `code`.
+absl::Status TorchErrorStatus(const std::exception& e, absl::StatusCode code, const std::string& context,
+                              const std::string& held = "");
+
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string ByteString(int64_t bytes);
+
+}  // namespace conveyor
