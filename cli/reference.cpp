@@ -65,6 +65,8 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
   try {
     model->To(*device);
+    if (UsesChannelsLast(spec, *device)) ToChannelsLast(*model);
+    if (device->is_cuda()) SetCudnnBenchmark(spec.cudnn_benchmark());
     std::vector<at::Tensor> trainable;
     NamedTensors named;
     for (const auto& [name, p] : model->NamedParameters()) {

@@ -270,6 +270,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
   }
   DropJob();
+  if (device_.is_cuda()) SetCudnnBenchmark(a.spec().cudnn_benchmark());
 
   auto job = std::make_unique<Job>();
   job->assignment = a;
@@ -293,6 +294,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     try {
       if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
       c.layers->To(device_);
+      if (UsesChannelsLast(a.spec(), device_)) ToChannelsLast(*c.layers);
       auto specs = ProbeSpecs(*c.layers, c.inputs, device_);
       if (!specs.ok()) return Annotate(specs.status(), cannot);
       c.outputs = std::move(*specs);

@@ -44,6 +44,7 @@ Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb
     CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
     h.mutable_tensor()->set_dtype(dtype);
     for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
+    h.mutable_tensor()->set_channels_last(SendsChannelsLast(t));
     frame.payload = MakeTensorPayload(t);
     const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
     CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->Send(peer, std::move(frame)), Who()));
