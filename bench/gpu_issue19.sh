@@ -21,7 +21,7 @@ BUDGET=${BUDGET:-400}
 mkdir -p "$OUT"
 START=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - START))); }
-summary() { echo "$*" | tee -a "$OUT/summary.md"; }
+summary() { echo "$*" >> "$OUT/summary.md"; }
 : > "$OUT/summary.md"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 "$PYTHON" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' \

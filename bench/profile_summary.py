@@ -8,6 +8,8 @@ batch norm, matmul/GEMM, attention, elementwise, copies and format
 conversions, optimizer, memcpy/memset, other), side by side for two or more
 traces, with each family's difference from the first trace; then the
 costliest kernels (or, with no device events, host operators) by total time.
+Host operators nest (aten::conv2d holds aten::convolution): a CPU trace's
+families count a nested operator's time once per level.
 Given two traces, the kernel table is side by side by name, largest
 difference first: where one run spends the time the other does not.
 
@@ -16,7 +18,6 @@ usage: bench/profile_summary.py A.json [B.json ...] [--top 25] [--host] [--famil
 import argparse
 import collections
 import json
-import os
 import sys
 
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -77,7 +78,7 @@ def family_table(paths, runs):
     """ms per family, one column per trace, and each's difference from the first."""
     fams = [f for f, _ in FAMILIES] + ["other"]
     per = [families(t) for t, _, _ in runs]
-    head = " | ".join(os.path.basename(p) for p in paths)
+    head = " | ".join("%s ms" % chr(ord("A") + i) for i in range(len(paths)))  # the traces, as listed above
     lines = ["| family | %s |%s" % (head, "".join(" %s - A |" % chr(ord("A") + i) for i in range(1, len(runs)))),
              "| --- |" + " ---: |" * (len(runs) + len(runs) - 1)]
     for f in fams + ["total"]:
