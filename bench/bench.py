@@ -492,15 +492,20 @@ def cmd_sizes(argv):
     p.add_argument("--full-only", default="", help="comma-separated patterns: variants run only at the full batch "
                    "(the first of --w1/--w2), e.g. '*compile*' (torch.compile's minutes)")
     p.add_argument("--budget", type=float, default=0, help="seconds: a run that would start later is left out")
+    p.add_argument("--tabulate", action="store_true",
+                   help="run nothing: the table of the CSVs a call (or one stopped midway) left in --out")
     args, rest = p.parse_known_args(argv)
     start = time.time()
     rows, left_out = [], []
     for w in ("w1", "w2"):
         for i, b in enumerate(int(x) for x in getattr(args, w).split(",") if x):
+            path = os.path.join(args.out, "bench-%s-b%d.csv" % (w, b))
+            if args.tabulate:
+                rows += read_csv(path) if os.path.exists(path) else []
+                continue
             if args.budget and time.time() - start > args.budget:
                 left_out.append("%s at %d" % (w, b))
                 continue
-            path = os.path.join(args.out, "bench-%s-b%d.csv" % (w, b))
             skip = ["--skip", args.full_only] if i > 0 and args.full_only else []
             print("== %s, batch %d" % (w, b), flush=True)
             main([w, "--batch", str(b), "--out", args.out, "--csv", path] + skip + rest)

@@ -63,8 +63,9 @@ if [ -n "$TRACES" ]; then
 else
   summary "profile: no traces under $P"
 fi
-for f in "$OUT"/w1/sizes.md "$OUT"/w2/sizes.md; do
-  [ -f "$f" ] && { echo; cat "$f"; } >> "$OUT/summary.md"
+# The tables again from the CSVs, so that a part stopped at its limit still shows what it measured.
+for w in w1 w2; do
+  [ -d "$OUT/$w" ] && { echo; "$PYTHON" bench/bench.py sizes --tabulate --out "$OUT/$w" 2>&1 | tail -n +3; } >> "$OUT/summary.md"
 done
 [ -f "$OUT/profile-w1.md" ] && { echo; sed -n '/ms per operator family/,/^| total/p' "$OUT/profile-w1.md"; } >> "$OUT/summary.md"
 echo "total $(( $(date +%s) - START )) s" >> "$OUT/summary.md"
