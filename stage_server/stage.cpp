@@ -179,7 +179,10 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
   v1::ProfileReply reply;
   try {
-    Tensors x{at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))))};
+    const bool channels_last = UsesChannelsLast(spec, device_);  // timed as the job will run
+    at::Tensor input = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
+    if (channels_last && input.dim() == 4) input = input.contiguous(at::MemoryFormat::ChannelsLast);
+    Tensors x{input};
     std::vector<int64_t> label_shape{rows};
     for (int64_t d : LabelSampleShape(spec)) label_shape.push_back(d);
     const at::Tensor labels =
@@ -196,6 +199,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
     for (int i = 0; i < layers; ++i) {
       CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layer, BuildPartition(spec, i, i + 1, /*init=*/false));
       layer->To(device_);
+      if (channels_last) ToChannelsLast(*layer);
       v1::LayerCost* cost = reply.add_layers();
       for (const auto& p : layer->Parameters()) cost->set_parameters(cost->parameters() + p.numel());
       Tensors out;
@@ -240,7 +244,9 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       for (const at::Tensor& o : out) x.push_back(o.detach());
     }
   } catch (const c10::Error& e) {
-    return absl::InternalError(std::string("profiling the model: ") + e.what_without_backtrace());
+    return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");
+  } catch (const std::bad_alloc& e) {
+    return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");
   } catch (const StatusError& e) {
     return Annotate(e.status(), "profiling the model");
   }
