@@ -20,9 +20,9 @@ bool IsOutOfMemory(const std::exception& e);
 // e's message, without the C++ backtrace that a c10::Error carries.
 std::string ErrorMessage(const std::exception& e);
 
-// "<context>: out of memory: <e>" with RESOURCE_EXHAUSTED where `e` is an
-// allocation that failed (`held`, when given, goes before the allocator's
-// message: what the caller held then), otherwise "<context>: <e>" with `code`.
+// RESOURCE_EXHAUSTED "<context>: out of memory (<held>); the allocation that
+// failed: <e>" where `e` is an allocation that failed (`held`, what the
+// caller held then, left out when empty), otherwise `code` "<context>: <e>".
 absl::Status TorchErrorStatus(const std::exception& e, absl::StatusCode code, const std::string& context,
                               const std::string& held = "");
 
