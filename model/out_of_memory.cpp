@@ -9,9 +9,7 @@ namespace conveyor {
 
 bool IsOutOfMemory(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e) || dynamic_cast<const c10::OutOfMemoryError*>(&e)) return true;
-  const auto* error = dynamic_cast<const c10::Error*>(&e);
-  if (!error) return false;
-  const std::string what = error->what_without_backtrace();
+  const std::string what = ErrorMessage(e);  // also the TorchScript interpreter's std::runtime_error
   for (const char* says : {"out of memory", "can't allocate memory", "not enough memory", "ALLOC_FAILED",
                            "Cannot allocate memory"}) {
     if (what.find(says) != std::string::npos) return true;
@@ -40,6 +38,8 @@ std::string ByteString(int64_t bytes) {
     std::snprintf(out, sizeof(out), "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
   } else if (bytes >= (int64_t{1} << 20)) {
     std::snprintf(out, sizeof(out), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(out, sizeof(out), "%.1f KiB", static_cast<double>(bytes) / 1024);
   } else {
     std::snprintf(out, sizeof(out), "%lld B", static_cast<long long>(bytes));
   }

@@ -11,10 +11,11 @@
 namespace conveyor {
 
 // Whether `e` says an allocation failed: c10::OutOfMemoryError (the CUDA
-// caching allocator), std::bad_alloc, or a c10::Error whose message says an
+// caching allocator), std::bad_alloc, or an error whose message says an
 // allocator could not allocate (the CPU allocator's "can't allocate memory"
 // in LibTorch 1.13, "not enough memory" in 2.x; cuBLAS's and cuDNN's
-// ALLOC_FAILED; CUDA's "out of memory").
+// ALLOC_FAILED; CUDA's "out of memory"), a c10::Error or the
+// std::runtime_error the TorchScript interpreter rethrows one as.
 bool IsOutOfMemory(const std::exception& e);
 
 // e's message, without the C++ backtrace that a c10::Error carries.
@@ -26,7 +27,7 @@ std::string ErrorMessage(const std::exception& e);
 absl::Status TorchErrorStatus(const std::exception& e, absl::StatusCode code, const std::string& context,
                               const std::string& held = "");
 
-// "1.50 GiB", "12.0 MiB", "512 B".
+// "1.50 GiB", "12.0 MiB", "2.5 KiB", "512 B".
 std::string ByteString(int64_t bytes);
 
 }  // namespace conveyor

@@ -77,10 +77,15 @@ TEST(OutOfMemory, OtherErrorsKeepTheirCode) {
     EXPECT_THAT(st.message(), Not(HasSubstr("out of memory")));
   }
   EXPECT_FALSE(IsOutOfMemory(std::runtime_error("no such file")));
+  // The TorchScript interpreter rethrows a layer's error as a std::runtime_error.
+  EXPECT_TRUE(IsOutOfMemory(std::runtime_error(
+      "The following operation failed in the TorchScript interpreter.\nTraceback of TorchScript (most recent call "
+      "last):\nRuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 281474976710656 bytes.")));
 }
 
 TEST(OutOfMemory, ByteStrings) {
   EXPECT_EQ(ByteString(512), "512 B");
+  EXPECT_EQ(ByteString(2600), "2.5 KiB");
   EXPECT_EQ(ByteString(12 << 20), "12.0 MiB");
   EXPECT_EQ(ByteString(int64_t{3} << 29), "1.50 GiB");
 }
