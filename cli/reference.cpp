@@ -18,6 +18,7 @@
 #include "model/models.h"
 #include "model/op_profile.h"
 #include "model/optimizer.h"
+#include "model/out_of_memory.h"
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
@@ -176,7 +177,9 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     // bad input; the stages find it when the job is placed (CheckLoss).
     if (what.rfind("loss.torchscript: ", 0) == 0)
       return absl::InvalidArgumentError("reference training: " + what.substr(0, what.find('\n')));
-    return absl::InternalError("reference training: " + what);
+    return TorchErrorStatus(e, absl::StatusCode::kInternal, "reference training");
+  } catch (const std::bad_alloc& e) {
+    return TorchErrorStatus(e, absl::StatusCode::kInternal, "reference training");
   } catch (const StatusError& e) {
     return Annotate(e.status(), "reference training");
   }
