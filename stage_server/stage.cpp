@@ -243,12 +243,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       x.clear();
       for (const at::Tensor& o : out) x.push_back(o.detach());
     }
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, StatusError
     return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");
-  } catch (const std::bad_alloc& e) {
-    return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");
-  } catch (const StatusError& e) {
-    return Annotate(e.status(), "profiling the model");
   }
   return reply;
 }
@@ -308,9 +304,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
         return absl::InvalidArgumentError(what + ": the model's last layer returns " +
                                           std::to_string(c.outputs.size()) + " tensors; the loss takes one");
       }
-    } catch (const c10::Error& e) {
-      return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
-    } catch (const std::bad_alloc& e) {
+    } catch (const std::exception& e) {
       return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
     }
     const std::vector<int64_t> made(c.outputs.front().shape().begin(), c.outputs.front().shape().end());

@@ -274,8 +274,9 @@ class Stage::Impl {
   // parameters, gradients, optimizer state, the step's activations (with
   // `st`), the caching allocator's reserve on a GPU.
   std::string MemoryHeld(const StepState* st) const;
-  // A LibTorch exception as a Status: RESOURCE_EXHAUSTED naming MemoryHeld
-  // and the allocator's message for an allocation that failed, else `code`.
+  // An exception caught where LibTorch is called, as a Status: a
+  // StatusError's own status; RESOURCE_EXHAUSTED naming MemoryHeld and the
+  // allocator's message for an allocation that failed; else `code`.
   Status TorchFailure(const std::exception& e, absl::StatusCode code, const std::string& context,
                       const StepState* st = nullptr) const;
   // After a failed step: drops its activations and empties the caching

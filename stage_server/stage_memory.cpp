@@ -34,6 +34,7 @@ std::string Stage::Impl::MemoryHeld(const StepState* st) const {
 
 Status Stage::Impl::TorchFailure(const std::exception& e, absl::StatusCode code, const std::string& context,
                                  const StepState* st) const {
+  if (const auto* carried = dynamic_cast<const StatusError*>(&e)) return Annotate(carried->status(), context);
   if (!IsOutOfMemory(e)) return TorchErrorStatus(e, code, context);
   return TorchErrorStatus(e, code, context + " on " + device_.str(), MemoryHeld(st));
 }

@@ -270,10 +270,7 @@ Status Stage::Impl::RunActions(StepState& st) {
       Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
       CONVEYOR_RETURN_IF_ERROR(PrepareUpdate(st));
     }
-  } catch (const c10::Error& e) {
-    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(st.req->step()) + ", " + doing,
-                        &st);
-  } catch (const std::bad_alloc& e) {
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, StatusError
     return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(st.req->step()) + ", " + doing,
                         &st);
   }
@@ -328,9 +325,7 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
       }
       job_->optimizer->step();
     }
-  } catch (const c10::Error& e) {
-    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
-  } catch (const std::bad_alloc& e) {
+  } catch (const std::exception& e) {
     return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
   }
   v1::ApplyStepReply reply;
@@ -533,9 +528,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
         st.busy += (us[d.end_mark] - us[d.start_mark]) * 1e-6;
       }
     }
-  } catch (const c10::Error& e) {
-    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
-  } catch (const std::bad_alloc& e) {
+  } catch (const std::exception& e) {
     status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
   }
   if (status.code() == absl::StatusCode::kResourceExhausted) FreeStep(st);
