@@ -138,11 +138,12 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
 }
 
-// Out of memory is an answer, not a crash: a job whose activations need
-// about 270 GB (ResNet50 at 128x128 keeps ~33 MB a sample for its backward;
-// 8192 samples in one micro-batch) fails with RESOURCE_EXHAUSTED naming the
-// stage, what it held and the allocation that failed; the same stage server
-// process then trains a small job.
+// Out of memory is an answer, not a crash: a job whose activations need some
+// 300 GB (ResNet50 at 160x160 keeps tens of MB a sample for its backward;
+// 4096 samples in one micro-batch, each tensor under the 2^31 elements that
+// cuDNN's kernels index) fails with RESOURCE_EXHAUSTED naming the stage, what
+// it held and the allocation that failed; the same stage server process then
+// trains a small job.
 TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
   cli::LocalClusterOptions options;
   options.remove_run_dir = true;
@@ -154,8 +155,8 @@ TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
   const std::string address = (*cluster)->coordinator_address();
   const v1::JobStatus huge = testing::SubmitAndWait(
       address,
-      "model: {name: resnet50, image_size: 128, num_classes: 10}\npartition: {stages: 1}\n"
-      "data: {name: synthetic, train_samples: 8192, test_samples: 0}\nbatch_size: 8192\nmicro_batches: 1\n"
+      "model: {name: resnet50, image_size: 160, num_classes: 10}\npartition: {stages: 1}\n"
+      "data: {name: synthetic, train_samples: 4096, test_samples: 0}\nbatch_size: 4096\nmicro_batches: 1\n"
       "optimizer: {name: sgd, lr: 0.001, momentum: 0.9}\nloss: mse\nsteps: 2\ncudnn_benchmark: false\n");
   ASSERT_EQ(huge.state(), v1::JOB_STATE_FAILED) << huge.error();
   EXPECT_EQ(huge.error_code(), "RESOURCE_EXHAUSTED") << huge.error();
