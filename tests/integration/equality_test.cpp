@@ -328,6 +328,8 @@ INSTANTIATE_TEST_SUITE_P(Replicas, PipelineEquality,
                              Replicated(Via::kInProc, {1, 2}, {"gpipe", "1f1b"}),
                              Replicated(Via::kInProc, {2}, {"interleaved", "zero-bubble"}),
                              {Case{Via::kInProc, "toy", 2, 2, "1f1b", "", 2}},
+                             // Channels-last gradients all-reduced (flattened in NCHW order, copied back).
+                             {Case{Via::kInProc, "convnet", 2, 4, "1f1b", "memory_format: channels_last\n", 2}},
                              {Case{Via::kInProc, "gpt", 2, 2, "1f1b", "", 2}},
                              Replicated(Via::kGrpc, {2}, {"1f1b"}),
                              Replicated(Via::kProcesses, {2}, {"gpipe"}),
