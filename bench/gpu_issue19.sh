@@ -7,8 +7,8 @@
 #      Conveyor's, at W1's batch 120 and 60 and W2's 32, 8 and 4 sequences
 #      (bench.py sizes)                          w1/sizes.md, w2/sizes.md, CSVs, logs
 #   3. the operator profile by family of W1 at batch 120: PyTorch's
-#      channels-last and CUDA-graph variants against Conveyor's single device
-#      (channels-last) and its NCHW run (bench/profile_summary.py)   profile-w1.md
+#      channels-last variant, Conveyor's single device (channels-last), PyTorch's
+#      CUDA graph and Conveyor's NCHW run (bench/profile_summary.py)   profile-w1.md
 # Each part runs under a time limit taken from what is left of 400 s; what
 # did not fit is named in summary.md.
 #   OUT=/tmp/out bench/gpu_issue19.sh        (B=build/bin, PYTHON=python3 by default)
@@ -52,7 +52,9 @@ fi
 P="$OUT/profiles"
 trace() { find "$P" -path "*$1*" -name '*.json' 2>/dev/null | sort | head -1; }
 TRACES=""
-for t in w1-pytorch-1gpu-cl-b120 w1-pytorch-1gpu-graph-b120 w1-conveyor-1dev-b120/ w1-conveyor-1dev-nchw-b120/; do
+# A and B, side by side by kernel too: PyTorch and Conveyor with the same settings (channels-last,
+# cudnn.benchmark, eager); C and D in the family table only.
+for t in w1-pytorch-1gpu-cl-b120 w1-conveyor-1dev-b120/ w1-pytorch-1gpu-graph-b120 w1-conveyor-1dev-nchw-b120/; do
   f=$(trace "$t")
   [ -n "$f" ] && TRACES="$TRACES $f"
 done
