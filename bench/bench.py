@@ -12,14 +12,19 @@ other on this machine:
     pytorch-1gpu-graph      the whole training step captured once as a CUDA graph, replayed
     pytorch-1gpu-compile    torch.compile (W1: channels-last)
     ("vs best PyTorch" is against the fastest PyTorch row of the run, whichever it is.)
-  --batch B measures only the single-device variants (PyTorch's four, conveyor-1dev) at
-  batch B, a pipeline stage's micro-batch (W1 60; W2 8 or 4): names end in -bB.
+  --batch B measures only the single-device variants (PyTorch's four, Conveyor's conveyor-1dev,
+  conveyor-1dev-nchw and conveyor-1stage-graphs) at batch B, a pipeline stage's micro-batch
+  (W1 60; W2 8 or 4): names end in -bB. `bench.py sizes` runs them at W1's 120 and 60 and
+  W2's 32, 8 and 4 in one call and prints one table of ms per step (sizes.md).
     torch-naive-mp          the stages on 2 GPUs in one process, no micro-batches
     torch-split-m<M>        the seed tutorial's pipelined class: M micro-batches, one process
     torch-pp-<sched>-m<M>   torch.distributed.pipelining, 2 processes (one GPU each, NCCL),
                             <sched> one of gpipe, 1f1b, interleaved (2 stages per process)
   Conveyor (--bin: the folder holding `conveyor`)
-    conveyor-1dev           `conveyor train --reference`: Conveyor's single device
+    conveyor-1dev           `conveyor train --reference`: Conveyor's single device, its defaults (W1 on
+                            CUDA: channels-last memory and cuDNN autotuning, job keys memory_format and
+                            cudnn_benchmark)
+    conveyor-1dev-nchw      W1: the same as the seed's code runs it (NCHW, no autotuning)
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
     <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
     (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
@@ -50,6 +55,7 @@ usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--st
                             [--torch-schedules tutorial,gpipe,1f1b,interleaved]
                             [--only PATTERNS] [--skip PATTERNS] [--dry-run]
        bench/bench.py plot --csv A.csv [B.csv ...] [--out DIR]
+       bench/bench.py sizes [--w1 120,60] [--w2 32,8,4] [--full-only PATTERNS] [--budget S] [--out DIR] [run options]
 """
 import argparse
 import csv
@@ -72,6 +78,10 @@ import torch_single as tsingle  # noqa: E402  (the same)
 JOBS = {"w1": "examples/resnet50-w1.yaml", "w2": "examples/gpt-w2.yaml"}
 UNITS = {w: (v["unit"], v["per_sample"]) for w, v in tp.WORKLOADS.items()}
 DEFAULT_MICRO_BATCHES = {"w1": "2,4,6,12", "w2": "4,8,16"}
+# W1 as the seed's code runs it: NCHW, cuDNN's default algorithms (the -nchw variants).
+NCHW = ["memory_format=contiguous", "cudnn_benchmark=false"]
+# `bench.py sizes`: each workload's full batch and a pipeline stage's micro-batches.
+SIZES = {"w1": "120,60", "w2": "32,8,4"}
 SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleaved", "zero-bubble"]
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
@@ -88,9 +98,16 @@ def plan(args):
     # (W1), the whole step as one CUDA graph, torch.compile.
     best = [{"variant": n, "impl": "pytorch", "schedule": "best", "m": 1}
             for n in tsingle.VARIANTS[1:] if n != "pytorch-1gpu-cl" or args.workload == "w1"]
+    # Conveyor's single device: its defaults (W1: channels-last and cuDNN autotuning on CUDA), and W1 as
+    # the seed's code runs it (NCHW, no autotuning).
+    single = [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1}]
+    if args.workload == "w1":
+        single.append({"variant": "conveyor-1dev-nchw", "impl": "conveyor", "schedule": "", "m": 1,
+                       "set": NCHW})
     if args.batch:  # a pipeline stage's micro-batch: the single-device variants only
-        out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "best", "m": 1}] + best + \
-              [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1}]
+        out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "best", "m": 1}] + best + single + \
+              [{"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
+                "graphs": True, "stages": 1}]
         for v in out:
             v["variant"] += "-b%d" % args.batch
         return select(args, out)
@@ -99,14 +116,14 @@ def plan(args):
     for s in args.torch_schedules:
         for m in mbs:
             out.append({"variant": tp.variant_name(s, m), "impl": "pytorch", "schedule": s, "m": m})
-    out.append({"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1})
+    out += single
     out.append({"variant": "naive-mp", "impl": "conveyor", "schedule": "naive", "m": 1})
     for s in args.schedules:
         for m in mbs:
             out.append({"variant": "%s-m%d" % (s, m), "impl": "conveyor", "schedule": s, "m": m})
     if args.graphs:  # the same stage servers replaying CUDA graphs
         out += [dict(v, variant=v["variant"] + "-graphs", graphs=True) for v in out
-                if v["impl"] == "conveyor" and v["variant"] != "conveyor-1dev"]
+                if v["impl"] == "conveyor" and not v["variant"].startswith("conveyor-1dev")]
         out.append({"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
                     "graphs": True, "stages": 1})
     return select(args, out)
@@ -173,11 +190,12 @@ def stop_stage_servers(args):
 
 def run_conveyor(args, workload, v):
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
-    micro_batches = v["m"] if not v["variant"].startswith("conveyor-1dev") else None
+    micro_batches = v["m"]  # the reference trains on whole batches: 1, so that a split_size fits any --batch
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         # The last warm-up step is the one profiled: it is not timed.
         extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
         extra += ["cuda_graphs=true"] if v.get("graphs") else []
+        extra += v.get("set", [])
         f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
                          stages=v.get("stages", args.ranks)))
         path = f.name
@@ -239,6 +257,8 @@ def torch_command(args, workload, schedules, mbs, names=()):
     if schedules == ["best"]:
         cmd = [args.python, os.path.join(HERE, "torch_single.py"), workload, "--steps", str(max(1, args.steps - WARMUP)),
                "--warmup", str(WARMUP + 1), "--variants", ",".join(re.sub(r"-b\d+$", "", n) for n in names)]
+        if args.profile_dir:
+            cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
         return cmd + (["--batch", str(args.batch)] if args.batch else [])
     cmd = [args.python, os.path.join(HERE, "torch_pipelining.py"), workload, "--schedules", ",".join(schedules),
            "--steps", str(max(1, args.steps - WARMUP)), "--warmup", str(WARMUP),
@@ -288,7 +308,7 @@ def ratios(rows):
     for r in rows:
         by_w.setdefault(r["workload"], []).append(r)
     for w, rs in by_w.items():
-        ref = {r["variant"]: float(r["throughput"]) for r in rs}
+        ref = {re.sub(r"-b\d+$", "", r["variant"]): float(r["throughput"]) for r in rs}  # --batch: -bB
         best = max([float(r["throughput"]) for r in rs if r["impl"] == "pytorch"] or [0])
         for r in rs:
             t = float(r["throughput"])
@@ -437,9 +457,75 @@ def cmd_plot(argv):
     return 0
 
 
+SIZE_COLUMNS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile", "conveyor-1dev",
+                "conveyor-1dev-nchw", "conveyor-1stage-graphs"]
+
+
+def sizes_table(rows):
+    """ms per step of every single-device variant by (workload, batch), and the best of each side."""
+    lines = ["| workload | batch | " + " | ".join(SIZE_COLUMNS) + " | best PyTorch | best Conveyor | Conveyor / PyTorch |",
+             "| --- | ---: | " + " | ".join("---:" for _ in SIZE_COLUMNS) + " | --- | --- | ---: |"]
+    groups = {}
+    for r in rows:
+        m = re.match(r"^(.*)-b(\d+)$", r["variant"])
+        if m:
+            groups.setdefault((r["workload"], int(m.group(2))), {})[m.group(1)] = r
+    for (w, b), by in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        ms = {n: float(r["ms_per_step"]) for n, r in by.items()}
+        best = lambda impl: min(((v, n) for n, v in ms.items() if by[n]["impl"] == impl), default=None)
+        py, cv = best("pytorch"), best("conveyor")
+        lines.append("| %s | %d | %s | %s | %s | %s |" % (
+            w.upper(), b, " | ".join("%.1f" % ms[n] if n in ms else "-" for n in SIZE_COLUMNS),
+            py[1] if py else "-", cv[1] if cv else "-", "%.2f" % (cv[0] / py[0]) if py and cv else "-"))
+    return "\n".join(lines)
+
+
+def cmd_sizes(argv):
+    p = argparse.ArgumentParser(prog="bench.py sizes", description=
+                                "the single-device variants (PyTorch's best and Conveyor's) at each workload's full "
+                                "batch and a pipeline stage's micro-batches, in one call: one `--batch B` run each, "
+                                "then one table of ms per step. Other options go to each run (--bin, --steps, "
+                                "--skip, --profile-dir, --timeout, ...)")
+    p.add_argument("--w1", default=SIZES["w1"], help="W1's batches (default %s; empty: none)" % SIZES["w1"])
+    p.add_argument("--w2", default=SIZES["w2"], help="W2's batches (default %s; empty: none)" % SIZES["w2"])
+    p.add_argument("--out", default=".")
+    p.add_argument("--full-only", default="", help="comma-separated patterns: variants run only at the full batch "
+                   "(the first of --w1/--w2), e.g. '*compile*' (torch.compile's minutes)")
+    p.add_argument("--budget", type=float, default=0, help="seconds: a run that would start later is left out")
+    p.add_argument("--tabulate", action="store_true",
+                   help="run nothing: the table of the CSVs a call (or one stopped midway) left in --out")
+    args, rest = p.parse_known_args(argv)
+    start = time.time()
+    rows, left_out = [], []
+    for w in ("w1", "w2"):
+        for i, b in enumerate(int(x) for x in getattr(args, w).split(",") if x):
+            path = os.path.join(args.out, "bench-%s-b%d.csv" % (w, b))
+            if args.tabulate:
+                rows += read_csv(path) if os.path.exists(path) else []
+                continue
+            if args.budget and time.time() - start > args.budget:
+                left_out.append("%s at %d" % (w, b))
+                continue
+            skip = ["--skip", args.full_only] if i > 0 and args.full_only else []
+            print("== %s, batch %d" % (w, b), flush=True)
+            main([w, "--batch", str(b), "--out", args.out, "--csv", path] + skip + rest)
+            if os.path.exists(path):
+                rows += read_csv(path)
+    text = sizes_table(rows)
+    print("\nms per step, by workload and batch\n\n" + text)
+    if left_out:
+        print("\nleft out (past --budget): %s" % ", ".join(left_out))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "sizes.md"), "w") as f:
+        f.write(text + "\n")
+    return 0 if rows else 1
+
+
 def main(argv):
     if argv[:1] == ["plot"]:
         return cmd_plot(argv[1:])
+    if argv[:1] == ["sizes"]:
+        return cmd_sizes(argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", choices=sorted(JOBS), help="or `plot`: see below")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="folder holding `conveyor`")

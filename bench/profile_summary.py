@@ -3,12 +3,17 @@
 common/op_profile.cpp) and PyTorch's (torch.profiler's export_chrome_trace),
 which use the same event categories.
 
-For each trace: device busy time, the costliest kernels (or, with no device
-events, host operators) by total time. Given two traces, a side-by-side table
-by kernel name, largest difference first: where one run spends the time the
-other does not.
+For each trace: device busy time, then ms per operator family (convolution,
+batch norm, matmul/GEMM, attention, elementwise, copies and format
+conversions, optimizer, memcpy/memset, other), side by side for two or more
+traces, with each family's difference from the first trace; then the
+costliest kernels (or, with no device events, host operators) by total time.
+Host operators nest (aten::conv2d holds aten::convolution): a CPU trace's
+families count a nested operator's time once per level.
+Given two traces, the kernel table is side by side by name, largest
+difference first: where one run spends the time the other does not.
 
-usage: bench/profile_summary.py A.json [B.json] [--top 25] [--host]
+usage: bench/profile_summary.py A.json [B.json ...] [--top 25] [--host] [--families-only]
 """
 import argparse
 import collections
@@ -33,6 +38,58 @@ def load(path, host):
     return totals, counts, launches
 
 
+# Operator families, first match wins (kernel names of cuDNN, cuBLAS/CUTLASS,
+# ATen and flash attention; host operator names for a CPU trace).
+FAMILIES = [
+    ("memcpy/memset", ("memcpy", "memset")),
+    ("copies/format conversions", ("nchwtonhwc", "nhwctonchw", "transpose", "permute", "copy_", "copykernel",
+                                   "catarray", "cat_", "aten::copy", "aten::contiguous", "aten::clone", "to_copy",
+                                   "direct_copy", "im2col", "col2im", "convert_")),
+    ("optimizer", ("multi_tensor", "fused_sgd", "fused_adam", "sgd", "adam", "foreach", "optimizer")),
+    ("attention", ("flash", "fmha", "attention", "softmax", "sdpa", "efficient_attention")),
+    ("batchnorm", ("batch_norm", "batchnorm", "bn_fw", "bn_bw", "bn_", "welford", "native_batch_norm")),
+    ("layernorm", ("layer_norm", "layernorm")),
+    ("conv", ("conv", "cudnn", "xmma_fprop", "xmma_dgrad", "xmma_wgrad", "implicit_convolve", "winograd",
+              "fprop", "dgrad", "wgrad", "mkldnn")),
+    ("matmul/gemm", ("gemm", "cutlass", "cublas", "matmul", "aten::mm", "aten::addmm", "aten::bmm", "linear",
+                     "splitkreduce", "gemv", "nvjet")),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce_kernel", "relu", "gelu", "add", "mul",
+                     "threshold", "max_pool", "avg_pool", "pool", "mse", "loss", "fill", "sum", "mean", "div",
+                     "sub", "where", "embedding", "indexing", "index", "scatter", "gather", "dropout")),
+]
+
+
+def family(name):
+    n = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in n for k in keys):
+            return fam
+    return "other"
+
+
+def families(totals):
+    out = collections.Counter()
+    for name, us in totals.items():
+        out[family(name)] += us
+    return out
+
+
+def family_table(paths, runs):
+    """ms per family, one column per trace, and each's difference from the first."""
+    fams = [f for f, _ in FAMILIES] + ["other"]
+    per = [families(t) for t, _, _ in runs]
+    head = " | ".join("%s ms" % chr(ord("A") + i) for i in range(len(paths)))  # the traces, as listed above
+    lines = ["| family | %s |%s" % (head, "".join(" %s - A |" % chr(ord("A") + i) for i in range(1, len(runs)))),
+             "| --- |" + " ---: |" * (len(runs) + len(runs) - 1)]
+    for f in fams + ["total"]:
+        vals = [sum(p.values()) if f == "total" else p[f] for p in per]
+        if f != "total" and not any(vals):
+            continue
+        lines.append("| %s | %s |%s" % (f, " | ".join("%.2f" % (v / 1e3) for v in vals),
+                                       "".join(" %+.2f |" % ((v - vals[0]) / 1e3) for v in vals[1:])))
+    return "\n".join(lines)
+
+
 def short(name, width=70):
     return name if len(name) <= width else name[:width - 3] + "..."
 
@@ -42,12 +99,17 @@ def main():
     p.add_argument("traces", nargs="+")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host", action="store_true", help="host operators instead of device kernels")
+    p.add_argument("--families-only", action="store_true", help="only the table of operator families")
     a = p.parse_args()
-    runs = [load(t, a.host) for t in a.traces[:2]]
-    for path, (totals, counts, launches) in zip(a.traces, runs):
-        print("%s: %.1f ms in %d events (%d kinds)%s" % (
-            path, sum(totals.values()) / 1e3, sum(counts.values()), len(totals),
+    runs = [load(t, a.host) for t in a.traces]
+    for i, (path, (totals, counts, launches)) in enumerate(zip(a.traces, runs)):
+        print("%s: %s: %.1f ms in %d events (%d kinds)%s" % (
+            chr(ord("A") + i), path, sum(totals.values()) / 1e3, sum(counts.values()), len(totals),
             ", %d kernel launches seen from the host" % launches if launches else ""))
+    print("\nms per operator family\n\n" + family_table(a.traces, runs))
+    if a.families_only:
+        return 0
+    runs = runs[:2]
     if len(runs) == 1:
         totals, counts, _ = runs[0]
         print("\n| ms | calls | name |\n| ---: | ---: | --- |")

@@ -15,7 +15,10 @@ W2 8 or 4); the variants' names then end in -bB. Each variant prints one JSON
 line as torch_pipelining.py does (median of the timed steps after --warmup
 untimed ones; compile and capture happen in the warm-up).
 
-usage: bench/torch_single.py w1|w2 [--variants a,b] [--batch B] [--steps 10] [--warmup 3]
+--profile-dir DIR profiles one more step of each variant with torch.profiler
+(DIR/WORKLOAD-VARIANT.json, a Chrome trace for bench/profile_summary.py).
+
+usage: bench/torch_single.py w1|w2 [--variants a,b] [--batch B] [--steps 10] [--warmup 3] [--profile-dir DIR]
 """
 import argparse
 import json
@@ -28,7 +31,7 @@ import torch_pipelining as tp
 VARIANTS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile"]
 
 
-def run(workload, variant, batch, steps, warmup, name):
+def run(workload, variant, batch, steps, warmup, name, profile_dir=None):
     import torch
     dev = torch.device("cuda", 0)
     cl = workload == "w1" and variant != "pytorch-1gpu"
@@ -71,6 +74,8 @@ def run(workload, variant, batch, steps, warmup, name):
         torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
     times = times[warmup:]
+    # --profile-dir: one more step under torch.profiler, DIR/w1-NAME.json (bench/profile_summary.py)
+    tp.profile_step(run_step, [dev], argparse.Namespace(profile_dir=profile_dir), "%s-%s" % (workload, name))
     med = statistics.median(times)
     w = tp.WORKLOADS[workload]
     return {"workload": workload, "variant": name, "schedule": "single", "micro_batches": 1, "stages": 1,
@@ -88,6 +93,8 @@ def main():
     p.add_argument("--batch", type=int, default=0, help="samples per step (default: the workload's)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile-dir", default=None,
+                   help="after the timed steps, profile one more with torch.profiler: DIR/WORKLOAD-VARIANT.json")
     a = p.parse_args()
     import torch
     batch = a.batch or tp.WORKLOADS[a.workload]["batch"]
@@ -97,7 +104,7 @@ def main():
         if v == "pytorch-1gpu-cl" and a.workload != "w1":
             continue  # channels-last is for convolutions
         try:
-            r = run(a.workload, v, batch, a.steps, a.warmup, "%s-b%d" % (v, batch) if a.batch else v)
+            r = run(a.workload, v, batch, a.steps, a.warmup, "%s-b%d" % (v, batch) if a.batch else v, a.profile_dir)
         except Exception as e:  # out of memory, a compiler failure: a row that says so
             r = {"workload": a.workload, "variant": v, "batch": batch, "error": "%s: %s" % (
                 type(e).__name__, str(e).splitlines()[0] if str(e) else "")}

@@ -19,6 +19,7 @@
 #include "model/models.h"
 #include "model/op_profile.h"
 #include "model/optimizer.h"
+#include "model/out_of_memory.h"
 #include "model/training.h"
 #include "model/partition.h"
 #include "model/state_dict.h"
@@ -70,6 +71,8 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
   try {
     model->To(*device);
+    if (UsesChannelsLast(spec, *device)) ToChannelsLast(*model);
+    if (device->is_cuda()) SetCudnnBenchmark(spec.cudnn_benchmark());
     std::vector<at::Tensor> trainable;
     NamedTensors named;
     for (const auto& [name, p] : model->NamedParameters()) {
@@ -193,7 +196,9 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     // bad input; the stages find it when the job is placed (CheckLoss).
     if (what.rfind("loss.torchscript: ", 0) == 0)
       return absl::InvalidArgumentError("reference training: " + what.substr(0, what.find('\n')));
-    return absl::InternalError("reference training: " + what);
+    return TorchErrorStatus(e, absl::StatusCode::kInternal, "reference training");
+  } catch (const std::bad_alloc& e) {
+    return TorchErrorStatus(e, absl::StatusCode::kInternal, "reference training");
   } catch (const StatusError& e) {
     return Annotate(e.status(), "reference training");
   }

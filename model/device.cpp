@@ -15,4 +15,6 @@ int ComputeThreads() { return at::get_num_threads(); }
 
 int CudaDeviceCount() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 
+void SetCudnnBenchmark(bool on) { at::globalContext().setBenchmarkCuDNN(on); }
+
 }  // namespace conveyor

@@ -10,4 +10,7 @@ int ComputeThreads();
 // CUDA devices this process can use (0 in a CPU-only build).
 int CudaDeviceCount();
 
+// torch.backends.cudnn.benchmark for this process (job key cudnn_benchmark).
+void SetCudnnBenchmark(bool on);
+
 }  // namespace conveyor

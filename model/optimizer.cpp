@@ -113,4 +113,20 @@ void ScaleGrads(const std::vector<at::Tensor>& params, double factor) {
   }
 }
 
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
+  int64_t n = 0;
+  for (const auto& entry : optimizer.state()) {
+    const torch::optim::OptimizerParamState* s = entry.second.get();
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      n += bytes(sgd->momentum_buffer());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      n += bytes(adam->exp_avg()) + bytes(adam->exp_avg_sq()) + bytes(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      n += bytes(adamw->exp_avg()) + bytes(adamw->exp_avg_sq()) + bytes(adamw->max_exp_avg_sq());
+    }
+  }
+  return n;
+}
+
 }  // namespace conveyor

@@ -48,4 +48,8 @@ double GradSquaredNorm(const std::vector<at::Tensor>& params);
 // torch.nn.utils.clip_grad_norm_ does (ClipFactor in plan/lr_schedule.h).
 void ScaleGrads(const std::vector<at::Tensor>& params, double factor);
 
+// Bytes of the optimizer's state tensors (SGD's momentum buffers, Adam's and
+// AdamW's moments): what it holds besides the parameters and gradients.
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);
+
 }  // namespace conveyor

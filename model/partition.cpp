@@ -130,6 +130,25 @@ StatusOr<std::unique_ptr<Partition>> BuildPartition(const v1::JobSpec& spec, int
   return p;
 }
 
+bool UsesChannelsLast(const v1::JobSpec& spec, const c10::Device& device) {
+  switch (spec.memory_format()) {
+    case v1::MEMORY_FORMAT_CHANNELS_LAST: return true;
+    case v1::MEMORY_FORMAT_CONTIGUOUS: return false;
+    default:
+      return device.is_cuda() &&
+             (spec.model().kind() == v1::MODEL_RESNET50 || spec.model().kind() == v1::MODEL_CONVNET);
+  }
+}
+
+void ToChannelsLast(Partition& layers) {
+  at::NoGradGuard no_grad;
+  for (const std::vector<at::Tensor>& ts : {layers.Parameters(), layers.Buffers()}) {
+    for (at::Tensor t : ts) {
+      if (t.dim() == 4) t.set_data(t.data().contiguous(at::MemoryFormat::ChannelsLast));
+    }
+  }
+}
+
 StatusOr<v1::DescribeReply> DescribeJob(const v1::JobSpec& spec) {
   v1::DescribeReply reply;
   if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {

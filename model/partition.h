@@ -104,6 +104,15 @@ uint64_t DropoutSeed(uint64_t seed, int64_t step, int micro_batch, int layer);
 // zoo skips its seeded initialisation, for probing and timing).
 StatusOr<std::unique_ptr<Partition>> BuildPartition(const v1::JobSpec& spec, int begin, int end, bool init = true);
 
+// Job key memory_format: whether the job's 4-D tensors are kept channels-last
+// on `device` (auto: on CUDA, for the zoo's convolutional models).
+bool UsesChannelsLast(const v1::JobSpec& spec, const c10::Device& device);
+// Converts the 4-D parameters and buffers held (convolution weights) to
+// channels-last memory in place, as PyTorch's model.to(memory_format=
+// torch.channels_last): once, where the layers are placed, before an
+// optimizer holds them.
+void ToChannelsLast(Partition& layers);
+
 // init_from's keys must all name the model's parameters or buffers (what
 // load_state_dict(strict=True) calls unexpected keys): INVALID_ARGUMENT.
 Status CheckInitialWeightNames(const v1::JobSpec& spec, const NamedTensors& weights);

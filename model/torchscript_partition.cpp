@@ -7,10 +7,25 @@
 #include <map>
 #include <mutex>
 
+#include "model/out_of_memory.h"
+
 namespace conveyor {
 namespace {
 
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// What went wrong in a layer, in one line: the first of a LibTorch error's
+// message, or the last of the TorchScript interpreter's (it rethrows any error
+// as a std::runtime_error of a traceback that ends with the error itself).
+std::string ErrorLine(const std::exception& e) {
+  const std::string what = ErrorMessage(e);
+  if (what.rfind("The following operation failed in the TorchScript interpreter", 0) != 0) return FirstLine(what);
+  const std::size_t end = what.find_last_not_of("\n ");
+  if (end == std::string::npos) return what;
+  const std::size_t newline = what.rfind('\n', end);
+  const std::size_t begin = newline == std::string::npos ? 0 : newline + 1;
+  return what.substr(begin, end + 1 - begin);
+}
 
 // Held while a partition seeds the process's default generators and runs the
 // layers that draw from them (several stages may share a process: tests).
@@ -114,8 +129,11 @@ class TorchScriptPartition final : public Partition {
           at::manual_seed(seed);  // CPU, and every CUDA device where there are any
         }
         x = children_[i].forward({x});
-      } catch (const c10::Error& e) {
-        return absl::InvalidArgumentError(LayerWho(i) + ": " + FirstLine(e.what_without_backtrace()));
+      } catch (const std::exception& e) {  // c10::Error, or the interpreter's std::runtime_error
+        // Out of memory is no fault of the input: it goes on as LibTorch's own
+        // error, which the stage answers with RESOURCE_EXHAUSTED and what it held.
+        if (IsOutOfMemory(e)) C10_THROW_ERROR(OutOfMemoryError, LayerWho(i) + ": " + ErrorLine(e));
+        return absl::InvalidArgumentError(LayerWho(i) + ": " + ErrorLine(e));
       }
     }
     return Flatten(x, LayerWho(children_.size() - 1));

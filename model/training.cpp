@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "model/dataset.h"
+#include "model/partition.h"
 #include "transport/tensor_codec.h"
 
 namespace conveyor {
@@ -148,7 +149,12 @@ at::Tensor ToModel(const v1::JobSpec& spec, const at::Tensor& inputs, const at::
 }
 
 BatchLoader::BatchLoader(const v1::JobSpec& spec, Dataset* data, const at::Device& device, bool inputs, bool labels)
-    : spec_(spec), data_(data), device_(device), inputs_(inputs), labels_(labels) {}
+    : spec_(spec),
+      data_(data),
+      device_(device),
+      inputs_(inputs),
+      labels_(labels),
+      channels_last_(UsesChannelsLast(spec, device)) {}
 
 BatchLoader::~BatchLoader() {
   if (ahead_) ahead_->batch.wait();  // the gather reads *data_
@@ -179,6 +185,7 @@ BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
   ahead_.reset();
   Batch b;
   if (host.inputs.defined()) b.inputs = ToModel(spec_, host.inputs, device_);
+  if (channels_last_ && b.inputs.dim() == 4) b.inputs = b.inputs.contiguous(at::MemoryFormat::ChannelsLast);
   if (host.labels.defined()) b.labels = host.labels.to(device_, /*non_blocking=*/device_.is_cuda());
   return b;
 }

@@ -83,6 +83,7 @@ class BatchLoader {
   Dataset* data_;
   const at::Device device_;
   const bool inputs_, labels_;
+  const bool channels_last_;  // 4-D inputs converted on the device (memory_format)
   struct Ahead {
     v1::Phase phase;
     int64_t step;

@@ -866,6 +866,27 @@ std::vector<JobKey> MakeTable() {
       "sizes) and a loss on W2's 1F1B (see bench/RESULTS.md), hence off by default")
       .Default("false")
       .Set([](const V& v, S* s) { s->set_cuda_graphs(v.flag); });
+  add("memory_format", kChoice,
+      "how 4-D tensors are laid out: `channels_last` converts the convolution weights once when a stage places them, "
+      "the model's input once as it is loaded, and keeps activations and their gradients channels-last across "
+      "stages (the frames say so; nothing is converted back and forth), as PyTorch's "
+      "`model.to(memory_format=torch.channels_last)` does; `contiguous` keeps NCHW; `auto` is `channels_last` on "
+      "CUDA devices for the zoo's convolutional models (resnet50, convnet: cuDNN's NHWC kernels and Tensor Cores) "
+      "and `contiguous` elsewhere (LibTorch's CPU convolutions gain nothing). The arithmetic is the same up to "
+      "float rounding")
+      .Choices(Names<v1::MemoryFormat>({{"auto", v1::MEMORY_FORMAT_AUTO},
+                                        {"contiguous", v1::MEMORY_FORMAT_CONTIGUOUS},
+                                        {"channels_last", v1::MEMORY_FORMAT_CHANNELS_LAST}}))
+      .Expect("auto, contiguous or channels_last")
+      .Default("auto")
+      .Set([](const V& v, S* s) { s->set_memory_format(static_cast<v1::MemoryFormat>(v.integer)); });
+  add("cudnn_benchmark", kBool,
+      "CUDA stages (and `conveyor train --reference` on CUDA) let cuDNN time its algorithms for each convolution "
+      "shape on first use and keep the fastest (`torch.backends.cudnn.benchmark`). The first step of each micro-batch "
+      "size is slower; later ones use the chosen kernels, whose rounding may differ from the default ones. Ignored "
+      "on the CPU")
+      .Default("true")
+      .Set([](const V& v, S* s) { s->set_cudnn_benchmark(v.flag); });
   add("profile_step", kInt,
       "a training step (1-based) that every stage, and `conveyor train --reference`, runs under LibTorch's operator "
       "profiler, writing a Chrome trace (`<job>-step<N>-stage<K>.json`) to the stage server's `--profile-dir` "

@@ -9,6 +9,7 @@
 
 #include <utility>
 
+#include "model/out_of_memory.h"
 #include "stage_server/device_graph.h"
 
 namespace conveyor {
@@ -51,8 +52,7 @@ class CudaGraph final : public DeviceGraph {
         graph_.capture_end();
       } catch (const c10::Error&) {
       }
-      return absl::FailedPreconditionError(std::string("cannot be captured as a CUDA graph: ") +
-                                           e.what_without_backtrace());
+      return TorchErrorStatus(e, absl::StatusCode::kFailedPrecondition, "cannot be captured as a CUDA graph");
     }
     try {
       graph_.capture_end();

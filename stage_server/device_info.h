@@ -16,4 +16,8 @@ int64_t CudaReservedBytes(const std::string& device);
 // unknown. It names the physical GPU whatever CUDA_VISIBLE_DEVICES numbers it.
 std::string CudaDeviceUuid(const std::string& device);
 
+// Gives the blocks the caching allocator keeps but nothing uses back to the
+// devices (torch.cuda.empty_cache()); nothing without CUDA.
+void EmptyCudaCache();
+
 }  // namespace conveyor

@@ -1,5 +1,6 @@
 // What a CUDA build can tell about a device: the caching allocator's reserve
-// (for conveyor_stage_device_memory_bytes) and the GPU's UUID (StageInfo).
+// (for conveyor_stage_device_memory_bytes and out-of-memory answers), emptying
+// its cache after one, and the GPU's UUID (StageInfo).
 #include "stage_server/device_info.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,6 +25,13 @@ int64_t CudaReservedBytes(const std::string& device) {
     return stats.reserved_bytes[0].current;
   } catch (const std::exception&) {
     return -1;
+  }
+}
+
+void EmptyCudaCache() {
+  try {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  } catch (const std::exception&) {
   }
 }
 

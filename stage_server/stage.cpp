@@ -133,6 +133,7 @@ void Stage::Impl::DropJob() {
   inbox_.Close();
   if (job_ && job_->transport) job_->transport->Shutdown();
   job_.reset();
+  if (device_.is_cuda()) EmptyCudaCache();  // what the job held goes back to the device
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_.clear();
   stage_index_ = -1;
@@ -178,7 +179,10 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   for (int64_t d : InputSampleShape(spec)) shape.push_back(d);
   v1::ProfileReply reply;
   try {
-    Tensors x{at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))))};
+    const bool channels_last = UsesChannelsLast(spec, device_);  // timed as the job will run
+    at::Tensor input = at::zeros(shape, at::TensorOptions().device(device_).dtype(FromWireDType(InputDType(spec))));
+    if (channels_last && input.dim() == 4) input = input.contiguous(at::MemoryFormat::ChannelsLast);
+    Tensors x{input};
     std::vector<int64_t> label_shape{rows};
     for (int64_t d : LabelSampleShape(spec)) label_shape.push_back(d);
     const at::Tensor labels =
@@ -195,6 +199,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
     for (int i = 0; i < layers; ++i) {
       CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layer, BuildPartition(spec, i, i + 1, /*init=*/false));
       layer->To(device_);
+      if (channels_last) ToChannelsLast(*layer);
       v1::LayerCost* cost = reply.add_layers();
       for (const auto& p : layer->Parameters()) cost->set_parameters(cost->parameters() + p.numel());
       Tensors out;
@@ -238,10 +243,8 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
       x.clear();
       for (const at::Tensor& o : out) x.push_back(o.detach());
     }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(std::string("profiling the model: ") + e.what_without_backtrace());
-  } catch (const StatusError& e) {
-    return Annotate(e.status(), "profiling the model");
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, StatusError
+    return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");
   }
   return reply;
 }
@@ -273,6 +276,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
   }
   DropJob();
+  if (device_.is_cuda()) SetCudnnBenchmark(a.spec().cudnn_benchmark());
 
   auto job = std::make_unique<Job>();
   job->assignment = a;
@@ -296,6 +300,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     try {
       if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
       c.layers->To(device_);
+      if (UsesChannelsLast(a.spec(), device_)) ToChannelsLast(*c.layers);
       auto specs = ProbeSpecs(*c.layers, c.inputs, device_);
       if (!specs.ok()) return Annotate(specs.status(), cannot);
       c.outputs = std::move(*specs);
@@ -303,8 +308,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
         return absl::InvalidArgumentError(what + ": the model's last layer returns " +
                                           std::to_string(c.outputs.size()) + " tensors; the loss takes one");
       }
-    } catch (const c10::Error& e) {
-      return absl::InvalidArgumentError(cannot + ": " + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
     }
     const std::vector<int64_t> made(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
     std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());

@@ -277,6 +277,18 @@ class Stage::Impl {
   Status AllReduceGradients(StepState& st);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
+  // Out of memory (stage_memory.cpp). What this stage holds, in words:
+  // parameters, gradients, optimizer state, the step's activations (with
+  // `st`), the caching allocator's reserve on a GPU.
+  std::string MemoryHeld(const StepState* st) const;
+  // An exception caught where LibTorch is called, as a Status: a
+  // StatusError's own status; RESOURCE_EXHAUSTED naming MemoryHeld and the
+  // allocator's message for an allocation that failed; else `code`.
+  Status TorchFailure(const std::exception& e, absl::StatusCode code, const std::string& context,
+                      const StepState* st = nullptr) const;
+  // After a failed step: drops its activations and empties the caching
+  // allocator, so that the job holds only its parameters and optimizer state.
+  void FreeStep(StepState& st);
   v1::CheckpointHeader CheckpointHeaderFor(int64_t step) const;
   // The job's parameters, buffers, optimizer state and CPU RNG as an archive.
   std::string SerializeState();

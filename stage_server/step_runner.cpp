@@ -45,6 +45,7 @@ Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb
     CONVEYOR_ASSIGN_OR_RETURN(v1::DType dtype, ToWireDType(t.scalar_type()));
     h.mutable_tensor()->set_dtype(dtype);
     for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
+    h.mutable_tensor()->set_channels_last(SendsChannelsLast(t));
     frame.payload = MakeTensorPayload(t);
     const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
     CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->Send(peer, std::move(frame)), Who()));
@@ -275,9 +276,9 @@ Status Stage::Impl::RunActions(StepState& st) {
       Span span(st, v1::TraceEvent::OPTIMIZER, 0, -1);
       CONVEYOR_RETURN_IF_ERROR(PrepareUpdate(st));
     }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(Who() + " step " + std::to_string(st.req->step()) + ", " + doing + ": " +
-                               e.what_without_backtrace());
+  } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, StatusError
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(st.req->step()) + ", " + doing,
+                        &st);
   }
   return absl::OkStatus();
 }
@@ -349,9 +350,8 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
       }
       job_->optimizer->step();
     }
-  } catch (const c10::Error& e) {
-    return absl::InternalError(Who() + " step " + std::to_string(req.step()) + ", optimizer step: " +
-                               e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
   }
   v1::ApplyStepReply reply;
   if (req.checkpoint()) {
@@ -553,9 +553,10 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
         st.busy += (us[d.end_mark] - us[d.start_mark]) * 1e-6;
       }
     }
-  } catch (const c10::Error& e) {
-    status = absl::InternalError(Who() + " step " + std::to_string(req.step()) + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
   }
+  if (status.code() == absl::StatusCode::kResourceExhausted) FreeStep(st);
   if (!status.ok()) {
     LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
     return status;

@@ -29,14 +29,21 @@ class TensorPayload final : public Payload {
   std::optional<c10::Event> ready_;
 };
 
-// What the stage sends: `t` detached and contiguous, and on a GPU an event
+// Whether `t` is a 4-D tensor held channels-last (and not also contiguous):
+// it travels in that order, and its frame's header says so
+// (Tensor.channels_last), so that no stage converts it to NCHW and back.
+bool SendsChannelsLast(const at::Tensor& t);
+
+// What the stage sends: `t` detached and contiguous (a channels-last `t` as
+// the contiguous [N, H, W, C] view of its bytes), and on a GPU an event
 // recorded on its device's current stream.
 std::unique_ptr<Payload> MakeTensorPayload(const at::Tensor& t);
 
 // The tensor of a received, checked frame, on `device`: a TensorPayload's
 // (its ready event waited for on the current stream, which is recorded on
 // the tensor for the caching allocator), or one over a
-// HostPayload's bytes; moved to `device` when it is elsewhere.
+// HostPayload's bytes; moved to `device` when it is elsewhere. A header with
+// channels_last gives the [N, C, H, W] tensor with channels-last strides.
 at::Tensor TakeTensor(Frame& frame, const at::Device& device);
 
 // A payload with the same bytes and no memory shared with `p`.

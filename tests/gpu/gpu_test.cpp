@@ -1,10 +1,13 @@
 // Stages on CUDA devices. Every test skips where there is no GPU (CI); on the
 // GPU machine they run with TF32 off and deterministic cuDNN, against the
 // reference on the same device.
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "cli/local_cluster.h"
@@ -42,9 +45,12 @@ class GpuTest : public ::testing::Test {
   int gpus_ = 0;
 };
 
+// cuDNN's autotuning off: the tests compare runs that must choose the same
+// algorithms (memory_format auto: channels-last on the GPU, stages and
+// reference alike).
 const char* kConvNet =
     "model: convnet\ndata: {name: synthetic, train_samples: 256}\nbatch_size: 32\nsteps: 20\n"
-    "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 4\neval: true\n";
+    "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\nseed: 4\neval: true\ncudnn_benchmark: false\n";
 const char* kGpt =
     "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"
     "data: {name: synthetic, train_samples: 128}\nbatch_size: 16\nsteps: 20\n"
@@ -95,6 +101,34 @@ TEST_F(GpuTest, CudaGraphsEqualTheGpuReference) {
   }
 }
 
+// W1's settings on the GPU together: channels-last, cuDNN autotuning and
+// CUDA graphs, on one stage and across two (activations and gradients cross
+// channels-last), train as the contiguous reference without autotuning does,
+// within what other convolution algorithms' rounding moves in 20 steps.
+TEST_F(GpuTest, ChannelsLastWithAutotuningAndGraphsTrainsAsTheContiguousReference) {
+  const cli::ReferenceResult ref =
+      testing::Reference(std::string(kConvNet) + "memory_format: contiguous\n", "cuda:0");
+  for (int stages : {1, 2}) {
+    const std::string yaml = std::string(kConvNet) + "partition: {stages: " + std::to_string(stages) +
+                             "}\nmicro_batches: 1\nschedule: gpipe\nmemory_format: channels_last\n"
+                             "cudnn_benchmark: true\ncuda_graphs: true\n";
+    testing::InProcessCluster cluster(stages, nullptr, Devices(stages));
+    auto coordinator = cluster.StartCoordinator();
+    v1::JobStatus run = testing::RunToEnd(*coordinator, yaml);
+    at::globalContext().setBenchmarkCuDNN(false);
+    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+    for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), 19) << stage.index();
+    ASSERT_EQ(run.losses_size(), ref.status.losses_size());
+    for (int i = 0; i < run.losses_size(); ++i)
+      EXPECT_NEAR(run.losses(i), ref.status.losses(i), 1e-4 + 1e-3 * std::abs(ref.status.losses(i))) << i;
+    const auto params = cluster.Parameters(run.job_id(), stages);
+    ASSERT_EQ(params.size(), ref.parameters.size());
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(at::allclose(params[i].second.cpu(), ref.parameters[i].second.cpu(), 1e-3, 1e-4))
+          << params[i].first;
+  }
+}
+
 TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   const std::string yaml = std::string(kGpt) + "precision: bf16\npartition: {stages: 2}\nmicro_batches: 4\n";
   testing::InProcessCluster cluster(2, nullptr, Devices(2));
@@ -102,6 +136,38 @@ TEST_F(GpuTest, Bf16GptTrainsOnGpus) {
   v1::JobStatus run = testing::RunToEnd(*coordinator, yaml);
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
+}
+
+// Out of memory is an answer, not a crash: a job whose activations need some
+// 300 GB (ResNet50 at 160x160 keeps tens of MB a sample for its backward;
+// 4096 samples in one micro-batch, each tensor under the 2^31 elements that
+// cuDNN's kernels index) fails with RESOURCE_EXHAUSTED naming the stage, what
+// it held and the allocation that failed; the same stage server process then
+// trains a small job.
+TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 1;
+  options.devices = {"cuda:0"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->coordinator_address();
+  const v1::JobStatus huge = testing::SubmitAndWait(
+      address,
+      "model: {name: resnet50, image_size: 160, num_classes: 10}\npartition: {stages: 1}\n"
+      "data: {name: synthetic, train_samples: 4096, test_samples: 0}\nbatch_size: 4096\nmicro_batches: 1\n"
+      "optimizer: {name: sgd, lr: 0.001, momentum: 0.9}\nloss: mse\nsteps: 2\ncudnn_benchmark: false\n");
+  ASSERT_EQ(huge.state(), v1::JOB_STATE_FAILED) << huge.error();
+  EXPECT_EQ(huge.error_code(), "RESOURCE_EXHAUSTED") << huge.error();
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("stage 0 step 0"));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("out of memory"));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("holding parameters "));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("the allocation that failed: "));
+  EXPECT_THAT(huge.error(), ::testing::HasSubstr("caching allocator reserved "));
+  const v1::JobStatus small = testing::SubmitAndWait(address, std::string(kConvNet) + "partition: {stages: 1}\n");
+  EXPECT_EQ(small.state(), v1::JOB_STATE_SUCCEEDED) << small.error();
+  EXPECT_EQ(small.stages(0).device(), "cuda:0");
 }
 
 // Stage server processes on two GPUs over NCCL and the gRPC stream: the Nccl

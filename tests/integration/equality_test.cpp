@@ -256,6 +256,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
   if (c.extra.find("eval: true") != std::string::npos) name += "_eval";
   if (c.extra.find("cuda_graphs: true") != std::string::npos) name += "_graphs";
   if (c.extra.find("nccl_headers: grpc") != std::string::npos) name += "_grpc_headers";
+  if (c.extra.find("memory_format: channels_last") != std::string::npos) name += "_channels_last";
   if (c.replicas > 1) name += "_" + std::to_string(c.replicas) + "replicas";
   return name;
 }
@@ -302,6 +303,8 @@ INSTANTIATE_TEST_SUITE_P(Grpc, PipelineEquality,
                          ::testing::ValuesIn(Join({
                              Over(Via::kGrpc, "toy", {3}, {4}, kPlain),
                              Over(Via::kGrpc, "convnet", {2}, {4}, kAll),
+                             // Activations and gradients cross as channels-last bytes (tensor_payload.h).
+                             Over(Via::kGrpc, "convnet", {2}, {4}, {"1f1b"}, "memory_format: channels_last\n"),
                          })),
                          Name);
 // Stage server processes (was process_test's Processes and ProcessSchedules).
@@ -325,6 +328,8 @@ INSTANTIATE_TEST_SUITE_P(Replicas, PipelineEquality,
                              Replicated(Via::kInProc, {1, 2}, {"gpipe", "1f1b"}),
                              Replicated(Via::kInProc, {2}, {"interleaved", "zero-bubble"}),
                              {Case{Via::kInProc, "toy", 2, 2, "1f1b", "", 2}},
+                             // Channels-last gradients all-reduced (flattened in NCHW order, copied back).
+                             {Case{Via::kInProc, "convnet", 2, 4, "1f1b", "memory_format: channels_last\n", 2}},
                              {Case{Via::kInProc, "gpt", 2, 2, "1f1b", "", 2}},
                              Replicated(Via::kGrpc, {2}, {"1f1b"}),
                              Replicated(Via::kProcesses, {2}, {"gpipe"}),
@@ -428,6 +433,29 @@ TEST(Equality, CudaGraphsAreIgnoredOnTheCpu) {
                                                                      "schedule: 1f1b\ncuda_graphs: true\n");
   ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), CachedReference("convnet"));
   for (const auto& stage : run.stages()) EXPECT_EQ(stage.graphed_steps(), 0) << stage.index();
+}
+
+// memory_format: channels_last on the CPU (auto keeps NCHW there): the
+// ConvNet's pipeline and reference equal the contiguous reference. ResNet50's
+// two stages (BatchNorm, downsampling, activations crossing channels-last)
+// equal the channels-last reference: against the contiguous one its rounding
+// differences (1e-6 after the first layers) grow through 16 blocks to 3e-2
+// where layer4's BatchNorm normalises over 4 samples of 1x1 pixels.
+TEST(Equality, ChannelsLastEqualsContiguousOnTheCpu) {
+  at::set_num_threads(1);
+  const std::string cl = "memory_format: channels_last\n";
+  const cli::ReferenceResult reference_cl = Reference(kModels.at("convnet") + cl);
+  ExpectMatchesReference(reference_cl.status, reference_cl.parameters, CachedReference("convnet"));
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run =
+      RunToEnd(*coordinator, kModels.at("convnet") + cl + "partition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\n");
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), CachedReference("convnet"));
+  const std::string resnet =
+      "model: {name: resnet50, image_size: 32, num_classes: 10}\ndata: {name: synthetic, train_samples: 8}\n"
+      "batch_size: 4\nsteps: 2\noptimizer: {name: sgd, lr: 0.001, momentum: 0.9}\nloss: mse\npartition: {stages: 2}\n";
+  run = RunToEnd(*coordinator, resnet + cl);
+  ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), Reference(resnet + cl));
 }
 
 TEST(Equality, RecomputationGivesTheSameResultWithLessMemory) {

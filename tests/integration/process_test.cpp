@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
+
 #include "cli/local_cluster.h"
 #include "plan/job_spec.h"
 #include "common/net.h"
@@ -213,6 +215,50 @@ TEST(DeadStage, AStageThatDoesNotAnswerFailsTheJobByItsDeadline) {
   EXPECT_THAT(s.error(), HasSubstr(silent));
   EXPECT_THAT(s.error(), HasSubstr("did not answer"));
   close(fd);
+}
+
+// Out of memory on a CPU stage: a TorchScript layer asks for a petabyte once
+// it sees more than two samples (the shape probes send one, so the job is
+// accepted and configured), which the CPU allocator refuses. The job fails
+// with RESOURCE_EXHAUSTED naming the stage, the action, what it held and the
+// allocator's message; the same stage server process trains the next job.
+// The GPU's own case: tests/gpu/gpu_test.cpp.
+TEST(OutOfMemory, AStepThatCannotAllocateFailsTheJobAndTheServerServesTheNext) {
+  if (testing::RunCommand({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0)
+    GTEST_SKIP() << "no /usr/bin/python3 that imports torch (Debian's python3-torch)";
+  const std::string dir = testing::MakeTempDir("oom");
+  // TorchScript compiles from the source file: a file, not `python3 -c`.
+  std::ofstream(dir + "/make.py") <<
+       "import sys, torch, torch.nn as nn\n"
+       "class Greedy(nn.Module):\n"
+       "    def forward(self, x):\n"
+       "        if x.size(0) > 2:\n"
+       "            return x + torch.empty([281474976710656], dtype=torch.uint8).sum()\n"
+       "        return x\n"
+       "torch.jit.script(nn.Sequential(nn.Flatten(), nn.Linear(64, 10), Greedy())).save(sys.argv[1] + '/model.pt')\n"
+       "torch.save({'inputs': torch.randn(32, 1, 8, 8), 'targets': torch.randint(0, 10, (32,))}, "
+       "sys.argv[1] + '/train.pt')\n";
+  auto made = testing::RunCommand({"/usr/bin/python3", dir + "/make.py", dir});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  cli::LocalClusterOptions options;
+  options.stages = 1;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.remove_run_dir = true;
+  options.data_roots = {dir};
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->coordinator_address();
+  const v1::JobStatus greedy = testing::SubmitAndWait(
+      address, "model: {torchscript: model.pt}\ndata: {format: tensors, train: train.pt}\nbatch_size: 16\n"
+               "steps: 2\noptimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n");
+  ASSERT_EQ(greedy.state(), v1::JOB_STATE_FAILED) << greedy.error();
+  EXPECT_EQ(greedy.error_code(), "RESOURCE_EXHAUSTED") << greedy.error();
+  EXPECT_THAT(greedy.error(), HasSubstr("stage 0 step 0, forward of micro-batch 0 on cpu: out of memory"));
+  EXPECT_THAT(greedy.error(), HasSubstr("holding parameters 2.5 KiB"));
+  EXPECT_THAT(greedy.error(), HasSubstr("the allocation that failed: "));
+  EXPECT_THAT(greedy.error(), HasSubstr("281474976710656 bytes"));  // the CPU allocator's own words
+  const v1::JobStatus next = testing::SubmitAndWait(address, "model: toy\nsteps: 3\n");
+  EXPECT_EQ(next.state(), v1::JOB_STATE_SUCCEEDED) << next.error();
 }
 
 }  // namespace

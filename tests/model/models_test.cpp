@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "model/partition.h"
 #include "model/zoo_partition.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
@@ -91,6 +92,38 @@ TEST(Models, Bf16PrecisionBuildsBf16Parameters) {
   auto model = BuildLayers(Spec("model: toy\nprecision: bf16"), 0, 3);
   ASSERT_TRUE(model.ok());
   for (const auto& p : (*model)->parameters()) EXPECT_EQ(p.scalar_type(), at::kBFloat16);
+}
+
+// memory_format: auto is channels-last on CUDA for the convolutional models
+// only; ToChannelsLast converts the convolution weights, and a channels-last
+// forward equals the contiguous one within float rounding.
+TEST(Models, ChannelsLastConvertsTheConvolutionWeights) {
+  const at::Device cpu(at::kCPU), gpu(at::kCUDA, 0);
+  EXPECT_FALSE(UsesChannelsLast(Spec("model: convnet"), cpu));
+  EXPECT_TRUE(UsesChannelsLast(Spec("model: convnet"), gpu));
+  EXPECT_TRUE(UsesChannelsLast(Spec("model: {name: resnet50, image_size: 32}"), gpu));
+  EXPECT_FALSE(UsesChannelsLast(Spec("model: {name: gpt, vocab: 40, width: 16, blocks: 2, heads: 2, seq_len: 6}"), gpu));
+  EXPECT_TRUE(UsesChannelsLast(Spec("model: convnet\nmemory_format: channels_last"), cpu));
+  EXPECT_FALSE(UsesChannelsLast(Spec("model: convnet\nmemory_format: contiguous"), gpu));
+
+  const v1::JobSpec spec = Spec("model: convnet");
+  auto plain = BuildPartition(spec, 0, 12);
+  auto cl = BuildPartition(spec, 0, 12);
+  ASSERT_TRUE(plain.ok() && cl.ok());
+  ToChannelsLast(**cl);
+  int converted = 0;
+  for (const at::Tensor& p : (*cl)->Parameters()) {
+    if (p.dim() != 4) continue;
+    EXPECT_TRUE(p.is_contiguous(at::MemoryFormat::ChannelsLast));
+    if (p.size(1) > 1) EXPECT_FALSE(p.is_contiguous());  // one input channel: both layouts at once
+    ++converted;
+  }
+  EXPECT_EQ(converted, 2);  // the two convolutions
+  const at::Tensor x = at::randn({4, 1, 28, 28});
+  auto a = (*plain)->ForwardOne(x);
+  auto b = (*cl)->ForwardOne(x.contiguous(at::MemoryFormat::ChannelsLast));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(at::allclose(*a, *b, 1e-5, 1e-6));
 }
 
 TEST(Models, SeedChangesWeights) {

@@ -1,0 +1,51 @@
+// Out of memory is an answer, not a crash: a stage whose device (or host)
+// cannot allocate fails the step with RESOURCE_EXHAUSTED saying what it held
+// and what it asked for, frees the step's activations and the allocator's
+// cache, and goes on serving (the coordinator releases the job).
+#include <new>
+
+#include "model/out_of_memory.h"
+#include "stage_server/stage_impl.h"
+
+namespace conveyor {
+
+std::string Stage::Impl::MemoryHeld(const StepState* st) const {
+  int64_t params = 0, grads = 0;
+  if (job_) {
+    for (const Chunk& c : job_->chunks) {
+      for (const at::Tensor& p : c.layers->Parameters()) {
+        params += Bytes(p);
+        if (p.grad().defined()) grads += Bytes(p.grad());
+      }
+    }
+  }
+  std::string held = "holding parameters " + ByteString(params) + ", gradients " + ByteString(grads);
+  if (job_ && job_->optimizer) held += ", optimizer state " + ByteString(OptimizerStateBytes(*job_->optimizer));
+  if (st) {
+    held += ", activations of " + std::to_string(st->held.size()) + " micro-batches in flight " +
+            ByteString(st->held_bytes) + " (at most " + ByteString(st->peak_bytes) + " this step)";
+  }
+  if (device_.is_cuda()) {
+    const int64_t reserved = CudaReservedBytes(device_.str());
+    if (reserved >= 0) held += "; " + device_.str() + "'s caching allocator reserved " + ByteString(reserved);
+  }
+  return held;
+}
+
+Status Stage::Impl::TorchFailure(const std::exception& e, absl::StatusCode code, const std::string& context,
+                                 const StepState* st) const {
+  if (const auto* carried = dynamic_cast<const StatusError*>(&e)) return Annotate(carried->status(), context);
+  if (!IsOutOfMemory(e)) return TorchErrorStatus(e, code, context);
+  return TorchErrorStatus(e, code, context + " on " + device_.str(), MemoryHeld(st));
+}
+
+void Stage::Impl::FreeStep(StepState& st) {
+  st.held.clear();
+  st.held_bytes = 0;
+  st.inputs = at::Tensor();
+  st.labels = at::Tensor();
+  st.loss_total = at::Tensor();
+  if (device_.is_cuda()) EmptyCudaCache();
+}
+
+}  // namespace conveyor
