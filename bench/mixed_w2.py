@@ -8,7 +8,7 @@ for --steps steps on one device, one after the other:
   pytorch-autocast   a plain PyTorch loop: fp32 parameters (the master weights),
                      forward under torch.autocast(bfloat16), the loss in fp32,
                      torch.optim.SGD
-  conveyor-bf16-mixed  `conveyor train --reference` of the scripted module with
+  conveyor-bf16-mixed  `conveyor local` (one stage server) of the scripted module with
                      `precision: bf16-mixed` (the same weights and batches)
   conveyor-bf16      the same with `precision: bf16` (pure bf16 parameters; a
                      different arithmetic: its curve is shown, not compared;
@@ -63,14 +63,18 @@ def run_autocast(args, model, tokens):
         sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        loss.backward()
+        total = 0.0
+        # Micro-batches as Conveyor splits them, each loss weighted by its share.
+        for xm, ym in zip(x.tensor_split(args.micro_batches), y.tensor_split(args.micro_batches)):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                logits = model(xm)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), ym.flatten()) * (xm.size(0) / BATCH)
+            loss.backward()
+            total += float(loss)
         opt.step()
         sync()
         times.append(time.perf_counter() - t0)
-        losses.append(float(loss))
+        losses.append(total)
     peak = torch.cuda.max_memory_allocated(dev) if cuda else 0
     model.to("cpu")
     del opt
@@ -81,18 +85,20 @@ def run_autocast(args, model, tokens):
 
 
 def memory_of(summary):
-    """The largest per-stage figure of device memory the summary reports, in GiB (None if it has none)."""
-    best = None
+    """The largest stage's device peak (GiB) and its memory report, from the summary."""
+    best, parts = None, None
     for stage in summary.get("stages") or []:
-        mem = stage.get("memory") if isinstance(stage, dict) else None
-        if isinstance(mem, dict):
-            total = sum(v for v in mem.values() if isinstance(v, (int, float)))
-            best = max(best or 0, total)
-    return round(best / 2**30, 2) if best else None
+        mem = stage.get("memory") or {}
+        if mem.get("device_peak_bytes", 0) > (best or 0):
+            best = mem["device_peak_bytes"]
+            parts = {k.replace("_bytes", ""): round(v / 2**30, 2) for k, v in mem.items()}
+    return (round(best / 2**30, 2) if best else None), parts
 
 
 def run_conveyor(args, name, job_path):
-    cmd = [os.path.join(args.bin, "conveyor"), "train", job_path, "--reference", "--device", args.device, "--json"]
+    # One stage server (`conveyor local`), whose summary reports its memory.
+    cmd = [os.path.join(args.bin, "conveyor"), "local", job_path, "--device", "cuda" if "cuda" in args.device else "cpu",
+           "--json"]
     log = os.path.join(args.out, name + ".log")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     open(log, "w").write(proc.stderr)
@@ -102,7 +108,10 @@ def run_conveyor(args, name, job_path):
     json.dump(summary, open(os.path.join(args.out, name + ".json"), "w"), indent=1)
     sps = summary["steady_samples_per_second"]
     losses = summary.get("losses") or []
-    return {"variant": name, "ms_per_step": round(1000.0 * BATCH / sps, 1), "peak_gib": memory_of(summary),
+    peak, parts = memory_of(summary)
+    if parts:
+        print("%s: memory (GiB) %s" % (name, parts), file=sys.stderr)
+    return {"variant": name, "ms_per_step": round(1000.0 * BATCH / sps, 1), "peak_gib": peak,
             "final_loss": round(losses[-1], 4) if losses else None}, losses
 
 
@@ -111,6 +120,9 @@ def main():
     p.add_argument("--bin", default=os.path.join(os.path.dirname(HERE), "build", "bin"))
     p.add_argument("--out", default="mixed-w2")
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--micro-batches", type=int, default=2,
+                   help="the batch in this many micro-batches, gradients accumulated (fp32 W2 at 32 x 1024 "
+                        "tokens in one does not fit 80 GB)")
     p.add_argument("--bf16-steps", type=int, default=12, help="steps of the pure-bf16 run")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--blocks", type=int, default=24)
@@ -149,7 +161,7 @@ def main():
         path = os.path.join(args.out, name + ".yaml")
         job(path, ["name: " + name, "model: {torchscript: w2-fp32.pt}",
                    "data: {format: tokens, train: tokens.bin, dtype: uint16, seq_len: %d, shuffle: false}" % T,
-                   "batch_size: %d" % BATCH, "micro_batches: 1", "precision: " + precision,
+                   "batch_size: %d" % BATCH, "micro_batches: %d" % args.micro_batches, "precision: " + precision,
                    "optimizer: {name: sgd, lr: %g}" % LR,
                    "steps: %d" % (args.steps if precision == "bf16-mixed" else min(args.steps, args.bf16_steps)),
                    "stage_timeout: 120"])

@@ -156,6 +156,12 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                       {"num_parameters", st.num_parameters()},
                       {"peak_activations", st.peak_activations()},
                       {"peak_activation_bytes", st.peak_activation_bytes()},
+                      {"memory",
+                       {{"parameter_bytes", st.parameter_bytes()},
+                        {"gradient_bytes", st.gradient_bytes()},
+                        {"optimizer_state_bytes", st.optimizer_state_bytes()},
+                        {"activation_bytes", st.peak_activation_bytes()},
+                        {"device_peak_bytes", st.device_peak_bytes()}}},
                       {"busy_fraction", st.busy_fraction()},
                       {"idle_fraction", st.idle_fraction()},
                       {"graphed_steps", st.graphed_steps()},
@@ -214,6 +220,13 @@ std::string Summary(const v1::JobStatus& s) {
     if (st.transport() != v1::LINK_NONE) out << ", " << LinkName(st.transport()) << " to next";
     if (st.graphed_steps() > 0) out << ", " << Plural(st.graphed_steps(), "step") << " as CUDA graphs";
     out << "\n";
+    if (st.parameter_bytes() > 0) {
+      out << "    memory: parameters " << FormatBytes(st.parameter_bytes()) << ", gradients "
+          << FormatBytes(st.gradient_bytes()) << ", optimizer state " << FormatBytes(st.optimizer_state_bytes())
+          << ", activations " << FormatBytes(st.peak_activation_bytes());
+      if (st.device_peak_bytes() > 0) out << "; device peak " << FormatBytes(st.device_peak_bytes());
+      out << "\n";
+    }
   }
   if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
   if (s.checkpoint_step() > 0 || s.recoveries() > 0)

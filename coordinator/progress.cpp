@@ -54,6 +54,10 @@ void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replie
     r->set_peak_activations(std::max(r->peak_activations(), replies[s].peak_activations()));
     if (replies[s].graphed()) r->set_graphed_steps(r->graphed_steps() + 1);
     r->set_peak_activation_bytes(std::max(r->peak_activation_bytes(), replies[s].peak_activation_bytes()));
+    r->set_parameter_bytes(std::max(r->parameter_bytes(), replies[s].parameter_bytes()));
+    r->set_gradient_bytes(std::max(r->gradient_bytes(), replies[s].gradient_bytes()));
+    r->set_optimizer_state_bytes(std::max(r->optimizer_state_bytes(), replies[s].optimizer_state_bytes()));
+    r->set_device_peak_bytes(std::max(r->device_peak_bytes(), replies[s].device_peak_bytes()));
     r->set_busy_fraction(wall_[s] > 0 ? busy_[s] / wall_[s] : 0);
     r->set_idle_fraction(wall_[s] > 0 ? std::max(0.0, 1 - busy_[s] / wall_[s]) : 0);
   }

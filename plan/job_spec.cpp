@@ -461,7 +461,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("save.format: torchscript needs a model from a TorchScript archive (model: {torchscript: PATH}); "
                    "the zoo's " + ModelName(m.kind()) + " saves as state_dict only");
   if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16 &&
-      spec.precision() != v1::PRECISION_BF16_MIXED)
+      spec.precision() != v1::PRECISION_BF16_MIXED && spec.precision() != v1::PRECISION_FP16_MIXED)
     return Invalid("precision: unknown");
   // A TorchScript model's layers are counted when the job is placed (stage 0
   // reads the archive); a zoo model's are known now.

@@ -16,6 +16,11 @@ int64_t CudaReservedBytes(const std::string& device);
 // unknown. It names the physical GPU whatever CUDA_VISIBLE_DEVICES numbers it.
 std::string CudaDeviceUuid(const std::string& device);
 
+// The caching allocator's peak of allocated bytes on `device` since the last
+// ResetCudaPeak (or the start); -1 where unknown.
+int64_t CudaPeakAllocatedBytes(const std::string& device);
+void ResetCudaPeak(const std::string& device);
+
 // Gives the blocks the caching allocator keeps but nothing uses back to the
 // devices (torch.cuda.empty_cache()); nothing without CUDA.
 void EmptyCudaCache();

@@ -28,6 +28,21 @@ int64_t CudaReservedBytes(const std::string& device) {
   }
 }
 
+int64_t CudaPeakAllocatedBytes(const std::string& device) {
+  try {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(DeviceIndex(device)).allocated_bytes[0].peak;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+void ResetCudaPeak(const std::string& device) {
+  try {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(DeviceIndex(device));
+  } catch (const std::exception&) {
+  }
+}
+
 void EmptyCudaCache() {
   try {
     c10::cuda::CUDACachingAllocator::emptyCache();

@@ -9,4 +9,8 @@ std::string CudaDeviceUuid(const std::string&) { return ""; }
 
 void EmptyCudaCache() {}
 
+int64_t CudaPeakAllocatedBytes(const std::string&) { return -1; }
+
+void ResetCudaPeak(const std::string&) {}
+
 }  // namespace conveyor

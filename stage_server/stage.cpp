@@ -276,6 +276,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
   }
   DropJob();
+  if (device_.is_cuda()) ResetCudaPeak(device_.str());  // the job's own peak (ReportMemory)
   if (device_.is_cuda()) SetCudnnBenchmark(a.spec().cudnn_benchmark());
 
   auto job = std::make_unique<Job>();

@@ -281,6 +281,9 @@ class Stage::Impl {
   // parameters, gradients, optimizer state, the step's activations (with
   // `st`), the caching allocator's reserve on a GPU.
   std::string MemoryHeld(const StepState* st) const;
+  // Bytes of parameters, gradients and optimizer state, and on CUDA the
+  // allocator's peak, into the step's reply (the job summary's memory).
+  void ReportMemory(v1::RunStepReply* reply) const;
   // An exception caught where LibTorch is called, as a Status: a
   // StatusError's own status; RESOURCE_EXHAUSTED naming MemoryHeld and the
   // allocator's message for an allocation that failed; else `code`.

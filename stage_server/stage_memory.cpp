@@ -2,6 +2,7 @@
 // cannot allocate fails the step with RESOURCE_EXHAUSTED saying what it held
 // and what it asked for, frees the step's activations and the allocator's
 // cache, and goes on serving (the coordinator releases the job).
+#include <algorithm>
 #include <new>
 
 #include "model/out_of_memory.h"
@@ -9,7 +10,7 @@
 
 namespace conveyor {
 
-std::string Stage::Impl::MemoryHeld(const StepState* st) const {
+void Stage::Impl::ReportMemory(v1::RunStepReply* reply) const {
   int64_t params = 0, grads = 0;
   if (job_) {
     for (const Chunk& c : job_->chunks) {
@@ -19,8 +20,18 @@ std::string Stage::Impl::MemoryHeld(const StepState* st) const {
       }
     }
   }
-  std::string held = "holding parameters " + ByteString(params) + ", gradients " + ByteString(grads);
-  if (job_ && job_->optimizer) held += ", optimizer state " + ByteString(OptimizerStateBytes(*job_->optimizer));
+  reply->set_parameter_bytes(params);
+  reply->set_gradient_bytes(grads);
+  reply->set_optimizer_state_bytes(job_ && job_->optimizer ? OptimizerStateBytes(*job_->optimizer) : 0);
+  if (device_.is_cuda()) reply->set_device_peak_bytes(std::max<int64_t>(0, CudaPeakAllocatedBytes(device_.str())));
+}
+
+std::string Stage::Impl::MemoryHeld(const StepState* st) const {
+  v1::RunStepReply m;
+  ReportMemory(&m);
+  std::string held =
+      "holding parameters " + ByteString(m.parameter_bytes()) + ", gradients " + ByteString(m.gradient_bytes());
+  if (job_ && job_->optimizer) held += ", optimizer state " + ByteString(m.optimizer_state_bytes());
   if (st) {
     held += ", activations of " + std::to_string(st->held.size()) + " micro-batches in flight " +
             ByteString(st->held_bytes) + " (at most " + ByteString(st->peak_bytes) + " this step)";

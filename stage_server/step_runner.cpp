@@ -567,6 +567,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   reply.set_peak_activations(st.peak_count);
   reply.set_peak_activation_bytes(st.peak_bytes);
   reply.set_busy_seconds(st.busy);
+  if (st.train) ReportMemory(&reply);
   if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }

@@ -125,7 +125,9 @@ TEST_F(GpuTest, ChannelsLastWithAutotuningAndGraphsTrainsAsTheContiguousReferenc
     ASSERT_EQ(params.size(), ref.parameters.size());
     for (std::size_t i = 0; i < params.size(); ++i)
       EXPECT_TRUE(at::allclose(params[i].second.cpu(), ref.parameters[i].second.cpu(), 1e-3, 1e-4))
-          << params[i].first;
+          << params[i].first << " on " << stages << " stage(s): largest difference "
+          << (params[i].second.cpu().to(at::kDouble) - ref.parameters[i].second.cpu().to(at::kDouble)).abs().max().item<double>()
+          << ", largest value " << ref.parameters[i].second.cpu().abs().max().item<double>();
   }
 }
 

@@ -475,6 +475,26 @@ TEST(Equality, RecomputationGivesTheSameResultWithLessMemory) {
   }
 }
 
+// The summary's memory per stage: parameters and their gradients in fp32,
+// Adam's two moments per parameter, the activations held at the peak.
+TEST(Equality, EachStageReportsWhatItsMemoryHolds) {
+  at::set_num_threads(1);
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  const v1::JobStatus run = RunToEnd(*coordinator,
+                                     "model: {name: mlp, input_dim: 32, hidden: [64]}\npartition: {stages: 2}\n"
+                                     "optimizer: adam\nsteps: 2\nmicro_batches: 2\n");
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  ASSERT_EQ(run.stages_size(), 2);
+  for (const auto& st : run.stages()) {
+    EXPECT_EQ(st.parameter_bytes(), 4 * st.num_parameters()) << st.index();
+    EXPECT_EQ(st.gradient_bytes(), st.parameter_bytes()) << st.index();
+    EXPECT_EQ(st.optimizer_state_bytes(), 2 * st.parameter_bytes()) << st.index();  // exp_avg, exp_avg_sq
+    EXPECT_GT(st.peak_activation_bytes(), 0) << st.index();
+    EXPECT_EQ(st.device_peak_bytes(), 0) << st.index();  // CUDA only
+  }
+}
+
 TEST(Equality, UnevenMicroBatchesFromSplitSize) {
   at::set_num_threads(1);
   // The seed's knob: 20 samples in micro-batches of 8, 8 and 4.
