@@ -123,6 +123,9 @@ def main():
     p.add_argument("--micro-batches", type=int, default=2,
                    help="the batch in this many micro-batches, gradients accumulated (fp32 W2 at 32 x 1024 "
                         "tokens in one does not fit 80 GB)")
+    p.add_argument("--schedule", default="1f1b",
+                   help="Conveyor's schedule: 1f1b runs each micro-batch's backward right after its forward, "
+                        "as the PyTorch loop does, so one micro-batch's activations are held at a time")
     p.add_argument("--bf16-steps", type=int, default=12, help="steps of the pure-bf16 run")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--blocks", type=int, default=24)
@@ -161,7 +164,8 @@ def main():
         path = os.path.join(args.out, name + ".yaml")
         job(path, ["name: " + name, "model: {torchscript: w2-fp32.pt}",
                    "data: {format: tokens, train: tokens.bin, dtype: uint16, seq_len: %d, shuffle: false}" % T,
-                   "batch_size: %d" % BATCH, "micro_batches: %d" % args.micro_batches, "precision: " + precision,
+                   "batch_size: %d" % BATCH, "micro_batches: %d" % args.micro_batches, "schedule: " + args.schedule,
+                   "precision: " + precision,
                    "optimizer: {name: sgd, lr: %g}" % LR,
                    "steps: %d" % (args.steps if precision == "bf16-mixed" else min(args.steps, args.bf16_steps)),
                    "stage_timeout: 120"])
