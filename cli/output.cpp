@@ -7,6 +7,7 @@
 #include <ctime>
 #include <cstdio>
 #include <iomanip>
+#include <set>
 #include <sstream>
 
 #include "plan/job_spec.h"
@@ -253,15 +254,30 @@ std::string Plural(int64_t n, const std::string& word) {
 
 std::string StagesLines(const v1::ListStagesReply& stages) {
   std::ostringstream out;
-  int reachable = 0;
-  for (const auto& h : stages.stages()) reachable += h.reachable() ? 1 : 0;
-  out << "stage servers: " << stages.stages_size() << ", " << reachable << " answering\n";
+  int reachable = 0, placed = 0;
+  std::set<std::string> jobs;
+  for (const auto& h : stages.stages()) {
+    reachable += h.reachable() ? 1 : 0;
+    if (!h.running_job().empty()) {
+      ++placed;
+      jobs.insert(h.running_job());
+    }
+  }
+  out << "stage servers: " << stages.stages_size() << ", " << reachable << " answering, " << placed << " running "
+      << Plural(static_cast<int64_t>(jobs.size()), "job") << ", " << stages.stages_size() - placed << " free\n";
   for (const auto& h : stages.stages()) {
     out << "  " << std::left << std::setw(22) << h.address() << " ";
     if (h.reachable()) {
-      out << std::setw(8) << h.device() << " " << (h.job_id().empty() ? "idle" : "holds " + h.job_id());
+      out << std::setw(8) << h.device() << " ";
     } else {
-      out << h.error();
+      out << h.error() << "; ";
+    }
+    if (!h.running_job().empty()) {
+      out << "runs " << h.running_job();
+    } else if (h.reachable()) {
+      out << "free" << (h.job_id().empty() ? "" : " (holds the weights of " + h.job_id() + ")");
+    } else {
+      out << "free";
     }
     out << "\n";
   }

@@ -104,14 +104,17 @@ def main(src, dst, layout_path=None):
     blocks = []  # (event, x ms, width ms, y, height)
     for e in drawn:
         cat = e["cat"]
-        height = 0.25 if cat == "send" else 0.8
+        height = 0.25 if cat in ("send", "all-reduce") else 0.8
+        # A bucket's all-reduce runs beside the backward work: a thin bar
+        # along the row's lower edge.
+        y = e["tid"] + 0.4 - height if cat == "all-reduce" else e["tid"] - height / 2
         x, width = e["ts"] / 1000.0, max(e["dur"] / 1000.0, min_ms)
         thin = width * px_per_ms < EDGE_MIN_PX
-        # Sends above the work they may overlap, never hidden under it.
-        ax.broken_barh([(x, width)], (e["tid"] - height / 2, height), facecolors=COLOURS[cat],
+        # Sends and all-reduces above the work they may overlap, never hidden under it.
+        ax.broken_barh([(x, width)], (y, height), facecolors=COLOURS[cat],
                        edgecolor="none" if thin else "white", linewidth=0 if thin else 0.3,
-                       zorder=2 if cat == "send" else 1)
-        blocks.append((e, x, width, e["tid"] - height / 2, height))
+                       zorder=2 if cat in ("send", "all-reduce") else 1)
+        blocks.append((e, x, width, y, height))
 
     renderer = fig.canvas.get_renderer()
     placed = []  # (text artist, block index, box)

@@ -5,6 +5,9 @@
 #include "plan/job_spec.h"
 #include "common/logging.h"
 #include "coordinator/job_metrics.h"
+#include "coordinator/job_planner.h"
+
+#include <algorithm>
 
 namespace conveyor {
 namespace {
@@ -26,6 +29,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
   if (options.clock) c->clock_ = options.clock;
   if (!options.client_factory) options.client_factory = MakeGrpcStageClient;
   for (const auto& address : options.stages) c->clients_.push_back(options.client_factory(address));
+  c->server_job_.assign(c->clients_.size(), "");
 
   // Jobs that were running when an earlier coordinator stopped go first in
   // the queue again and resume from their last complete checkpoint.
@@ -60,10 +64,18 @@ void Coordinator::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
     stop_ = true;
-    if (runner_) runner_->Cancel(kShutdownReason);
+    for (auto& [id, job] : running_)
+      if (job.runner) job.runner->Cancel(kShutdownReason);  // one without a runner yet is cancelled by RunJob
   }
   cv_.notify_all();
   if (scheduler_.joinable()) scheduler_.join();
+  std::vector<std::thread> threads;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return running_.empty(); });
+    threads.swap(finished_);
+  }
+  for (auto& t : threads) t.join();
 }
 
 StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
@@ -95,7 +107,8 @@ StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_lo
   v1::JobStatus status;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job_id == running_id_) status = live_;
+    auto it = running_.find(job_id);
+    if (it != running_.end()) status = it->second.live;
   }
   if (status.job_id().empty()) {
     auto job = store_->Get(job_id);
@@ -110,8 +123,9 @@ StatusOr<std::vector<v1::JobStatus>> Coordinator::List(bool with_losses) {
   CONVEYOR_ASSIGN_OR_RETURN(auto jobs, store_->List());
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& j : jobs) {
-    if (j.job_id() == running_id_) {
-      j = live_;
+    auto it = running_.find(j.job_id());
+    if (it != running_.end() && !it->second.live.job_id().empty()) {
+      j = it->second.live;
     } else if (with_losses && j.step() > 0) {
       // The store's list leaves losses out.
       auto full = store_->Get(j.job_id());
@@ -124,9 +138,16 @@ StatusOr<std::vector<v1::JobStatus>> Coordinator::List(bool with_losses) {
 
 std::vector<v1::StageHealth> Coordinator::ListStages(double timeout_s) {
   std::vector<v1::StageHealth> out;
-  for (const auto& client : clients_) {
+  std::vector<std::string> placed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    placed = server_job_;
+  }
+  for (std::size_t i = 0; i < clients_.size(); ++i) {
+    const auto& client = clients_[i];
     v1::StageHealth h;
     h.set_address(client->address());
+    h.set_running_job(placed[i]);
     auto info = client->Ping(timeout_s);
     h.set_reachable(info.ok());
     if (info.ok()) {
@@ -148,11 +169,12 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
   if (IsTerminal(status.state()))
     return absl::FailedPreconditionError("job " + job_id + " already " + JobStateName(status.state()));
   std::unique_lock<std::mutex> lock(mu_);
-  if (job_id == running_id_) {
-    if (runner_) {
-      runner_->Cancel("cancelled by the user");
+  auto it = running_.find(job_id);
+  if (it != running_.end()) {
+    if (it->second.runner) {
+      it->second.runner->Cancel("cancelled by the user");
     } else {
-      cancel_pending_ = job_id;  // RunJob cancels it as soon as its runner exists
+      it->second.cancel_pending = true;  // RunJob cancels it as soon as its runner exists
     }
     return status;
   }
@@ -169,17 +191,25 @@ StatusOr<v1::JobStatus> Coordinator::Cancel(const std::string& job_id) {
 
 std::string Coordinator::CheckpointNow() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!runner_) return "no job is running: nothing to checkpoint";
-  if (!runner_->RequestCheckpoint())
-    return "job " + running_id_ + " has checkpoint_every: 0 and takes no checkpoints: it would start again from step 0";
-  return "job " + running_id_ + " checkpoints after its step in flight";
+  std::string said;
+  for (auto& [id, job] : running_) {
+    if (!job.runner) continue;
+    if (!said.empty()) said += "; ";
+    if (!job.runner->RequestCheckpoint()) {
+      said += "job " + id + " has checkpoint_every: 0 and takes no checkpoints: it would start again from step 0";
+    } else {
+      said += "job " + id + " checkpoints after its step in flight";
+    }
+  }
+  return said.empty() ? "no job is running: nothing to checkpoint" : said;
 }
 
 StatusOr<v1::StepTrace> Coordinator::GetTrace(const std::string& job_id, int64_t step) {
   CONVEYOR_RETURN_IF_ERROR(Get(job_id, true).status());  // NOT_FOUND for an unknown job
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job_id == running_id_ && runner_) return runner_->Trace(step);
+    auto it = running_.find(job_id);
+    if (it != running_.end() && it->second.runner) return it->second.runner->Trace(step);
   }
   CONVEYOR_ASSIGN_OR_RETURN(auto traces, store_->Traces(job_id));
   return FindTrace(traces, step);
@@ -211,12 +241,15 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
   bool save = false, state_changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    state_changed = status.state() != live_.state();
-    live_ = status;
+    auto it = running_.find(status.job_id());
+    if (it == running_.end()) return;
+    Running& job = it->second;
+    state_changed = status.state() != job.live.state();
+    job.live = status;
     ++version_;
     auto now = std::chrono::steady_clock::now();
-    if (state_changed || now - last_saved_ > std::chrono::seconds(1)) {
-      last_saved_ = now;
+    if (state_changed || now - job.last_saved > std::chrono::seconds(1)) {
+      job.last_saved = now;
       save = true;
     }
   }
@@ -228,35 +261,51 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
   }
 }
 
-void Coordinator::RunJob(const std::string& job_id) {
+void Coordinator::RunJob(const std::string& job_id, std::vector<int> servers) {
+  // Frees the job's servers and lets the scheduler place the next (and
+  // Shutdown join this thread).
+  auto done = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int i : servers) server_job_[static_cast<std::size_t>(i)].clear();
+    auto it = running_.find(job_id);
+    if (it != running_.end()) {
+      finished_.push_back(std::move(it->second.thread));
+      running_.erase(it);
+    }
+    ++version_;
+    cv_.notify_all();
+  };
   auto job = store_->Get(job_id);
   if (!job.ok()) {
     LOG_ERROR("cannot load job ", job_id, ": ", job.status().message());
-    std::lock_guard<std::mutex> lock(mu_);
-    running_id_.clear();
+    done();
     return;
   }
   std::vector<StageClient*> stages;
-  for (auto& c : clients_) {
+  for (int i : servers) {
+    StageClient* c = clients_[static_cast<std::size_t>(i)].get();
     c->Reconnect();  // names resolved now: a restarted pod is found where it is
-    stages.push_back(c.get());
+    stages.push_back(c);
   }
   JobRunner runner(job->status, job->spec, stages, store_.get(), [this](const v1::JobStatus& s) { OnStatus(s); },
                    clock_);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    running_id_ = job_id;
-    runner_ = &runner;
-    live_ = job->status;
+    Running& r = running_[job_id];
+    r.runner = &runner;
+    r.live = job->status;
     if (stop_) runner.Cancel(kShutdownReason);
-    if (cancel_pending_ == job_id) runner.Cancel("cancelled by the user");
+    if (r.cancel_pending) runner.Cancel("cancelled by the user");
   }
-  store_->AddEvent(job_id, "started").IgnoreError();
+  std::string where;
+  for (StageClient* c : stages) where += (where.empty() ? "" : ", ") + c->address();
+  store_->AddEvent(job_id, "started on " + where).IgnoreError();
   v1::JobStatus final_status = runner.Run();
   bool stopping = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping = stop_;
+    running_[job_id].runner = nullptr;
   }
   if (stopping && final_status.state() == v1::JOB_STATE_CANCELLED && final_status.error() == kShutdownReason) {
     // SIGTERM (a pod rescheduled, a Slurm job requeued): not the user's
@@ -273,13 +322,50 @@ void Coordinator::RunJob(const std::string& job_id) {
   store_->AddEvent(job_id, JobStateName(final_status.state()) + (final_status.error().empty() ? "" : ": " + final_status.error()))
       .IgnoreError();
   CountJobs();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_id_.clear();
-    runner_ = nullptr;
-    ++version_;
+  done();
+}
+
+std::optional<std::vector<int>> Coordinator::Place(const StoredJob& job) const {
+  const int p = job.spec.partition().stages(), r = Replicas(job.spec);
+  const int need = p * r;
+  // A job that ran before (a coordinator restart) goes back to its servers:
+  // their folders hold its checkpoints.
+  if (job.status.stages_size() == need) {
+    std::vector<int> before;
+    for (const auto& st : job.status.stages()) {
+      for (std::size_t i = 0; i < clients_.size(); ++i)
+        if (clients_[i]->address() == st.address()) before.push_back(static_cast<int>(i));
+    }
+    if (static_cast<int>(before.size()) == need) {
+      for (int i : before)
+        if (!server_job_[static_cast<std::size_t>(i)].empty()) return std::nullopt;
+      return before;
+    }
   }
-  cv_.notify_all();
+  // Free servers by host, hosts in the pool's order; each replica on one
+  // host where one has P free, else from the hosts in order.
+  std::vector<std::pair<std::string, std::vector<int>>> hosts;
+  int free = 0;
+  for (std::size_t i = 0; i < clients_.size(); ++i) {
+    if (!server_job_[i].empty()) continue;
+    const std::string host = HostOf(clients_[i]->address());
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& h) { return h.first == host; });
+    if (it == hosts.end()) it = hosts.insert(hosts.end(), {host, {}});
+    it->second.push_back(static_cast<int>(i));
+    ++free;
+  }
+  if (free < need) return std::nullopt;
+  std::vector<int> placed;
+  for (int k = 0; k < r; ++k) {
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& h) { return static_cast<int>(h.second.size()) >= p; });
+    for (int s = 0; s < p; ++s) {
+      if (it == hosts.end() || it->second.empty())
+        it = std::find_if(hosts.begin(), hosts.end(), [](const auto& h) { return !h.second.empty(); });
+      placed.push_back(it->second.front());
+      it->second.erase(it->second.begin());
+    }
+  }
+  return placed;
 }
 
 void Coordinator::SchedulerLoop() {
@@ -289,28 +375,36 @@ void Coordinator::SchedulerLoop() {
     if (!h.reachable())
       LOG_WARN("stage server ", h.address(), " ", h.error(), ": a job placed on it fails with UNAVAILABLE until it serves");
   }
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t seen = version_ - 1;  // look at the store at least once
   for (;;) {
-    std::optional<std::string> next;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      uint64_t seen = version_ - 1;  // look at the store at least once
-      for (;;) {
-        if (stop_) return;
-        if (seen != version_) {
-          seen = version_;
-          auto queued = store_->NextQueued();
-          if (!queued.ok()) LOG_ERROR("job database: ", queued.status().message());
-          if (queued.ok() && *queued) {
-            next = *queued;
-            running_id_ = *next;  // from here Cancel() treats it as running
-            live_.Clear();
-            break;
-          }
-        }
-        cv_.wait(lock, [&] { return stop_ || seen != version_; });
-      }
+    cv_.wait(lock, [&] { return stop_ || seen != version_; });
+    if (stop_) return;
+    seen = version_;
+    std::vector<std::thread> ended;
+    ended.swap(finished_);
+    for (auto& t : ended) t.join();  // they only return from RunJob's last lines
+    auto queued = store_->InState(v1::JOB_STATE_QUEUED);
+    if (!queued.ok()) {
+      LOG_ERROR("job database: ", queued.status().message());
+      continue;
     }
-    RunJob(*next);
+    // In submission order, each job that fits in the free servers; the first
+    // that does not waits, and the ones behind it with it.
+    for (const std::string& id : *queued) {
+      if (running_.count(id)) continue;
+      auto job = store_->Get(id);
+      if (!job.ok()) {
+        LOG_ERROR("cannot load job ", id, ": ", job.status().message());
+        continue;
+      }
+      std::optional<std::vector<int>> servers = Place(*job);
+      if (!servers) break;
+      Running& r = running_[id];  // from here Cancel() treats it as running
+      r.servers = *servers;
+      for (int i : *servers) server_job_[static_cast<std::size_t>(i)] = id;
+      r.thread = std::thread([this, id, servers = *servers] { RunJob(id, servers); });
+    }
   }
 }
 

@@ -1,13 +1,24 @@
 // The coordinator's logic, free of gRPC: accepts jobs, keeps them in the job
-// store, runs one at a time over its stages in submission order, and answers
+// store, places them on its pool of stage servers and runs them, and answers
 // questions about them. CoordinatorService is its gRPC adapter.
 //
-// Thread-safe. Jobs run on a scheduler thread of the coordinator's own.
+// The pool: each job takes replicas x stages servers of its own for as long
+// as it runs (a recovery waits for those same servers). Jobs start in
+// submission order as soon as enough servers are free, so jobs that fit side
+// by side run at once; a job that does not fit yet waits, and so do the jobs
+// behind it (first come, first served: a large job is never overtaken for
+// good). A job resumed after a coordinator restart goes back to the servers
+// that hold its checkpoints.
+//
+// Thread-safe. A scheduler thread of the coordinator's own places jobs;
+// each running job has a thread.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,7 +36,10 @@
 namespace conveyor {
 
 struct CoordinatorOptions {
-  std::vector<std::string> stages;  // stage server addresses, in pipeline order
+  // The pool of stage server addresses; a job's pipeline takes free ones in
+  // this order (grouped by host, so that a replica's neighbouring stages share
+  // a host where they can).
+  std::vector<std::string> stages;
   std::string state_dir;            // holds conveyor.db; "" keeps jobs in memory only
   // The only folders whose files a job may name (ResolveJobPaths in
   // common/job_spec.h): relative paths are relative to the first; none: no
@@ -82,7 +96,7 @@ class Coordinator {
   // Idempotent.
   void StartScheduling();
 
-  // Asks the running job, if any, for a checkpoint after its step in flight
+  // Asks every running job for a checkpoint after its step in flight
   // (JobRunner::RequestCheckpoint): what a scheduler's preemption warning
   // (SIGUSR1) does. Returns what happened, for the log.
   std::string CheckpointNow();
@@ -91,9 +105,21 @@ class Coordinator {
   void Shutdown();
 
  private:
+  // A job placed on its servers, from the moment the scheduler picks it.
+  struct Running {
+    std::vector<int> servers;   // indices into clients_: replica k's stage s at k * P + s
+    JobRunner* runner = nullptr;  // owned by RunJob(), while it runs
+    bool cancel_pending = false;  // cancelled before its runner existed
+    v1::JobStatus live;           // its latest status
+    std::chrono::steady_clock::time_point last_saved;  // a rate, not a timeout: real time
+    std::thread thread;
+  };
+
   Coordinator() = default;
   void SchedulerLoop();
-  void RunJob(const std::string& job_id);
+  // The servers for `job` among the free ones (mu_ held), or nothing yet.
+  std::optional<std::vector<int>> Place(const StoredJob& job) const;
+  void RunJob(const std::string& job_id, std::vector<int> servers);
   void OnStatus(const v1::JobStatus& status);
   // conveyor_jobs{state} from the store, after a job changed state.
   void CountJobs();
@@ -107,12 +133,10 @@ class Coordinator {
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   bool stop_ = false;
-  uint64_t version_ = 0;         // bumped on every change of any job
-  std::string running_id_;       // picked by the scheduler, until it ends
-  std::string cancel_pending_;   // cancelled before its runner existed
-  JobRunner* runner_ = nullptr;  // the running job's, owned by RunJob()
-  v1::JobStatus live_;           // the running job's latest status
-  std::chrono::steady_clock::time_point last_saved_;  // a rate, not a timeout: real time
+  uint64_t version_ = 0;                    // bumped on every change of any job
+  std::map<std::string, Running> running_;  // by job id
+  std::vector<std::string> server_job_;     // by server: the job placed on it, "" when free
+  std::vector<std::thread> finished_;       // threads of jobs that ended, to join
   std::thread scheduler_;
 };
 

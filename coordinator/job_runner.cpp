@@ -207,7 +207,7 @@ Status JobRunner::Restore() {
     return absl::OkStatus();
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,
-                            store_->CompleteCheckpoints(status_.job_id(), static_cast<int>(stages_.size())));
+                            store_->CompleteCheckpoints(status_.job_id(), spec_.partition().stages()));
   int64_t restored = 0;
   for (int64_t step : complete) {
     Status st = LoadAll(step);
@@ -410,7 +410,10 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
 void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepReply>& replies) {
   // Complete on every stage: from now on a recovery resumes here.
   std::vector<std::pair<int, v1::CheckpointRecord>> records;
-  for (std::size_t s = 0; s < replies.size(); ++s) records.emplace_back(static_cast<int>(s), replies[s].checkpoint());
+  // With replicas only replica 0's stages write one (the copies hold the same state).
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  for (std::size_t s = 0; s < std::min(p, replies.size()); ++s)
+    records.emplace_back(static_cast<int>(s), replies[s].checkpoint());
   status_.set_checkpoint_step(done);
   metrics_.Checkpoint();  // the curves up to here are stored with it
   if (store_) {

@@ -537,6 +537,14 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 4096)
       .Set([](const V& v, S* s) { s->set_replicas(static_cast<int32_t>(v.integer)); })
       .Get([](const S& s) { return s.replicas(); });
+  add("bucket_cap_mb", kNumber,
+      "replicas: the gradients are all-reduced in buckets of at most this many MiB, each started as soon as its "
+      "gradients are final in the step's last backward pass, as DDP's `bucket_cap_mb` (see "
+      "[parallelism.md](parallelism.md))")
+      .Default("25")
+      .Range(0.001, 1e6)
+      .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
+      .Get([](const S& s) { return s.bucket_cap_mb() > 0 ? s.bucket_cap_mb() : 25.0; });
   add("micro_batches", kInt, "micro-batches per step (near-equal sizes, as `torch.tensor_split`)")
       .DefaultDoc("1")
       .Range(1, 1000000)

@@ -16,6 +16,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -56,46 +59,162 @@ struct ReplicaGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
 };
 
-Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
-  const std::string who = options_.who + " (all-reduce over " + std::to_string(options_.size) + " replicas)";
+namespace {
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// 1.13's allreduce returns a ProcessGroup::Work, 2.x's a c10d::Work.
+using C10dWork = decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
+
+// One flat buffer per (dtype, device) of `tensors`: their indices.
+std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtype(const std::vector<at::Tensor>& tensors) {
+  std::map<std::pair<int, std::string>, std::vector<std::size_t>> buckets;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    buckets[{static_cast<int>(tensors[i].scalar_type()), tensors[i].device().str()}].push_back(i);
+  return buckets;
+}
+
+// Runs `collective` on one flat copy of each dtype's tensors, then copies the
+// result back into them.
+template <typename Collective>
+void OnFlatBuffers(std::vector<at::Tensor>& tensors, Collective collective) {
+  for (auto& [key, members] : ByDtype(tensors)) {
+    std::vector<at::Tensor> parts;
+    for (std::size_t i : members) parts.push_back(tensors[i].reshape({-1}));
+    std::vector<at::Tensor> flat{at::cat(parts)};
+    collective(flat);
+    int64_t offset = 0;
+    for (std::size_t i : members) {
+      const int64_t n = tensors[i].numel();
+      tensors[i].copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
+      offset += n;
+    }
+  }
+}
+
+}  // namespace
+
+Status ReplicaGroup::Failure(const std::string& what, const std::exception& e) {
+  impl_.reset();  // the next collective joins anew
+  const std::string who = options_.who + " (" + what + " over " + std::to_string(options_.size) + " replicas)";
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = c10_error ? c10_error->what_without_backtrace() : e.what();
+  if (message.find("imeout") != std::string::npos || message.find("imed out") != std::string::npos)
+    return absl::DeadlineExceededError(who + ": a replica did not take part within stage_timeout: " + message);
+  return absl::UnavailableError(who + ": " + message);
+}
+
+Status ReplicaGroup::Join() {
+  if (impl_) return absl::OkStatus();
   try {
-    if (!impl_) {
-      const auto colon = options_.store.rfind(':');
-      if (colon == std::string::npos) return absl::InvalidArgumentError(who + ": bad store address '" + options_.store + "'");
-      c10d::TCPStoreOptions o;
-      o.port = static_cast<uint16_t>(std::stoi(options_.store.substr(colon + 1)));
-      o.isServer = false;
-      // 1.13's client gives up at once under a second (it counts whole seconds).
-      o.timeout = std::max(options_.timeout, std::chrono::milliseconds(1000));
-      auto tcp = c10::make_intrusive<c10d::TCPStore>(options_.store.substr(0, colon), o);
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
-      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
-      auto impl = std::make_unique<Impl>();
-      impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(tcp, options_.rank, options_.size, gloo_options);
-      impl_ = std::move(impl);
-    }
-    // One flat buffer per (dtype, device): one all-reduce each.
-    std::map<std::pair<int, std::string>, std::vector<std::size_t>> buckets;
-    for (std::size_t i = 0; i < grads.size(); ++i)
-      buckets[{static_cast<int>(grads[i].scalar_type()), grads[i].device().str()}].push_back(i);
-    for (auto& [key, members] : buckets) {
-      std::vector<at::Tensor> parts;
-      for (std::size_t i : members) parts.push_back(grads[i].reshape({-1}));
-      std::vector<at::Tensor> flat{at::cat(parts)};
-      impl_->group->allreduce(flat)->wait(options_.timeout);
-      int64_t offset = 0;
-      for (std::size_t i : members) {
-        const int64_t n = grads[i].numel();
-        grads[i].copy_(flat[0].narrow(0, offset, n).view_as(grads[i]));
-        offset += n;
-      }
-    }
+    const auto colon = options_.store.rfind(':');
+    if (colon == std::string::npos)
+      return absl::InvalidArgumentError(options_.who + ": bad store address '" + options_.store + "'");
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(std::stoi(options_.store.substr(colon + 1)));
+    o.isServer = false;
+    // 1.13's client gives up at once under a second (it counts whole seconds).
+    o.timeout = std::max(options_.timeout, std::chrono::milliseconds(1000));
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(options_.store.substr(0, colon), o);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
+    auto impl = std::make_unique<Impl>();
+    impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(tcp, options_.rank, options_.size, gloo_options);
+    impl_ = std::move(impl);
   } catch (const std::exception& e) {
-    impl_.reset();  // the next step joins anew
-    const std::string what = e.what();
-    if (what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos)
-      return absl::DeadlineExceededError(who + ": a replica did not take part within stage_timeout: " + what);
-    return absl::UnavailableError(who + ": " + what);
+    return Failure("joining the group", e);
+  }
+  return absl::OkStatus();
+}
+
+Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  try {
+    OnFlatBuffers(grads, [&](std::vector<at::Tensor>& flat) { impl_->group->allreduce(flat)->wait(options_.timeout); });
+  } catch (const std::exception& e) {
+    return Failure("all-reduce", e);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+class GlooWork : public ReplicaGroup::Work {
+ public:
+  GlooWork(C10dWork work, std::chrono::milliseconds timeout, std::function<Status(const std::exception&)> failure)
+      : work_(std::move(work)), timeout_(timeout), failure_(std::move(failure)), start_us_(NowUs()) {
+    try {  // the time it is done, from c10d's thread
+      auto end = end_us_;
+      work_->getFuture()->addCallback([end](c10::ivalue::Future&) { end->store(NowUs()); });
+    } catch (const std::exception&) {
+      // No future: the time Wait returns.
+    }
+  }
+  Status Wait() override {
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception& e) {
+      return failure_(e);
+    }
+    int64_t expected = 0;
+    end_us_->compare_exchange_strong(expected, NowUs());
+    return absl::OkStatus();
+  }
+  int64_t start_us() const override { return start_us_; }
+  int64_t end_us() const override { return end_us_->load(); }
+
+ private:
+  C10dWork work_;
+  std::chrono::milliseconds timeout_;
+  std::function<Status(const std::exception&)> failure_;
+  int64_t start_us_;
+  std::shared_ptr<std::atomic<int64_t>> end_us_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor flat) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  try {
+    std::vector<at::Tensor> one{std::move(flat)};
+    C10dWork work = impl_->group->allreduce(one);
+    return std::unique_ptr<Work>(new GlooWork(std::move(work), options_.timeout,
+                                              [this](const std::exception& e) { return Failure("all-reduce", e); }));
+  } catch (const std::exception& e) {
+    return Failure("all-reduce", e);
+  }
+}
+
+Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  try {
+    c10d::BroadcastOptions o;
+    o.rootRank = 0;
+    OnFlatBuffers(tensors, [&](std::vector<at::Tensor>& flat) { impl_->group->broadcast(flat, o)->wait(options_.timeout); });
+  } catch (const std::exception& e) {
+    return Failure("broadcast", e);
+  }
+  return absl::OkStatus();
+}
+
+Status ReplicaGroup::BroadcastBytes(std::string* bytes) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  try {
+    c10d::BroadcastOptions o;
+    o.rootRank = 0;
+    std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(options_.rank == 0 ? bytes->size() : 0), at::kLong)};
+    impl_->group->broadcast(size, o)->wait(options_.timeout);
+    const int64_t n = size[0].item<int64_t>();
+    if (n < 0) return absl::DataLossError(options_.who + ": replica 0 sent " + std::to_string(n) + " bytes");
+    std::vector<at::Tensor> data{at::empty({n}, at::kByte)};
+    if (options_.rank == 0 && n > 0) std::memcpy(data[0].data_ptr(), bytes->data(), static_cast<std::size_t>(n));
+    if (n > 0) impl_->group->broadcast(data, o)->wait(options_.timeout);
+    if (options_.rank != 0) bytes->assign(static_cast<const char*>(data[0].data_ptr()), static_cast<std::size_t>(n));
+  } catch (const std::exception& e) {
+    return Failure("broadcast", e);
   }
   return absl::OkStatus();
 }
@@ -110,9 +229,18 @@ StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Serve(std::chrono::millise
 
 struct ReplicaGroup::Impl {};
 
-Status ReplicaGroup::AllReduce(std::vector<at::Tensor>&) {
-  return absl::UnimplementedError(options_.who + ": replicas: this stage server was built without c10d's Gloo group");
+namespace {
+Status NoGloo(const std::string& who) {
+  return absl::UnimplementedError(who + ": replicas: this stage server was built without c10d's Gloo group");
 }
+}  // namespace
+
+Status ReplicaGroup::Join() { return NoGloo(options_.who); }
+Status ReplicaGroup::AllReduce(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor) { return NoGloo(options_.who); }
+Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
+Status ReplicaGroup::BroadcastBytes(std::string*) { return NoGloo(options_.who); }
+Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }
 
 #endif
 

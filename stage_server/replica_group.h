@@ -39,14 +39,21 @@ class ReplicaGroup {
     std::string host;   // the name this member's group transport listens on
     int rank = 0;       // the replica
     int size = 1;       // replicas
-    std::chrono::milliseconds timeout{10000};  // joining, and each all-reduce
+    std::chrono::milliseconds timeout{10000};  // joining, and each collective
     std::string who;    // "stage 1 of replica 0", for errors
   };
-  // Only records the options: the group is joined at the first AllReduce.
+  // Only records the options: the group is joined at the first collective
+  // (or Join).
   explicit ReplicaGroup(Options options);
   ~ReplicaGroup();
   ReplicaGroup(const ReplicaGroup&) = delete;
   ReplicaGroup& operator=(const ReplicaGroup&) = delete;
+
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+
+  // Meets the other members at the store (once; later calls return at once).
+  Status Join();
 
   // Sums `grads` (undefined ones count as zeros and come back defined) over
   // the group, in place, as one flat buffer per dtype and device.
@@ -54,8 +61,35 @@ class ReplicaGroup {
   // take part within the timeout (a dead peer ends in an error, not a hang).
   Status AllReduce(std::vector<at::Tensor>& grads);
 
+  // One all-reduce in flight (StartAllReduce): the sum lands in the tensor
+  // given, in place.
+  class Work {
+   public:
+    virtual ~Work() = default;
+    // Until the sum is in place, at most the group's timeout; the errors of
+    // AllReduce.
+    virtual Status Wait() = 0;
+    // Host times, microseconds since the epoch: started, and done (0 until
+    // it is).
+    virtual int64_t start_us() const = 0;
+    virtual int64_t end_us() const = 0;
+  };
+  // Starts summing `flat` over the group and returns at once. Every member
+  // must start the same all-reduces in the same order (c10d matches them by
+  // their sequence). Joins first if it has not.
+  StatusOr<std::unique_ptr<Work>> StartAllReduce(at::Tensor flat);
+
+  // Replica 0's `tensors` to every member, in place (same shapes and dtypes
+  // everywhere).
+  Status Broadcast(std::vector<at::Tensor>& tensors);
+  // Replica 0's `*bytes` to every member.
+  Status BroadcastBytes(std::string* bytes);
+
  private:
   struct Impl;
+  // The status of a collective that threw `e`; forgets the group, so the
+  // next collective joins anew.
+  Status Failure(const std::string& what, const std::exception& e);
   Options options_;
   std::unique_ptr<Impl> impl_;
 };

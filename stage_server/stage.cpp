@@ -448,6 +448,15 @@ Status Stage::Impl::JoinReplicas(Job& job) {
     o.store = a.replica_store();
   }
   job.replica_group = std::make_unique<ReplicaGroup>(std::move(o));
+  std::vector<at::Tensor> params;
+  for (const Chunk& c : job.chunks) {
+    job.chunk_params.push_back(params.size());
+    params.insert(params.end(), c.params.begin(), c.params.end());
+  }
+  job.chunk_params.push_back(params.size());
+  const double cap_mb = a.spec().bucket_cap_mb() > 0 ? a.spec().bucket_cap_mb() : 25.0;
+  job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
+                                                  static_cast<int64_t>(cap_mb * 1024 * 1024));
   return absl::OkStatus();
 }
 

@@ -51,6 +51,7 @@
 #include "stage_server/device_clock.h"
 #include "stage_server/device_info.h"
 #include "stage_server/graphed_passes.h"
+#include "stage_server/gradient_reducer.h"
 #include "stage_server/replica_group.h"
 #include "transport/inbox.h"
 #include "transport/loopback_transport.h"
@@ -159,6 +160,11 @@ class Stage::Impl {
     // its stage's group; every replica all-reduces through `replica_group`.
     std::unique_ptr<ReplicaStore> replica_store;
     std::unique_ptr<ReplicaGroup> replica_group;
+    // Buckets the gradients for replica_group (destroyed before it);
+    // chunk_params[k]: local chunk k's first parameter in its list, and the
+    // count last.
+    std::unique_ptr<GradientReducer> reducer;
+    std::vector<std::size_t> chunk_params;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -275,6 +281,9 @@ class Stage::Impl {
   // replica's losses are scaled by their share of the whole batch, so the
   // sum is the whole batch's gradient); just before the optimizer step.
   Status AllReduceGradients(StepState& st);
+  // replicas: replica 0's buffers (BatchNorm's running statistics) to every
+  // copy after the step, so that the copies stay equal.
+  Status BroadcastBuffers();
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   // Out of memory (stage_memory.cpp). What this stage holds, in words:
@@ -296,6 +305,10 @@ class Stage::Impl {
   // The job's parameters, buffers, optimizer state and CPU RNG as an archive.
   std::string SerializeState();
   Status RestoreState(const std::string& payload, const std::string& path);
+  // replicas: the checkpoint of req.step(), read by replica 0 and sent to
+  // every copy of this stage; replica 0's error on every copy.
+  StatusOr<std::string> ReplicaCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
+                                          v1::CheckpointRecord* record);
   StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step);
 
   const StageOptions options_;

@@ -112,8 +112,15 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
   v1::LoadCheckpointReply reply;
   v1::CheckpointHeader header;
   const int stage = job_->assignment.stage_index();
-  CONVEYOR_ASSIGN_OR_RETURN(std::string payload,
-                            checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
+  std::string payload;
+  if (job_->replica_group) {
+    // Replicas: replica 0 reads the file and sends header and payload to the
+    // other copies of this stage; it sends its error instead where it has none.
+    CONVEYOR_ASSIGN_OR_RETURN(payload, ReplicaCheckpoint(req, &header, reply.mutable_checkpoint()));
+  } else {
+    CONVEYOR_ASSIGN_OR_RETURN(payload,
+                              checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
+  }
   const v1::CheckpointHeader expected = CheckpointHeaderFor(req.step());
   if (header.spec_digest() != expected.spec_digest())
     return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
@@ -129,6 +136,43 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
   inbox_.BeginStep(v1::PHASE_TRAIN, req.step() * AccumulateSteps(job_->spec()) - 1);
   LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
   return reply;
+}
+
+StatusOr<std::string> Stage::Impl::ReplicaCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
+                                                     v1::CheckpointRecord* record) {
+  // What travels: a ReplicaCheckpoint message (the status, the header, the
+  // record), then the payload.
+  v1::ReplicaCheckpoint sent;
+  std::string payload;
+  if (job_->assignment.replica() == 0) {
+    auto loaded = checkpoints_.Load(req.job_id(), job_->assignment.stage_index(), req.step(), header, record);
+    if (loaded.ok()) {
+      payload = std::move(*loaded);
+      *sent.mutable_header() = *header;
+      *sent.mutable_record() = *record;
+    } else {
+      sent.set_code(static_cast<int>(loaded.status().code()));
+      sent.set_error(std::string(loaded.status().message()));
+    }
+  }
+  std::string message = sent.SerializeAsString();
+  CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&message), Who() + " loading its checkpoint"));
+  if (sent.code() != 0) return Status(static_cast<absl::StatusCode>(sent.code()), sent.error());
+  if (job_->assignment.replica() == 0) {
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&payload), Who() + " sending its checkpoint"));
+    return payload;
+  }
+  if (!sent.ParseFromString(message))
+    return absl::DataLossError(Who() + ": replica 0's checkpoint of step " + std::to_string(req.step()) + " came garbled");
+  if (sent.code() != 0) {
+    return Status(static_cast<absl::StatusCode>(sent.code()),
+                  Who() + ": replica 0 has no usable checkpoint of step " + std::to_string(req.step()) + ": " + sent.error());
+  }
+  CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&payload), Who() + " receiving its checkpoint"));
+  *header = sent.header();
+  *record = sent.record();
+  record->set_path(record->path() + " (replica 0's, received)");
+  return payload;
 }
 
 StatusOr<v1::DigestReply> Stage::Impl::GetDigest(const v1::JobRef& ref) {

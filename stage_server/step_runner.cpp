@@ -255,21 +255,40 @@ Status Stage::Impl::RunActions(StepState& st) {
     actions = ForwardOnly(m, local_chunks);
   }
   const bool zero_bubble = st.train && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE;
+  const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
+  // replicas: each chunk's last backward (or weight) pass of the optimizer
+  // step gives its final gradients, all-reduced bucket by bucket as they come.
+  const bool reduce = st.train && job_->reducer && last_batch;
+  std::vector<int> arm_at(actions.size(), -1);  // action -> the local chunk to arm before it
+  if (reduce) {
+    job_->reducer->Reset();
+    std::vector<int> last(static_cast<std::size_t>(local_chunks), -1);
+    for (std::size_t i = 0; i < actions.size(); ++i)
+      if (actions[i].type != ActionType::kForward) last[static_cast<std::size_t>(actions[i].chunk)] = static_cast<int>(i);
+    for (int c = 0; c < local_chunks; ++c)
+      if (last[static_cast<std::size_t>(c)] >= 0) arm_at[static_cast<std::size_t>(last[static_cast<std::size_t>(c)])] = c;
+  }
   std::string doing;
   try {
-    for (const Action& act : actions) {
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const Action& act = actions[i];
       doing = std::string(act.type == ActionType::kForward ? "forward" : act.type == ActionType::kBackward ? "backward" : "weight pass") +
               " of micro-batch " + std::to_string(act.micro_batch);
+      if (arm_at[i] >= 0) {
+        const std::size_t c = static_cast<std::size_t>(arm_at[i]);
+        CONVEYOR_RETURN_IF_ERROR(job_->reducer->Arm(job_->chunk_params[c], job_->chunk_params[c + 1]));
+      }
       switch (act.type) {
         case ActionType::kForward: CONVEYOR_RETURN_IF_ERROR(Forward(st, act.chunk, act.micro_batch)); break;
         case ActionType::kBackward: CONVEYOR_RETURN_IF_ERROR(Backward(st, act.chunk, act.micro_batch, zero_bubble)); break;
         case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
       }
     }
-    const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
-    if (st.train && job_->replica_group && last_batch) {
+    if (reduce) {
       doing = "all-reduce of the gradients";
       CONVEYOR_RETURN_IF_ERROR(AllReduceGradients(st));
+      doing = "broadcast of the buffers";
+      CONVEYOR_RETURN_IF_ERROR(BroadcastBuffers());
     }
     if (st.train && job_->optimizer && last_batch) {
       doing = "optimizer step";
@@ -361,6 +380,9 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
 }
 
 StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
+  // The replicas hold the same state: replica 0 writes it for all of them
+  // (a restored copy gets it from there, LoadCheckpoint).
+  if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
   if (!record.ok()) {
     LOG_WARN("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step + 1, " failed: ",
@@ -389,15 +411,31 @@ Status Stage::Impl::LoadBatch(StepState& st) {
 }
 
 Status Stage::Impl::AllReduceGradients(StepState& st) {
-  Span span(st, v1::TraceEvent::ALL_REDUCE, 0, -1);
-  std::vector<at::Tensor> grads;
+  // The buckets the backward pass did not start, then the wait for all.
+  const int64_t wait_start = NowUs();
+  Status st_reduce = job_->reducer->Finish();
+  // Each bucket's all-reduce on the timeline, from its start (often during
+  // the backward pass) to its end; micro_batch is the bucket.
+  for (const GradientReducer::Span& s : job_->reducer->spans()) {
+    v1::TraceEvent* e = st.reply->add_events();
+    e->set_kind(v1::TraceEvent::ALL_REDUCE);
+    e->set_chunk(0);
+    e->set_micro_batch(s.bucket);
+    e->set_start_us(s.start_us);
+    e->set_end_us(std::max(s.end_us, s.start_us));
+  }
+  LOG_DEBUG(Who(), ": all-reduce of ", job_->reducer->num_buckets(), " buckets waited ", NowUs() - wait_start, " us");
+  return st_reduce;
+}
+
+Status Stage::Impl::BroadcastBuffers() {
+  std::vector<at::Tensor> buffers;
   for (const Chunk& c : job_->chunks)
-    for (const at::Tensor& p : c.params) {
-      // A parameter that got no gradient here may have one in another replica.
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
-    }
-  return job_->replica_group->AllReduce(grads);
+    for (const at::Tensor& b : c.layers->Buffers())
+      if (b.defined() && b.numel() > 0) buffers.push_back(b);
+  if (buffers.empty()) return absl::OkStatus();
+  at::NoGradGuard no_grad;
+  return job_->replica_group->Broadcast(buffers);
 }
 
 Status Stage::Impl::FinishOnDevice(StepState& st) {

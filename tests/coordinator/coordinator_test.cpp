@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -125,14 +126,56 @@ TEST(Coordinator, CancelsRunningAndQueuedJobs) {
 TEST(Coordinator, RunsJobsInSubmissionOrder) {
   InProcessCluster cluster(2);
   auto c = cluster.StartCoordinator();
-  auto a = c->Submit("name: a\nmodel: toy\nsteps: 30\n");
-  auto b = c->Submit("name: b\nmodel: toy\nsteps: 3\n");
+  auto a = c->Submit("name: a\nmodel: toy\npartition: {stages: 2}\nsteps: 30\n");
+  auto b = c->Submit("name: b\nmodel: toy\npartition: {stages: 2}\nsteps: 3\n");
   ASSERT_TRUE(a.ok() && b.ok());
   v1::JobStatus sb = WaitFor(*c, *b, [](const v1::JobStatus& s) { return s.state() == v1::JOB_STATE_SUCCEEDED; });
   auto sa = c->Get(*a);
   ASSERT_TRUE(sa.ok());
   EXPECT_EQ(sa->state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_LE(sa->finished_unix_ms(), sb.started_unix_ms());
+}
+
+// The coordinator's stages are a pool: jobs that fit side by side run at
+// once on servers of their own; one that does not fit waits for free
+// servers, and the jobs behind it wait with it (first come, first served).
+TEST(Coordinator, JobsThatFitRunSideBySideAndTheOthersQueueInOrder) {
+  InProcessCluster cluster(3);
+  auto c = cluster.StartCoordinator();
+  const std::string one = "model: toy\nbatch_size: 8\nsteps: 100000000\n";  // 1 stage
+  auto a = c->Submit("name: a\n" + one);
+  auto b = c->Submit("name: b\n" + one);
+  auto big = c->Submit("name: big\nmodel: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 3\n");
+  auto small = c->Submit("name: small\nmodel: toy\nsteps: 3\n");
+  ASSERT_TRUE(a.ok() && b.ok() && big.ok() && small.ok());
+  // a and b train at the same time, each on a server of its own.
+  v1::JobStatus sa = WaitFor(*c, *a, [](const v1::JobStatus& s) { return s.step() > 2; });
+  v1::JobStatus sb = WaitFor(*c, *b, [](const v1::JobStatus& s) { return s.step() > 2; });
+  sa = *c->Get(*a);
+  EXPECT_EQ(sa.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(sb.state(), v1::JOB_STATE_RUNNING);
+  ASSERT_EQ(sa.stages_size(), 1);
+  ASSERT_EQ(sb.stages_size(), 1);
+  EXPECT_NE(sa.stages(0).address(), sb.stages(0).address());
+  // One server is free, but `big` needs two: it waits, and `small` behind it.
+  EXPECT_EQ(c->Get(*big)->state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(c->Get(*small)->state(), v1::JOB_STATE_QUEUED);
+  std::map<std::string, int> use;
+  for (const auto& h : c->ListStages()) ++use[h.running_job()];
+  EXPECT_EQ(use[*a], 1);
+  EXPECT_EQ(use[*b], 1);
+  EXPECT_EQ(use[""], 1);
+  // a ends: `big` gets its server and the free one; then `small` runs.
+  ASSERT_TRUE(c->Cancel(*a).ok());
+  v1::JobStatus sbig = WaitFor(*c, *big, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  EXPECT_EQ(sbig.state(), v1::JOB_STATE_SUCCEEDED) << sbig.error();
+  v1::JobStatus ssmall = WaitFor(*c, *small, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  EXPECT_EQ(ssmall.state(), v1::JOB_STATE_SUCCEEDED) << ssmall.error();
+  EXPECT_GE(ssmall.started_unix_ms(), sbig.started_unix_ms());
+  EXPECT_EQ(c->Get(*b)->state(), v1::JOB_STATE_RUNNING);  // all along, beside them
+  ASSERT_TRUE(c->Cancel(*b).ok());
+  EXPECT_EQ(WaitFor(*c, *b, [](const v1::JobStatus& s) { return IsTerminal(s.state()); }).state(),
+            v1::JOB_STATE_CANCELLED);
 }
 
 // A job that was running when the coordinator stopped runs again after a

@@ -257,6 +257,7 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
   if (c.extra.find("cuda_graphs: true") != std::string::npos) name += "_graphs";
   if (c.extra.find("nccl_headers: grpc") != std::string::npos) name += "_grpc_headers";
   if (c.extra.find("memory_format: channels_last") != std::string::npos) name += "_channels_last";
+  if (c.extra.find("bucket_cap_mb") != std::string::npos) name += "_buckets";
   if (c.replicas > 1) name += "_" + std::to_string(c.replicas) + "replicas";
   return name;
 }
@@ -331,6 +332,11 @@ INSTANTIATE_TEST_SUITE_P(Replicas, PipelineEquality,
                              // Channels-last gradients all-reduced (flattened in NCHW order, copied back).
                              {Case{Via::kInProc, "convnet", 2, 4, "1f1b", "memory_format: channels_last\n", 2}},
                              {Case{Via::kInProc, "gpt", 2, 2, "1f1b", "", 2}},
+                             // Buckets of about 1 KiB: several per stage, each all-reduced during
+                             // the last backward (weight) pass of its chunk, in bucket order.
+                             {Case{Via::kInProc, "convnet", 2, 4, "interleaved", "bucket_cap_mb: 0.001\n", 2},
+                              Case{Via::kInProc, "convnet", 2, 4, "zero-bubble", "bucket_cap_mb: 0.001\n", 2},
+                              Case{Via::kInProc, "gpt", 2, 2, "1f1b", "bucket_cap_mb: 0.001\n", 2}},
                              Replicated(Via::kGrpc, {2}, {"1f1b"}),
                              Replicated(Via::kProcesses, {2}, {"gpipe"}),
                          })),

@@ -12,12 +12,14 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <tuple>
 
 #include "cli/local_cluster.h"
 #include "common/files.h"
 #include "plan/job_spec.h"
 #include "common/net.h"
 #include "conveyor.grpc.pb.h"
+#include "stage_server/replica_group.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {
@@ -32,15 +34,20 @@ using Clock = std::chrono::steady_clock;
 // with overflows injected on three stages), so that optimizer state, the
 // schedule's position and the loss scale must come back too; past an epoch,
 // so the data order does.
-std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60) {
-  return "name: chaos\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 4}\n"
-         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: 4\n"
-         "schedule: 1f1b\noptimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
+std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60, int replicas = 1) {
+  // 4 stage servers either way: one pipeline of 4 stages, or 2 replicas of 2.
+  const bool grid = replicas > 1;
+  return std::string("name: chaos\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\n") +
+         (grid ? "partition: {stages: 2}\nreplicas: 2\n" : "partition: {stages: 4}\n") +
+         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: " +
+         (grid ? "2" : "4") +
+         "\nschedule: 1f1b\noptimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
          "lr_schedule: {warmup_steps: 10, decay: cosine, min_lr: 0.0001}\nclip_grad_norm: 0.5\n"
-         "loss_scale: {dynamic: true, init: 1024, growth_interval: 7}\n"
-         "inject_inf_gradients: [{stage: 3, step: 12}, {stage: 0, step: 13}, {stage: 2, step: 47}]\n"
-         "seed: 5\nstage_timeout: 10\nsteps: " +
-         std::to_string(steps) + "\ncheckpoint_every: " + std::to_string(checkpoint_every) +
+         "loss_scale: {dynamic: true, init: 1024, growth_interval: 7}\n" +
+         (grid ? "inject_inf_gradients: [{stage: 1, step: 12}, {stage: 0, step: 13}, {stage: 1, step: 47}]\n"
+               : "inject_inf_gradients: [{stage: 3, step: 12}, {stage: 0, step: 13}, {stage: 2, step: 47}]\n") +
+         "seed: 5\nstage_timeout: 10\nsteps: " + std::to_string(steps) +
+         "\ncheckpoint_every: " + std::to_string(checkpoint_every) +
          "\nrecovery_timeout: " + std::to_string(recovery_timeout) + "\n";
 }
 
@@ -79,13 +86,13 @@ v1::JobStatus FollowKillingTheCoordinator(cli::LocalCluster& cluster, const std:
 }
 
 // One run of the job with nothing going wrong: what every other run must end at.
-const v1::JobStatus& Uninterrupted(int steps, int checkpoint_every) {
-  static std::map<std::pair<int, int>, v1::JobStatus> runs;
-  auto key = std::make_pair(steps, checkpoint_every);
+const v1::JobStatus& Uninterrupted(int steps, int checkpoint_every, int replicas = 1) {
+  static std::map<std::tuple<int, int, int>, v1::JobStatus> runs;
+  auto key = std::make_tuple(steps, checkpoint_every, replicas);
   if (!runs.count(key)) {
     auto cluster = StartCluster(false);
     EXPECT_TRUE(cluster);
-    runs[key] = testing::SubmitAndWait(cluster->coordinator_address(), Job(steps, checkpoint_every));
+    runs[key] = testing::SubmitAndWait(cluster->coordinator_address(), Job(steps, checkpoint_every, 60, replicas));
     EXPECT_EQ(runs[key].state(), v1::JOB_STATE_SUCCEEDED) << runs[key].error();
   }
   return runs[key];
@@ -254,9 +261,12 @@ TEST(Recovery, ACorruptCheckpointIsSkippedForThePreviousOne) {
 // SIGKILL from outside at points drawn from the seed, once by their own hand
 // halfway through writing a checkpoint) and the coordinator once; the job
 // ends with the uninterrupted run's digest. CONVEYOR_CHAOS_SEED replays a run.
-TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
+// `replicas` 2: the job is 2 replicas of 2 stages on the 4 servers; only
+// replica 0's servers write checkpoints, so one of them kills itself in a
+// write, and a restored replica 1 gets its state from replica 0.
+void Chaos(int replicas) {
   const int steps = 300, every = 10;
-  const v1::JobStatus& clean = Uninterrupted(steps, every);
+  const v1::JobStatus& clean = Uninterrupted(steps, every, replicas);
   uint64_t seed = std::random_device{}();
   if (const char* env = std::getenv("CONVEYOR_CHAOS_SEED")) seed = std::strtoull(env, nullptr, 10);
   std::printf("chaos seed %llu (CONVEYOR_CHAOS_SEED=%llu replays it)\n", static_cast<unsigned long long>(seed),
@@ -269,7 +279,7 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
     int at_step;
     int victim;  // stage index, -1: the coordinator
   };
-  const int self_victim = draw(0, 3), self_write = draw(3, 20);
+  const int self_victim = draw(0, replicas > 1 ? 1 : 3), self_write = draw(3, 20);
   // The stages killed from outside are others: a restart would clear the hook.
   auto other = [&] { return (self_victim + draw(1, 3)) % 4; };
   std::vector<Kill> kills{{draw(15, 120), other()}, {draw(121, 200), other()}, {draw(50, 240), -1}};
@@ -282,7 +292,7 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
 
   auto cluster = StartCluster(true, {{self_victim, "CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=" + std::to_string(self_write)}});
   ASSERT_TRUE(cluster);
-  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every, 60, replicas));
   std::size_t next = 0;
   Clock::time_point killed_at{}, recovering_at{};
   int64_t failed_step = 0;
@@ -330,6 +340,26 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) {
                 measured[i].recover_s, static_cast<long long>(measured[i].steps_lost));
   }
   std::printf("events:\n%s", Events(end).c_str());
+  // Checkpoints: on every stage server without replicas; with them on
+  // replica 0's (servers 0 and 1) alone.
+  for (int i = 0; i < 4; ++i) {
+    int files = 0;
+    const std::filesystem::path dir = cluster->run_dir() + "/stage-" + std::to_string(i) + "/checkpoints/" + id;
+    if (std::filesystem::exists(dir))
+      for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) files += e.path().extension() == ".ckpt";
+    if (replicas > 1 && i >= 2) {
+      EXPECT_EQ(files, 0) << "server " << i << " is in replica 1";
+    } else {
+      EXPECT_GT(files, 0) << "server " << i;
+    }
+  }
+}
+
+TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) { Chaos(1); }
+
+TEST(Recovery, ChaosKillsStagesOfTwoReplicasOfTwoStagesAndTheCoordinator) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  Chaos(2);
 }
 
 }  // namespace

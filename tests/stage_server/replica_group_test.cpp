@@ -1,11 +1,13 @@
 // The replicas' gradient all-reduce (stage_server/replica_group.h): members
 // sum in place, and a member that never comes is an error, not a hang.
+#include "stage_server/gradient_reducer.h"
 #include "stage_server/replica_group.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 
 namespace conveyor {
@@ -59,9 +61,152 @@ TEST(ReplicaGroup, AReplicaThatNeverComesIsAnErrorNamingTheGroup) {
   const Status st = alone.AllReduce(grads);
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(st) || absl::IsUnavailable(st)) << st;
-  EXPECT_THAT(std::string(st.message()), HasSubstr("stage 0 of replica 0 (all-reduce over 2 replicas)")) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("stage 0 of replica 0 (joining the group over 2 replicas)")) << st;
+  EXPECT_THAT(std::string(st.message()), ::testing::Not(HasSubstr("frame #"))) << "no backtrace: " << st;
   // It reached the store (under a second, 1.13's store client would not) and waited for replica 1.
   EXPECT_THAT(std::string(st.message()), ::testing::Not(HasSubstr("trying to connect"))) << st;
+}
+
+// Both members run `body(group)` at once; returns their statuses.
+template <typename Body>
+std::pair<Status, Status> BothMembers(std::chrono::milliseconds timeout, Body body) {
+  auto store = ReplicaStore::Serve(10s);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return {store.status(), store.status()};
+  const int port = (*store)->port();
+  auto run = [&, port](int rank) {
+    ReplicaGroup group(Member(port, rank, timeout));
+    return body(group);
+  };
+  auto other = std::async(std::launch::async, run, 1);
+  Status st0 = run(0);
+  return {st0, other.get()};
+}
+
+TEST(ReplicaGroup, BroadcastGivesEveryMemberReplicaZerosTensorsAndBytes) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  std::vector<at::Tensor> got[2];
+  std::string bytes[2] = {std::string("checkpoint\0payload", 18), "stale"};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    std::vector<at::Tensor> t{at::full({3}, g.rank() + 1.0), at::full({2}, 7 * (g.rank() + 1), at::kLong)};
+    Status st = g.Broadcast(t);
+    got[g.rank()] = t;
+    if (st.ok()) st = g.BroadcastBytes(&bytes[g.rank()]);
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(got[r][0], at::full({3}, 1.0))) << "replica " << r;
+    EXPECT_TRUE(at::equal(got[r][1], at::full({2}, 7, at::kLong))) << "replica " << r;
+    EXPECT_EQ(bytes[r], std::string("checkpoint\0payload", 18)) << "replica " << r;
+  }
+}
+
+// Replica 1 joined and took part in the first all-reduce, then stays alive
+// but never comes to the second (a stage stuck elsewhere): replica 0 waits
+// stage_timeout for it, not for ever. One that died instead (its process,
+// and so its connections, gone) fails replica 0 at once with UNAVAILABLE.
+TEST(ReplicaGroup, AMemberThatStopsTakingPartIsADeadlineForTheOtherNotAHang) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  Status second;
+  std::promise<void> zero_done;
+  std::shared_future<void> released = zero_done.get_future().share();
+  auto [st0, st1] = BothMembers(1000ms, [&](ReplicaGroup& g) {
+    std::vector<at::Tensor> grads{at::ones({4})};
+    Status st = g.AllReduce(grads);
+    if (g.rank() == 1) {
+      released.wait();  // alive, its group open, until replica 0 gave up
+      return st;
+    }
+    second = st.ok() ? g.AllReduce(grads) : st;
+    zero_done.set_value();
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(second)) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("stage 0 of replica 0 (all-reduce over 2 replicas)")) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("did not take part within stage_timeout")) << second;
+}
+
+TEST(ReplicaGroup, AMemberThatDiesMidJobFailsTheOtherNotAHang) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  Status second;
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    std::vector<at::Tensor> grads{at::ones({4})};
+    Status st = g.AllReduce(grads);
+    if (!st.ok() || g.rank() == 1) return st;  // replica 1's group closes as it returns
+    second = g.AllReduce(grads);
+    return Status();
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsUnavailable(second) || absl::IsDeadlineExceeded(second)) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("stage 0 of replica 0 (all-reduce over 2 replicas)")) << second;
+}
+
+// A replica's stage: two linear layers (and one parameter the pass never
+// uses), trained on two micro-batches of its own rows.
+struct TinyStage {
+  at::Tensor w1 = at::arange(12, at::kFloat).reshape({4, 3}).div(10).requires_grad_();
+  at::Tensor b1 = at::zeros({4}).requires_grad_();
+  at::Tensor w2 = at::arange(8, at::kFloat).reshape({2, 4}).div(-10).requires_grad_();
+  at::Tensor unused = at::ones({5}).requires_grad_();
+  std::vector<at::Tensor> params() const { return {unused, w1, b1, w2}; }
+  void Backward(const at::Tensor& x) {
+    at::Tensor h = at::relu(at::matmul(x, w1.t()) + b1);
+    at::matmul(h, w2.t()).pow(2).sum().backward();
+  }
+};
+
+at::Tensor Rows(int replica, int micro_batch) {
+  return at::arange(6, at::kFloat).reshape({2, 3}).add(replica * 10 + micro_batch).div(7);
+}
+
+TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  // What the sum must be: both replicas' two micro-batches in one process.
+  TinyStage whole;
+  for (int r = 0; r < 2; ++r)
+    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  std::vector<at::Tensor> got[2];
+  int buckets[2] = {0, 0};
+  bool started_in_backward[2] = {false, false};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    TinyStage stage;
+    // 16 floats a bucket at most, in reverse: w2 and b1 (8 + 4), w1 (12), `unused` (5).
+    GradientReducer reducer(&g, stage.params(), 16 * 4);
+    buckets[g.rank()] = reducer.num_buckets();
+    reducer.Reset();
+    stage.Backward(Rows(g.rank(), 0));  // not armed: accumulates as usual
+    Status st = reducer.Arm(0, 4);
+    if (!st.ok()) return st;
+    stage.Backward(Rows(g.rank(), 1));
+    const int64_t before_finish =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    st = reducer.Finish();
+    // The buckets of (w2, b1) and of w1 were full in the backward pass and
+    // started there; `unused` never got a gradient and started in Finish.
+    started_in_backward[g.rank()] =
+        reducer.spans().size() == 3 && reducer.spans()[0].start_us <= before_finish &&
+        reducer.spans()[1].start_us <= before_finish;
+    got[g.rank()] = stage.params();
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(buckets[r], 3);
+    EXPECT_TRUE(started_in_backward[r]) << "replica " << r;
+    for (std::size_t i = 1; i < 4; ++i)
+      EXPECT_TRUE(at::allclose(got[r][i].grad(), whole.params()[i].grad(), 1e-5, 1e-6)) << "replica " << r << " parameter " << i;
+    ASSERT_TRUE(got[r][0].grad().defined()) << "a parameter without gradients gets the (zero) sum";
+    EXPECT_TRUE(at::equal(got[r][0].grad(), at::zeros({5})));
+  }
+  EXPECT_TRUE(at::equal(got[0][1].grad(), got[1][1].grad())) << "the replicas' sums are bit for bit the same";
 }
 
 }  // namespace
