@@ -25,6 +25,8 @@ other on this machine:
                             CUDA: channels-last memory and cuDNN autotuning, job keys memory_format and
                             cudnn_benchmark)
     conveyor-1dev-nchw      W1: the same as the seed's code runs it (NCHW, no autotuning)
+    conveyor-1dev-loop      conveyor-1dev with optimizer.foreach: false (SGD as LibTorch's loop of
+                            kernels per tensor, as before the multi-tensor step)
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
     <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
     (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
@@ -100,7 +102,10 @@ def plan(args):
             for n in tsingle.VARIANTS[1:] if n != "pytorch-1gpu-cl" or args.workload == "w1"]
     # Conveyor's single device: its defaults (W1: channels-last and cuDNN autotuning on CUDA), and W1 as
     # the seed's code runs it (NCHW, no autotuning).
-    single = [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1}]
+    single = [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1},
+              # Before the multi-tensor SGD step (issue 19): LibTorch's loop of kernels per tensor.
+              {"variant": "conveyor-1dev-loop", "impl": "conveyor", "schedule": "", "m": 1,
+               "set": ["optimizer.foreach=false"]}]
     if args.workload == "w1":
         single.append({"variant": "conveyor-1dev-nchw", "impl": "conveyor", "schedule": "", "m": 1,
                        "set": NCHW})
@@ -458,6 +463,7 @@ def cmd_plot(argv):
 
 
 SIZE_COLUMNS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile", "conveyor-1dev",
+                "conveyor-1dev-loop",
                 "conveyor-1dev-nchw", "conveyor-1stage-graphs"]
 
 

@@ -140,15 +140,26 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         if (g.step() == step && !trainable.empty() && trainable.front().grad().defined())
           trainable.front().grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
       }
-      const double norm = std::sqrt(GradSquaredNorm(trainable));
+      // On CUDA without loss scaling nothing needs the loss or the norm on the
+      // host before the update: the whole step is launched, then they are
+      // read (the host waits at the step's end, not before its optimizer).
+      const bool read_after_update = device->is_cuda() && !scaling;
+      const at::Tensor sq = GradSquaredNormTensor(trainable);
+      if (read_after_update) {
+        if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(trainable, spec.clip_grad_norm(), sq);
+        optimizer->step();
+      }
+      const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
       const double step_loss = loss.item<double>();
       const bool found_inf = scaling && !std::isfinite(norm);  // the step is skipped
       if (!std::isfinite(step_loss) || (!std::isfinite(norm) && !scaling)) {  // as the coordinator fails a pipelined job
         return absl::FailedPreconditionError("step " + std::to_string(step + 1) + ": the " +
                                              (std::isfinite(step_loss) ? "gradient norm" : "loss") +
-                                             " is not finite; no update was made");
+                                             " is not finite; " +
+                                             (read_after_update ? "found after its update was launched on the GPU"
+                                                                : "no update was made"));
       }
-      if (!found_inf) {
+      if (!found_inf && !read_after_update) {
         if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
         optimizer->step();
       }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <type_traits>
 
 namespace conveyor {
 
@@ -51,6 +52,79 @@ std::vector<torch::optim::OptimizerParamGroup> Groups(const Options& with_decay,
   return groups;
 }
 
+// The key of a parameter's state in torch::optim::Optimizer::state_: the
+// TensorImpl's address printed (LibTorch 1.13) or the address itself (2.x).
+template <typename Map>
+typename Map::key_type StateKey(const Map&, const at::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << p.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// torch::optim::SGD's step as multi-tensor kernels (what torch.optim.SGD's
+// foreach path does): per group, the weight decay, momentum and update over
+// all its parameters in a few launches rather than a few per tensor. The same
+// state (SGDParamState's momentum_buffer), so checkpoints and
+// OptimizerStateBytes are those of torch::optim::SGD, and the same operations
+// element by element.
+class ForeachSgd : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+
+  at::Tensor step(LossClosure closure = nullptr) override {
+    at::NoGradGuard no_grad;
+    at::Tensor loss;
+    if (closure) {
+      at::AutoGradMode grad(true);
+      loss = closure();
+    }
+    for (auto& group : param_groups_) {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
+      std::vector<at::Tensor> params, grads, bufs, with_buf;
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        params.push_back(p);
+        grads.push_back(p.grad());
+      }
+      if (params.empty()) continue;
+      std::vector<at::Tensor> d_p =
+          o.weight_decay() != 0 ? at::_foreach_add(grads, params, o.weight_decay()) : grads;
+      if (o.momentum() != 0) {
+        // Parameters with a buffer: buf = momentum * buf + (1 - dampening) * d_p.
+        std::vector<at::Tensor> d_p_old;
+        std::vector<std::size_t> old_index;
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          const auto key = StateKey(state_, params[i]);
+          auto it = state_.find(key);
+          if (it == state_.end()) {
+            auto st = std::make_unique<torch::optim::SGDParamState>();
+            st->momentum_buffer(at::clone(d_p[i]).detach());
+            bufs.push_back(st->momentum_buffer());
+            state_[key] = std::move(st);
+          } else {
+            auto& st = static_cast<torch::optim::SGDParamState&>(*it->second);
+            d_p_old.push_back(d_p[i]);
+            with_buf.push_back(st.momentum_buffer());
+            bufs.push_back(st.momentum_buffer());
+          }
+        }
+        if (!with_buf.empty()) {
+          at::_foreach_mul_(with_buf, o.momentum());
+          at::_foreach_add_(with_buf, d_p_old, 1 - o.dampening());
+        }
+        d_p = o.nesterov() ? at::_foreach_add(d_p, bufs, o.momentum()) : bufs;
+      }
+      at::_foreach_add_(params, d_p, -o.lr());
+    }
+    return loss;
+  }
+};
+
 template <typename Optimizer, typename Options>
 std::unique_ptr<torch::optim::Optimizer> Make(const Options& o, std::vector<at::Tensor> decay,
                                               std::vector<at::Tensor> no_decay) {
@@ -84,7 +158,8 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
     default: {
       torch::optim::SGDOptions o(spec.lr());
       o.momentum(spec.momentum()).nesterov(spec.nesterov()).weight_decay(spec.weight_decay());
-      return Make<torch::optim::SGD>(o, std::move(decay), std::move(no_decay));
+      if (spec.per_tensor()) return Make<torch::optim::SGD>(o, std::move(decay), std::move(no_decay));
+      return Make<ForeachSgd>(o, std::move(decay), std::move(no_decay));
     }
   }
 }
@@ -93,17 +168,43 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-double GradSquaredNorm(const std::vector<at::Tensor>& params) {
+at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params) {
   at::Tensor sum;
+  std::vector<at::Tensor> fp32_cuda;  // one _foreach_norm for these
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
+    if (g.is_cuda() && g.scalar_type() == at::kFloat && !fp32_cuda.empty() && fp32_cuda.front().device() != g.device())
+      fp32_cuda.clear();  // (one device per stage; never two here)
+    if (g.is_cuda() && g.scalar_type() == at::kFloat) {
+      fp32_cuda.push_back(g);
+      continue;
+    }
     // Each tensor's norm in fp32 (as clip_grad_norm_ takes it; no double
     // copy of a large gradient), squared and summed in double on its device.
     at::Tensor n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).to(at::kDouble);
     sum = sum.defined() ? sum + n * n : n * n;
   }
+  if (!fp32_cuda.empty()) {
+    at::Tensor norms = at::stack(at::_foreach_norm(fp32_cuda, 2)).to(at::kDouble);
+    at::Tensor part = norms.mul(norms).sum();
+    sum = sum.defined() ? sum + part : part;
+  }
+  return sum;
+}
+
+double GradSquaredNorm(const std::vector<at::Tensor>& params) {
+  at::Tensor sum = GradSquaredNormTensor(params);
   return sum.defined() ? sum.item<double>() : 0.0;
+}
+
+void ClipGradsOnDevice(const std::vector<at::Tensor>& params, double max_norm, const at::Tensor& sq_norm) {
+  if (!sq_norm.defined()) return;
+  at::Tensor factor = at::clamp_max(at::full_like(sq_norm, max_norm).div(sq_norm.sqrt() + 1e-6), 1.0);
+  for (const auto& p : params) {
+    at::Tensor g = p.grad();
+    if (g.defined()) g.mul_(factor);
+  }
 }
 
 void ScaleGrads(const std::vector<at::Tensor>& params, double factor) {

@@ -43,10 +43,18 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 // one count nothing): each norm in fp32, the sum in double, read once. A
 // stage's share of the squared global norm.
 double GradSquaredNorm(const std::vector<at::Tensor>& params);
+// The same as a double scalar on the gradients' device, nothing read (the
+// host does not wait); undefined when no parameter has a gradient. On CUDA
+// the fp32 gradients' norms are one multi-tensor kernel (`_foreach_norm`).
+at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params);
 
 // Multiplies every gradient of `params` by `factor` in place, as
 // torch.nn.utils.clip_grad_norm_ does (ClipFactor in plan/lr_schedule.h).
 void ScaleGrads(const std::vector<at::Tensor>& params, double factor);
+// The same with clip_grad_norm_'s factor computed on the device from the
+// squared norm `sq_norm` (GradSquaredNormTensor): min(1, max_norm / (norm +
+// 1e-6)), as ClipFactor, with no wait for the host.
+void ClipGradsOnDevice(const std::vector<at::Tensor>& params, double max_norm, const at::Tensor& sq_norm);
 
 // Bytes of the optimizer's state tensors (SGD's momentum buffers, Adam's and
 // AdamW's moments): what it holds besides the parameters and gradients.

@@ -601,6 +601,12 @@ std::vector<JobKey> MakeTable() {
       .Default("false")
       .Only("name: sgd", sgd)
       .Set([](const V& v, S* s) { s->mutable_optimizer()->set_nesterov(v.flag); });
+  add("optimizer.foreach", kBool,
+      "sgd: each step as a few multi-tensor (`_foreach_*`) kernels over all parameters, as `torch.optim.SGD` does "
+      "on CUDA by default; false: LibTorch's loop of a few kernels per tensor. The same arithmetic either way")
+      .Default("true")
+      .Only("name: sgd", sgd)
+      .Set([](const V& v, S* s) { s->mutable_optimizer()->set_per_tensor(!v.flag); });
   add("optimizer.weight_decay", kNumber,
       "sgd, adam: L2 penalty added to the gradient; adamw: decoupled decay (`lr * weight_decay * param`), as "
       "`torch.optim` does")

@@ -6,7 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <torch/serialize.h>
+
 #include <cmath>
+#include <sstream>
 
 namespace conveyor {
 namespace {
@@ -71,6 +74,62 @@ TEST(Optimizer, GradNormAndScaling) {
   EXPECT_DOUBLE_EQ(GradSquaredNorm(params), (9 + 16 + 144) / 4.0);
   params[1].mutable_grad() = at::tensor({std::nanf("")});
   EXPECT_TRUE(std::isnan(GradSquaredNorm(params)));
+}
+
+// optimizer.foreach (the default for sgd): the multi-tensor step holds the
+// same state as LibTorch's loop (checkpoints load either way) and takes the
+// same steps: momentum from its first step on, Nesterov, weight decay in one
+// group and not the other, a parameter without a gradient left alone.
+TEST(Optimizer, ForeachSgdTakesLibTorchsStepsWithItsState) {
+  for (bool nesterov : {false, true}) {
+    v1::OptimizerSpec o;
+    o.set_kind(v1::OPTIMIZER_SGD);
+    o.set_lr(0.1);
+    o.set_momentum(0.9);
+    o.set_nesterov(nesterov);
+    o.set_weight_decay(0.01);
+    o.add_no_decay("bias");
+    auto make = [&](bool per_tensor, NamedTensors* named) {
+      at::manual_seed(3);
+      *named = {{"l.weight", at::randn({4, 3}).requires_grad_()}, {"l.bias", at::randn({4}).requires_grad_()},
+                {"frozen", at::randn({2}).requires_grad_()}};
+      v1::OptimizerSpec spec = o;
+      spec.set_per_tensor(per_tensor);
+      return MakeOptimizer(spec, *named);
+    };
+    NamedTensors loop_params, foreach_params;
+    auto loop = make(true, &loop_params);
+    auto foreach = make(false, &foreach_params);
+    for (int step = 0; step < 4; ++step) {
+      for (NamedTensors* named : {&loop_params, &foreach_params}) {
+        for (int i = 0; i < 2; ++i) (*named)[i].second.mutable_grad() = at::full_like((*named)[i].second, 0.5 * (step + 1) - i);
+      }
+      loop->step();
+      foreach->step();
+      for (int i = 0; i < 3; ++i)
+        ASSERT_TRUE(at::equal(loop_params[i].second, foreach_params[i].second)) << "nesterov " << nesterov << " step "
+                                                                               << step << " " << loop_params[i].first;
+    }
+    EXPECT_EQ(OptimizerStateBytes(*foreach), OptimizerStateBytes(*loop));
+    EXPECT_EQ(OptimizerStateBytes(*foreach), (12 + 4) * 4) << "a momentum buffer for each parameter with gradients";
+    // Its state serialises as LibTorch's SGD's: the loop loads it and goes on alike.
+    torch::serialize::OutputArchive out;
+    foreach->save(out);
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    torch::serialize::InputArchive in;
+    std::istringstream read(bytes.str());
+    in.load_from(read);
+    NamedTensors copy_params;
+    auto copy = make(true, &copy_params);
+    for (int i = 0; i < 3; ++i) copy_params[i].second.detach().copy_(foreach_params[i].second.detach());
+    copy->load(in);
+    for (NamedTensors* named : {&copy_params, &foreach_params})
+      for (int i = 0; i < 2; ++i) (*named)[i].second.mutable_grad() = at::full_like((*named)[i].second, 0.25);
+    copy->step();
+    foreach->step();
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(copy_params[i].second, foreach_params[i].second)) << i;
+  }
 }
 
 }  // namespace
