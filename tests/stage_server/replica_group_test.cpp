@@ -209,5 +209,22 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
   EXPECT_TRUE(at::equal(got[0][1].grad(), got[1][1].grad())) << "the replicas' sums are bit for bit the same";
 }
 
+// On a CUDA device, Gloo sums CUDA tensors (through host copies): what two
+// stage servers on one GPU use for replicas where NCCL would need a GPU each.
+TEST(ReplicaGroup, CudaGradientsAreSummedToo) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device here";
+  at::Tensor got[2];
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    std::vector<at::Tensor> grads{at::full({1000}, g.rank() + 1.0, at::TensorOptions().device(at::kCUDA))};
+    Status st = g.AllReduce(grads);
+    got[g.rank()] = grads[0].cpu();
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(at::equal(got[r], at::full({1000}, 3.0))) << "replica " << r;
+}
+
 }  // namespace
 }  // namespace conveyor

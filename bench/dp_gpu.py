@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The seed's comparison on GPUs: PyTorch DDP over R GPUs against Conveyor with R replicas of one stage.
+
+Both train W1 (ResNet50, 128x128, MSE, SGD) on a global batch of --batch images split over R GPUs,
+channels-last with cuDNN autotuning, and print ms per step (median after warm-up), images per second
+and each against one GPU of its own kind:
+
+  pytorch-1gpu-cl        one GPU, the whole batch (bench/torch_single.py's channels-last variant)
+  pytorch-ddp-R          torch.nn.parallel.DistributedDataParallel, R processes, NCCL, batch / R each
+  conveyor-1dev          `conveyor train --reference` on one GPU
+  conveyor-Rx1           `conveyor local` with replicas: R, one stage each on its own GPU; the gradients
+                         are all-reduced by c10d's Gloo group (the build needs gloo's headers:
+                         -DCONVEYOR_GLOO_INCLUDE_DIR with the PyTorch wheel)
+
+usage: bench/dp_gpu.py [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
+"""
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import torch_pipelining as tp  # noqa: E402
+
+WARMUP = 3
+
+
+def ddp_worker(rank, world, port, batch, steps, out_path):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    model = tp.build_stage("w1", 0, tp.NUM_UNITS["w1"], dev, 1000, channels_last=True)
+    ddp = DDP(model, device_ids=[rank])
+    x, y = tp.make_batch("w1", dev, dev, channels_last=True, batch=batch // world)
+    opt = torch.optim.SGD(ddp.parameters(), lr=tp.WORKLOADS["w1"]["lr"])
+    lossf = tp.loss_fn("w1")
+    times = []
+    for i in range(WARMUP + steps):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        lossf(ddp(x), y).backward()
+        opt.step()
+        torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    dist.barrier()
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"ms": 1000 * statistics.median(times[WARMUP:])}, f)
+    dist.destroy_process_group()
+
+
+def run_ddp(world, batch, steps):
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "ddp.json")
+        mp.start_processes(ddp_worker, args=(world, tp.free_port(), batch, steps, out), nprocs=world,
+                           start_method="spawn")
+        return json.load(open(out))["ms"]
+
+
+def run_torch_single(batch, steps):
+    import torch_single
+    r = torch_single.run("w1", "pytorch-1gpu-cl", batch, steps, WARMUP, "pytorch-1gpu-cl")
+    return r["ms_per_iter"]
+
+
+def job_text(batch, steps, replicas):
+    base = open(os.path.join(os.path.dirname(HERE), "examples", "resnet50-w1.yaml")).read()
+    lines = [l for l in base.splitlines() if not l.startswith(("batch_size:", "steps:", "partition:", "replicas:",
+                                                               "micro_batches:", "epochs:", "split_size:", "data:"))]
+    lines += ["data: {name: synthetic, train_samples: %d, test_samples: 0}" % batch, "batch_size: %d" % batch, "steps: %d" % (steps + WARMUP), "partition: {stages: 1}",
+              "replicas: %d" % replicas, "micro_batches: 1"]
+    return "\n".join(lines) + "\n"
+
+
+def run_conveyor(args, replicas):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(job_text(args.batch, args.steps, replicas))
+        path = f.name
+    exe = os.path.join(args.bin, "conveyor")
+    if replicas == 0:
+        cmd = [exe, "train", path, "--reference", "--device", "cuda:0", "--json"]
+    else:
+        cmd = [exe, "local", path, "--json", "--stages", str(replicas)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-3000:])
+        return None
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    return 1000.0 * args.batch / s["steady_samples_per_second"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(HERE), "build", "bin"))
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=240, help="the global batch (each GPU gets batch / replicas)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--out", default="dp-gpu")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    r = args.replicas
+    rows = []
+    for name, fn in (("pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
+                     ("pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
+                     ("conveyor-1dev", lambda: run_conveyor(args, 0)),
+                     ("conveyor-%dx1" % r, lambda: run_conveyor(args, r))):
+        try:
+            ms = fn()
+        except Exception as e:  # one variant failing leaves the others' figures
+            sys.stderr.write("%s: %s\n" % (name, e))
+            ms = None
+        rows.append({"variant": name, "ms_per_step": round(ms, 2) if ms else "",
+                     "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else ""})
+        print("%-18s %s" % (name, "%.2f ms" % ms if ms else "failed"), flush=True)
+    single = {"pytorch": rows[0]["ms_per_step"], "conveyor": rows[2]["ms_per_step"]}
+    print("\nW1, global batch %d over %d GPUs, %d steps after %d warm-up" % (args.batch, r, args.steps, WARMUP))
+    print("| variant | ms / step | images / s | speed-up over one GPU of its kind |")
+    print("| --- | ---: | ---: | ---: |")
+    for row in rows:
+        base = single["pytorch" if row["variant"].startswith("pytorch") else "conveyor"]
+        up = "%.2fx" % (base / row["ms_per_step"]) if base and row["ms_per_step"] else "-"
+        print("| %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-", up))
+    with open(os.path.join(args.out, "dp-gpu.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second"])
+        w.writeheader()
+        w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
