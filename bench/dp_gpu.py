@@ -86,7 +86,7 @@ def job_text(batch, steps, replicas):
 
 def run_conveyor(args, replicas):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(args.batch, args.steps, replicas))
+        f.write(job_text(args.batch, args.steps, max(1, replicas)))
         path = f.name
     exe = os.path.join(args.bin, "conveyor")
     if replicas == 0:

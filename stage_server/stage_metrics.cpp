@@ -56,6 +56,10 @@ class CountingTransportFactory final : public TransportFactory {
     CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Transport> t, inner_->Connect(assignment, options, deadline));
     return std::unique_ptr<Transport>(new CountingTransport(std::move(t), assignment));
   }
+  StatusOr<v1::LinkSetup> PrepareLink(const std::string& device, const NcclOptions& nccl,
+                                      std::shared_ptr<PreparedLink>* prepared) override {
+    return inner_->PrepareLink(device, nccl, prepared);
+  }
   bool SupportsNccl() const override { return inner_->SupportsNccl(); }
 
  private:

@@ -1,5 +1,7 @@
 // One Stage driven directly, without a coordinator: the errors a caller sees.
 #include "stage_server/stage.h"
+#include "stage_server/stage_metrics.h"
+#include "transport/grpc/grpc_transport.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -195,6 +197,21 @@ TEST(StageCreate, UnknownOrMissingDevices) {
   auto s = Stage::Create(options);
   if (s.ok()) GTEST_SKIP() << "this machine has CUDA";
   EXPECT_TRUE(absl::IsFailedPrecondition(s.status())) << s.status();
+}
+
+// The stage server wraps its transports to count bytes (stage_metrics.h):
+// the wrapper must hand the NCCL link's setup to the real factory, or every
+// NCCL link of a stage server process fails "these links have no NCCL" (it
+// did, unseen until a run on two GPUs). On the CPU the gRPC factory answers
+// for itself: not a CUDA device.
+TEST(CountingTransports, PassPrepareLinkToTheRealFactory) {
+  GrpcTransportFactory grpc;
+  auto counting = CountingTransports(&grpc);
+  std::shared_ptr<PreparedLink> prepared;
+  auto link = counting->PrepareLink("cpu", NcclOptions(), &prepared);
+  ASSERT_FALSE(link.ok());
+  EXPECT_THAT(std::string(link.status().message()), ::testing::HasSubstr("cpu cannot use NCCL (not a CUDA device)"));
+  EXPECT_EQ(counting->SupportsNccl(), grpc.SupportsNccl());
 }
 
 }  // namespace
