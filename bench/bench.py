@@ -12,6 +12,8 @@ other on this machine:
     pytorch-1gpu-graph      the whole training step captured once as a CUDA graph, replayed
     pytorch-1gpu-compile    torch.compile (W1: channels-last)
     ("vs best PyTorch" is against the fastest PyTorch row of the run, whichever it is.)
+  `bench.py dp` runs the seed's other comparison on R GPUs: PyTorch DDP against Conveyor with R
+  replicas of one stage, each against one GPU of its kind (bench/dp_gpu.py).
   --batch B measures only the single-device variants (PyTorch's four, Conveyor's conveyor-1dev,
   conveyor-1dev-nchw and conveyor-1stage-graphs) at batch B, a pipeline stage's micro-batch
   (W1 60; W2 8 or 4): names end in -bB. `bench.py sizes` runs them at W1's 120 and 60 and
@@ -532,6 +534,9 @@ def main(argv):
         return cmd_plot(argv[1:])
     if argv[:1] == ["sizes"]:
         return cmd_sizes(argv[1:])
+    if argv[:1] == ["dp"]:  # the seed's comparison: DDP against Conveyor's replicas (bench/dp_gpu.py)
+        import dp_gpu
+        return dp_gpu.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload", choices=sorted(JOBS), help="or `plot`: see below")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="folder holding `conveyor`")

@@ -12,7 +12,7 @@ and each against one GPU of its own kind:
                          are all-reduced by c10d's Gloo group (the build needs gloo's headers:
                          -DCONVEYOR_GLOO_INCLUDE_DIR with the PyTorch wheel)
 
-usage: bench/dp_gpu.py [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
+usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
 """
 import argparse
 import csv
@@ -101,15 +101,15 @@ def run_conveyor(args, replicas):
     return 1000.0 * args.batch / s["steady_samples_per_second"]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="bench.py dp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(HERE), "build", "bin"))
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--batch", type=int, default=240, help="the global batch (each GPU gets batch / replicas)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", default="dp-gpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     r = args.replicas
     rows = []
