@@ -112,7 +112,7 @@ TEST(ReplicaGroup, AMemberThatStopsTakingPartIsADeadlineForTheOtherNotAHang) {
   Status second;
   std::promise<void> zero_done;
   std::shared_future<void> released = zero_done.get_future().share();
-  auto [st0, st1] = BothMembers(1000ms, [&](ReplicaGroup& g) {
+  auto [st0, st1] = BothMembers(2000ms, [&](ReplicaGroup& g) {
     std::vector<at::Tensor> grads{at::ones({4})};
     Status st = g.AllReduce(grads);
     if (g.rank() == 1) {
