@@ -401,7 +401,6 @@ void Coordinator::SchedulerLoop() {
       std::optional<std::vector<int>> servers = Place(*job);
       if (!servers) break;
       Running& r = running_[id];  // from here Cancel() treats it as running
-      r.servers = *servers;
       for (int i : *servers) server_job_[static_cast<std::size_t>(i)] = id;
       r.thread = std::thread([this, id, servers = *servers] { RunJob(id, servers); });
     }

@@ -107,7 +107,6 @@ class Coordinator {
  private:
   // A job placed on its servers, from the moment the scheduler picks it.
   struct Running {
-    std::vector<int> servers;   // indices into clients_: replica k's stage s at k * P + s
     JobRunner* runner = nullptr;  // owned by RunJob(), while it runs
     bool cancel_pending = false;  // cancelled before its runner existed
     v1::JobStatus live;           // its latest status
@@ -119,6 +118,8 @@ class Coordinator {
   void SchedulerLoop();
   // The servers for `job` among the free ones (mu_ held), or nothing yet.
   std::optional<std::vector<int>> Place(const StoredJob& job) const;
+  // Runs job_id on `servers` (indices into clients_: replica k's stage s at
+  // k * P + s), then frees them.
   void RunJob(const std::string& job_id, std::vector<int> servers);
   void OnStatus(const v1::JobStatus& status);
   // conveyor_jobs{state} from the store, after a job changed state.

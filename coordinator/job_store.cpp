@@ -229,15 +229,6 @@ StatusOr<std::vector<v1::JobStatus>> JobStore::List() {
   return out;
 }
 
-StatusOr<std::optional<std::string>> JobStore::NextQueued() {
-  std::lock_guard<std::mutex> lock(mu_);
-  Stmt q(db_, "SELECT id FROM jobs WHERE state = ? ORDER BY seq LIMIT 1;");
-  q.Bind(1, static_cast<int64_t>(v1::JOB_STATE_QUEUED));
-  if (q.Step()) return std::optional<std::string>(q.Text(0));
-  CONVEYOR_RETURN_IF_ERROR(q.status());
-  return std::optional<std::string>();
-}
-
 Status JobStore::SaveTraces(const std::string& job_id, const std::vector<v1::StepTrace>& traces) {
   std::lock_guard<std::mutex> lock(mu_);
   CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));

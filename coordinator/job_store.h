@@ -9,7 +9,6 @@
 #include <sqlite3.h>
 
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,12 +43,10 @@ class JobStore {
   StatusOr<StoredJob> Get(const std::string& job_id);
   // All jobs in submission order, without losses.
   StatusOr<std::vector<v1::JobStatus>> List();
-  // The oldest QUEUED job, if any.
-  StatusOr<std::optional<std::string>> NextQueued();
   // Timelines of a job's steps (replacing any kept before), and reading them back.
   Status SaveTraces(const std::string& job_id, const std::vector<v1::StepTrace>& traces);
   StatusOr<std::vector<v1::StepTrace>> Traces(const std::string& job_id);
-  // Ids of jobs in `state`.
+  // Ids of jobs in `state`, in submission order.
   StatusOr<std::vector<std::string>> InState(v1::JobState state);
 
   // Records the checkpoints `records` (stage index, record) that stages wrote

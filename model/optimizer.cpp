@@ -174,8 +174,6 @@ at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params) {
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    if (g.is_cuda() && g.scalar_type() == at::kFloat && !fp32_cuda.empty() && fp32_cuda.front().device() != g.device())
-      fp32_cuda.clear();  // (one device per stage; never two here)
     if (g.is_cuda() && g.scalar_type() == at::kFloat) {
       fp32_cuda.push_back(g);
       continue;

@@ -544,7 +544,7 @@ std::vector<JobKey> MakeTable() {
       .Default("25")
       .Range(0.001, 1e6)
       .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
-      .Get([](const S& s) { return s.bucket_cap_mb() > 0 ? s.bucket_cap_mb() : 25.0; });
+      .Get([](const S& s) { return BucketCapMb(s); });
   add("micro_batches", kInt, "micro-batches per step (near-equal sizes, as `torch.tensor_split`)")
       .DefaultDoc("1")
       .Range(1, 1000000)

@@ -111,6 +111,9 @@ double TheoreticalIdleFraction(const v1::JobSpec& spec);
 // Batches per optimizer step (accumulate_steps; 1 when not given). Training
 // step t reads batches tK .. tK+K-1 of the data, each one's loss weighted 1/K.
 inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_steps() > 1 ? spec.accumulate_steps() : 1; }
+// replicas: the largest bucket of gradients all-reduced at once, in MiB
+// (bucket_cap_mb; 0: DDP's 25).
+inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb() > 0 ? spec.bucket_cap_mb() : 25.0; }
 
 // Whether `stage` recomputes its forwards during backward.
 bool RecomputeOn(const v1::JobSpec& spec, int stage);

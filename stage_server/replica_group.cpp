@@ -77,22 +77,24 @@ std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtype(const st
   return buckets;
 }
 
-// Runs `collective` on one flat copy of each dtype's tensors, then copies the
-// result back into them.
+// Runs `collective` (a Status of the flat tensor) on one flat copy of each
+// dtype's tensors, then copies the result back into them; stops at the first
+// error.
 template <typename Collective>
-void OnFlatBuffers(std::vector<at::Tensor>& tensors, Collective collective) {
+Status OnFlatBuffers(std::vector<at::Tensor>& tensors, Collective collective) {
   for (auto& [key, members] : ByDtype(tensors)) {
     std::vector<at::Tensor> parts;
     for (std::size_t i : members) parts.push_back(tensors[i].reshape({-1}));
-    std::vector<at::Tensor> flat{at::cat(parts)};
-    collective(flat);
+    at::Tensor flat = at::cat(parts);
+    CONVEYOR_RETURN_IF_ERROR(collective(flat));
     int64_t offset = 0;
     for (std::size_t i : members) {
       const int64_t n = tensors[i].numel();
-      tensors[i].copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
+      tensors[i].copy_(flat.narrow(0, offset, n).view_as(tensors[i]));
       offset += n;
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -126,16 +128,6 @@ Status ReplicaGroup::Join() {
     impl_ = std::move(impl);
   } catch (const std::exception& e) {
     return Failure("joining the group", e);
-  }
-  return absl::OkStatus();
-}
-
-Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
-  CONVEYOR_RETURN_IF_ERROR(Join());
-  try {
-    OnFlatBuffers(grads, [&](std::vector<at::Tensor>& flat) { impl_->group->allreduce(flat)->wait(options_.timeout); });
-  } catch (const std::exception& e) {
-    return Failure("all-reduce", e);
   }
   return absl::OkStatus();
 }
@@ -188,16 +180,30 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
   }
 }
 
+Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
+  try {
+    return OnFlatBuffers(grads, [&](const at::Tensor& flat) -> Status {
+      CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, StartAllReduce(flat));
+      return work->Wait();
+    });
+  } catch (const std::exception& e) {  // flattening or copying back
+    return Failure("all-reduce", e);
+  }
+}
+
 Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
   CONVEYOR_RETURN_IF_ERROR(Join());
   try {
     c10d::BroadcastOptions o;
     o.rootRank = 0;
-    OnFlatBuffers(tensors, [&](std::vector<at::Tensor>& flat) { impl_->group->broadcast(flat, o)->wait(options_.timeout); });
+    return OnFlatBuffers(tensors, [&](const at::Tensor& flat) {
+      std::vector<at::Tensor> one{flat};
+      impl_->group->broadcast(one, o)->wait(options_.timeout);
+      return absl::OkStatus();
+    });
   } catch (const std::exception& e) {
     return Failure("broadcast", e);
   }
-  return absl::OkStatus();
 }
 
 Status ReplicaGroup::BroadcastBytes(std::string* bytes) {

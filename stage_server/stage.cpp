@@ -454,9 +454,8 @@ Status Stage::Impl::JoinReplicas(Job& job) {
     params.insert(params.end(), c.params.begin(), c.params.end());
   }
   job.chunk_params.push_back(params.size());
-  const double cap_mb = a.spec().bucket_cap_mb() > 0 ? a.spec().bucket_cap_mb() : 25.0;
   job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
-                                                  static_cast<int64_t>(cap_mb * 1024 * 1024));
+                                                  static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024));
   return absl::OkStatus();
 }
 

@@ -144,21 +144,23 @@ StatusOr<std::string> Stage::Impl::ReplicaCheckpoint(const v1::LoadCheckpointReq
   // record), then the payload.
   v1::ReplicaCheckpoint sent;
   std::string payload;
+  Status loaded;  // replica 0's reading of its file
   if (job_->assignment.replica() == 0) {
-    auto loaded = checkpoints_.Load(req.job_id(), job_->assignment.stage_index(), req.step(), header, record);
-    if (loaded.ok()) {
-      payload = std::move(*loaded);
+    auto file = checkpoints_.Load(req.job_id(), job_->assignment.stage_index(), req.step(), header, record);
+    loaded = file.status();
+    if (file.ok()) {
+      payload = std::move(*file);
       *sent.mutable_header() = *header;
       *sent.mutable_record() = *record;
     } else {
-      sent.set_code(static_cast<int>(loaded.status().code()));
-      sent.set_error(std::string(loaded.status().message()));
+      sent.set_code(static_cast<int>(loaded.code()));
+      sent.set_error(std::string(loaded.message()));
     }
   }
   std::string message = sent.SerializeAsString();
   CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&message), Who() + " loading its checkpoint"));
-  if (sent.code() != 0) return Status(static_cast<absl::StatusCode>(sent.code()), sent.error());
   if (job_->assignment.replica() == 0) {
+    CONVEYOR_RETURN_IF_ERROR(loaded);
     CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&payload), Who() + " sending its checkpoint"));
     return payload;
   }

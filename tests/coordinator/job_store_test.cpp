@@ -91,9 +91,9 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
     ASSERT_TRUE(id.ok());
     b = *id;
     EXPECT_NE(a, b);
-    auto next = (*store)->NextQueued();
-    ASSERT_TRUE(next.ok());
-    EXPECT_EQ(**next, a);  // submission order
+    auto queued = (*store)->InState(v1::JOB_STATE_QUEUED);
+    ASSERT_TRUE(queued.ok());
+    EXPECT_EQ(*queued, (std::vector<std::string>{a, b}));  // submission order
     auto job = (*store)->Get(a);
     ASSERT_TRUE(job.ok());
     job->status.set_state(v1::JOB_STATE_RUNNING);
@@ -111,9 +111,9 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
   auto running = (*store)->InState(v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(running.ok());
   EXPECT_EQ(*running, std::vector<std::string>{a});
-  auto next = (*store)->NextQueued();
-  ASSERT_TRUE(next.ok());
-  EXPECT_EQ(**next, b);
+  auto queued = (*store)->InState(v1::JOB_STATE_QUEUED);
+  ASSERT_TRUE(queued.ok());
+  EXPECT_EQ(*queued, std::vector<std::string>{b});
   auto list = (*store)->List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 2u);
