@@ -23,6 +23,26 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::T
 #endif
 }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define CONVEYOR_FOREACH_NORM_DTYPE 1
+#endif
+
+bool ForeachNormTakes(c10::ScalarType dtype) {
+#ifdef CONVEYOR_FOREACH_NORM_DTYPE
+  return dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+#else
+  return dtype == at::kFloat;
+#endif
+}
+
+std::vector<at::Tensor> ForeachNormFp32(const std::vector<at::Tensor>& tensors) {
+#ifdef CONVEYOR_FOREACH_NORM_DTYPE
+  return at::_foreach_norm(tensors, 2, at::kFloat);
+#else
+  return at::_foreach_norm(tensors, 2);
+#endif
+}
+
 std::pair<double, double> EventSpanUs(const torch::autograd::profiler::KinetoEvent& e) {
 #if TORCH_VERSION_MAJOR >= 2
   return {static_cast<double>(e.startNs()) * 1e-3, static_cast<double>(e.durationNs()) * 1e-3};

@@ -7,6 +7,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <utility>
+#include <vector>
 
 namespace torch::autograd::profiler {
 struct KinetoEvent;
@@ -17,6 +18,13 @@ namespace conveyor {
 // Causal self-attention over [batch, heads, tokens, head_dim]: the fused
 // scaled_dot_product_attention on LibTorch 2.x, a plain one on 1.13.
 at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+// Each tensor's 2-norm, accumulated and returned in fp32, by one
+// multi-tensor kernel (_foreach_norm). Reduced-precision tensors need its
+// dtype form (LibTorch 2.4 on): ForeachNormTakes says which dtypes this
+// build's _foreach_norm takes.
+bool ForeachNormTakes(c10::ScalarType dtype);
+std::vector<at::Tensor> ForeachNormFp32(const std::vector<at::Tensor>& tensors);
 
 // A profiled event's start and duration in microseconds (1.13 counts in
 // microseconds, 2.x in nanoseconds).

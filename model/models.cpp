@@ -65,7 +65,7 @@ nn::AnyModule MakeLayer(const v1::JobSpec& spec, int index) {
     }
     case v1::MODEL_GPT: {
       if (index == 0) return nn::AnyModule(TokenEmbedding(m.vocab(), m.width(), m.seq_len()));
-      if (index <= m.blocks()) return nn::AnyModule(DecoderBlock(m.width(), m.heads(), m.mlp_width()));
+      if (index <= m.blocks()) return nn::AnyModule(DecoderBlock(m.width(), m.heads(), m.mlp_width(), !m.unfused_qkv()));
       if (index == m.blocks() + 1) return nn::AnyModule(nn::LayerNorm(nn::LayerNormOptions({m.width()})));
       return nn::AnyModule(Dense(m.width(), m.vocab()));
     }

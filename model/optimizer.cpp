@@ -1,5 +1,7 @@
 #include "model/optimizer.h"
 
+#include "model/compat.h"
+
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -170,12 +172,12 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
 
 at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params) {
   at::Tensor sum;
-  std::vector<at::Tensor> fp32_cuda;  // one _foreach_norm for these
+  std::vector<at::Tensor> on_cuda;  // one _foreach_norm for these, in fp32
   for (const auto& p : params) {
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
-    if (g.is_cuda() && g.scalar_type() == at::kFloat) {
-      fp32_cuda.push_back(g);
+    if (g.is_cuda() && ForeachNormTakes(g.scalar_type())) {
+      on_cuda.push_back(g);
       continue;
     }
     // Each tensor's norm in fp32 (as clip_grad_norm_ takes it; no double
@@ -183,8 +185,8 @@ at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params) {
     at::Tensor n = at::linalg_vector_norm(g, 2, c10::nullopt, false, at::kFloat).to(at::kDouble);
     sum = sum.defined() ? sum + n * n : n * n;
   }
-  if (!fp32_cuda.empty()) {
-    at::Tensor norms = at::stack(at::_foreach_norm(fp32_cuda, 2)).to(at::kDouble);
+  if (!on_cuda.empty()) {
+    at::Tensor norms = at::stack(ForeachNormFp32(on_cuda)).to(at::kDouble);
     at::Tensor part = norms.mul(norms).sum();
     sum = sum.defined() ? sum + part : part;
   }

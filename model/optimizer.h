@@ -45,7 +45,8 @@ void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 double GradSquaredNorm(const std::vector<at::Tensor>& params);
 // The same as a double scalar on the gradients' device, nothing read (the
 // host does not wait); undefined when no parameter has a gradient. On CUDA
-// the fp32 gradients' norms are one multi-tensor kernel (`_foreach_norm`).
+// the gradients' norms are one multi-tensor kernel (`_foreach_norm`), in
+// fp32 also for bf16 and fp16 gradients where LibTorch has its dtype form.
 at::Tensor GradSquaredNormTensor(const std::vector<at::Tensor>& params);
 
 // Multiplies every gradient of `params` by `factor` in place, as

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "common/sha256.h"
+#include "model/blocks.h"
 #include "model/partition.h"
 #include "model/zoo_partition.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -86,6 +88,43 @@ TEST(Models, GptDefaultsAreTheW2Decoder) {
   const int64_t ends = 32000LL * 2048 + 1024 * 2048 + 2 * 2048 + 2048LL * 32000 + 32000;
   EXPECT_EQ(params, block + ends);
   EXPECT_NEAR(static_cast<double>(24 * block + ends), 1.34e9, 0.01e9);
+}
+
+// model.fused (issue 19): attention's q, k, v as views whose backward writes
+// the qkv projection's gradient once take the very steps of unbind's stack
+// and copy: the same values, copied once instead of twice.
+TEST(Models, GptFusedQkvTakesTheUnfusedStepsBitForBit) {
+  auto job = [](const char* fused) {
+    return std::string("model: {name: gpt, vocab: 50, width: 32, blocks: 2, heads: 4, seq_len: 8, fused: ") + fused +
+           "}\ndata: {name: synthetic, train_samples: 16, test_samples: 0}\nbatch_size: 4\nsteps: 3\n"
+           "optimizer: {name: sgd, lr: 0.5}\n";
+  };
+  const cli::ReferenceResult fused = testing::Reference(job("true"));
+  const cli::ReferenceResult plain = testing::Reference(job("false"));
+  ASSERT_EQ(fused.status.losses_size(), 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fused.status.losses(i), plain.status.losses(i)) << "step " << i + 1;
+  ASSERT_EQ(fused.parameters.size(), plain.parameters.size());
+  for (std::size_t i = 0; i < fused.parameters.size(); ++i)
+    EXPECT_TRUE(at::equal(fused.parameters[i].second, plain.parameters[i].second)) << fused.parameters[i].first;
+  EXPECT_NE(fused.status.losses(0), fused.status.losses(2));  // it trained
+}
+
+// The fused views' backward alone: gradients of q, k and v land in the
+// projection's layout, and one without a gradient leaves zeros.
+TEST(Models, SplitHeadsBackwardWritesEachGradientInPlace) {
+  at::manual_seed(3);
+  const at::Tensor qkv = at::randn({2, 5, 3 * 4 * 3}, at::kDouble).requires_grad_();
+  std::vector<at::Tensor> parts = SplitHeads(qkv, 4);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].sizes(), at::IntArrayRef({2, 4, 5, 3}));
+  const at::Tensor w0 = at::randn({2, 4, 5, 3}, at::kDouble), w2 = at::randn({2, 4, 5, 3}, at::kDouble);
+  (parts[0] * w0 + parts[2] * w2).sum().backward();  // k gets no gradient
+  const at::Tensor ref = qkv.detach().clone().requires_grad_();
+  std::vector<at::Tensor> plain = ref.view({2, 5, 3, 4, 3}).permute({2, 0, 3, 1, 4}).unbind(0);
+  (plain[0] * w0 + plain[2] * w2).sum().backward();
+  EXPECT_TRUE(at::equal(parts[1], plain[1]));
+  EXPECT_TRUE(at::equal(qkv.grad(), ref.grad()));
+  EXPECT_EQ(qkv.grad().view({2, 5, 3, 12}).select(2, 1).abs().sum().item<double>(), 0.0);
 }
 
 TEST(Models, Bf16PrecisionBuildsBf16Parameters) {
