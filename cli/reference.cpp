@@ -18,6 +18,7 @@
 #include "plan/model_catalog.h"
 #include "model/models.h"
 #include "model/op_profile.h"
+#include "stage_server/graphed_passes.h"
 #include "model/optimizer.h"
 #include "model/out_of_memory.h"
 #include "model/training.h"
@@ -81,6 +82,14 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       named.emplace_back(name, p);
     }
     auto optimizer = MakeOptimizer(spec.optimizer(), named);
+    // cuda_graphs: each batch's forward, loss and backward replayed as a pair
+    // of CUDA graphs from the second step on, as a one-stage server does
+    // (GraphedPasses); the optimizer's few multi-tensor kernels run as they
+    // are. The first step runs eagerly (lazy initialisation, kernel choices),
+    // and so does a profiled one.
+    std::unique_ptr<GraphedPasses> graphs;
+    if (spec.cuda_graphs() && GraphedPasses::Available(*device)) graphs = std::make_unique<GraphedPasses>(*device);
+    bool graphs_recorded = false;
     BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
     model->Train(true);
     auto start = Clock::now();
@@ -118,19 +127,35 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (spec.profile_step() == step + 1) {
         CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
       }
-      optimizer->zero_grad();
+      const bool graphed = graphs && (graphs_recorded || (step > 0 && spec.profile_step() != step + 1));
+      if (graphs) {
+        GraphedPasses::ZeroGrads(trainable);  // in place: a recorded graph has their addresses
+      } else {
+        optimizer->zero_grad();
+      }
       at::Tensor loss;  // the mean over the step's batches
       for (int k = 0; k < accumulate; ++k) {
         const int64_t b = step * accumulate + k;
         BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, b);
         if (b + 1 < total * accumulate) loader.Prefetch(v1::PHASE_TRAIN, b + 1);  // while this batch is launched
-        at::Tensor out;
-        {
-          ForwardPrecision precision(spec, *device);
-          out = ValueOrThrow(model->ForwardOne(batch.inputs));
+        at::Tensor l;
+        if (graphed) {  // no autocast, no loss scaling: cuda_graphs refuses both
+          auto head = [&](const at::Tensor& out, const at::Tensor& labels) {
+            return ComputeLoss(spec, out, labels, 1.0 / accumulate);
+          };
+          l = ValueOrThrow(graphs->Forward(0, k, *model, batch.inputs, false, batch.labels, head)).output;
+          ValueOrThrow(graphs->Backward(0, k, at::Tensor(), trainable));
+          graphs_recorded = true;
+          if (k == 0) ++result.graphed_steps;
+        } else {
+          at::Tensor out;
+          {
+            ForwardPrecision precision(spec, *device);
+            out = ValueOrThrow(model->ForwardOne(batch.inputs));
+          }
+          l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
+          (scaling ? l * loss_scale.scale : l).backward();
         }
-        at::Tensor l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
-        (scaling ? l * loss_scale.scale : l).backward();
         loss = loss.defined() ? loss + l.detach() : l.detach();
       }
       const double lr = LearningRate(spec, step, total);
@@ -201,6 +226,14 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (options.progress) options.progress(s);
     }
     if (spec.eval() && !by_epochs) evaluate();
+    if (spec.cuda_graphs()) {
+      v1::JobEvent* e = s.add_events();
+      e->set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count());
+      e->set_text(graphs ? std::to_string(result.graphed_steps) + " of " + std::to_string(total) +
+                               " steps replayed as CUDA graphs"
+                         : "cuda_graphs ignored on " + device->str());
+    }
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
     // A loss of the user's that returned no scalar (ComputeLoss says so) is

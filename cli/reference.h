@@ -20,6 +20,7 @@ struct ReferenceResult {
   v1::JobStatus status;  // the same fields a pipelined job reports
   std::vector<std::pair<std::string, at::Tensor>> parameters;  // final, model order, on the CPU
   std::vector<std::pair<std::string, at::Tensor>> buffers;     // likewise
+  int64_t graphed_steps = 0;  // replayed as CUDA graphs (cuda_graphs)
 };
 
 StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& spec, const ReferenceOptions& options);

@@ -103,8 +103,10 @@ StatusOr<at::Tensor> GraphedPasses::Backward(int chunk, int mb, const at::Tensor
 
 void GraphedPasses::ZeroGrads(const std::vector<at::Tensor>& params) {
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
   for (const at::Tensor& p : params)
-    if (p.grad().defined()) p.grad().zero_();
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (!grads.empty()) at::_foreach_zero_(grads);  // a few multi-tensor kernels, not one per tensor
 }
 
 }  // namespace conveyor
