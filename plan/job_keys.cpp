@@ -418,6 +418,12 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 1 << 20)
       .DefaultDoc("1024")
       .Only("name: gpt", gpt);
+  add("model.fused", kBool,
+      "gpt: the gradients of attention's q, k and v written once into the qkv projection's layout by a backward of "
+      "Conveyor's own; false: what `qkv.unbind` does (a stack, then a copy). The same arithmetic either way")
+      .Default("true")
+      .Only("name: gpt", gpt)
+      .Set([](const V& v, S* s) { s->mutable_model()->set_unfused_qkv(!v.flag); });
   add("precision", kChoice,
       "`fp32`; `bf16`: pure bfloat16, parameters, optimizer state and activations (the loss is computed in fp32); "
       "`bf16-mixed`: fp32 parameters and optimizer state (the master weights), forwards in bfloat16 under autocast "
@@ -845,7 +851,8 @@ std::vector<JobKey> MakeTable() {
   add("nccl_ctas", kInt,
       "thread blocks (so SMs) each NCCL communicator of a link may use, 1 to 64, or `0` for NCCL's own choice. A "
       "receive is posted as soon as its header arrives and waits on the device for its sender, spinning on its SMs "
-      "meanwhile: few leave the SMs to the compute (see bench/RESULTS.md for what it costs and saves)")
+      "meanwhile: few leave the SMs to the compute (see bench/RESULTS.md for what it costs and saves). With "
+      "`cuda_graphs: true`, `0` means 2: NCCL's own count beside graph replays deadlocked W1's link on two H100s")
       .Default(std::to_string(kDefaultNcclCtas))
       .Range(0, 64)
       .Set([](const V& v, S* s) { s->set_nccl_ctas(static_cast<int32_t>(v.integer)); })
@@ -876,8 +883,10 @@ std::vector<JobKey> MakeTable() {
       "Inputs and gradients received are copied into the graphs' own tensors; parameter gradients are zeroed in "
       "place between steps. Training steps of another batch size, and evaluation, run as they are. Ignored on CPU "
       "stages; not with `recompute` or the `zero-bubble` schedule (INVALID_ARGUMENT). Each stage's `graphed_steps` "
-      "is in the status and the summary. On 2 H200s it measured no gain on W1 (its passes are GPU-bound at these "
-      "sizes) and a loss on W2's 1F1B (see bench/RESULTS.md), hence off by default")
+      "is in the status and the summary. `conveyor train --reference` replays each batch's forward, loss and "
+      "backward the same way on a GPU. Pipelined, on 2 H200s, it measured no gain on W1 (its passes are GPU-bound "
+      "at these sizes) and a loss on W2's 1F1B; on one GPU it gains where launches bound the step (W1 at batch 60; "
+      "see bench/RESULTS.md), hence off by default")
       .Default("false")
       .Set([](const V& v, S* s) { s->set_cuda_graphs(v.flag); });
   add("memory_format", kChoice,

@@ -115,6 +115,17 @@ inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_ste
 // (bucket_cap_mb; 0: DDP's 25).
 inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb() > 0 ? spec.bucket_cap_mb() : 25.0; }
 
+// The thread blocks each NCCL communicator of a link gets: the job's
+// nccl_ctas, except that NCCL's own choice (0) becomes kDefaultNcclCtas under
+// cuda_graphs. A link runs two communicators at once (one each way) and
+// NCCL's kernels wait on the device for their peers; with NCCL's own count
+// beside graph replays, W1 over two H100s deadlocked at every step (each
+// stage's receive waiting for a send the other GPU never ran), with 2 CTAs it
+// trained (bench/RESULTS.md, eleventh session).
+inline int NcclCtas(const v1::JobSpec& spec) {
+  return spec.nccl_ctas() == 0 && spec.cuda_graphs() ? kDefaultNcclCtas : spec.nccl_ctas();
+}
+
 // Whether `stage` recomputes its forwards during backward.
 bool RecomputeOn(const v1::JobSpec& spec, int stage);
 

@@ -105,7 +105,7 @@ namespace {
 
 NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
   NcclOptions nccl;
-  nccl.ctas = spec.nccl_ctas();
+  nccl.ctas = NcclCtas(spec);
   nccl.shm_headers = spec.nccl_headers() == v1::NCCL_HEADERS_SHM;
   return nccl;
 }
@@ -114,12 +114,16 @@ NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
 
 void Stage::Impl::ReserveSmsForNccl() {
   const v1::JobSpec& spec = job_->spec();
+  int links = 0;
+  if (!job_->assignment.upstream().empty() && job_->transport->Kind(Peer::kUpstream) == v1::LINK_NCCL) ++links;
+  if (!job_->assignment.downstream().empty() && job_->transport->Kind(Peer::kDownstream) == v1::LINK_NCCL) ++links;
+  if (links > 0 && NcclCtas(spec) != spec.nccl_ctas()) {
+    LOG_WARN(Who(), ": nccl_ctas 0 (NCCL's own choice) with cuda_graphs deadlocks NCCL links; they use ",
+             NcclCtas(spec), " thread blocks per communicator");
+  }
   int sms = spec.matmul_sm_carveout() == v1::SM_CARVEOUT_FIXED ? spec.matmul_sm_carveout_sms() : 0;
   if (spec.matmul_sm_carveout() == v1::SM_CARVEOUT_AUTO) {  // what this stage's NCCL kernels may hold at once
-    int links = 0;
-    if (!job_->assignment.upstream().empty() && job_->transport->Kind(Peer::kUpstream) == v1::LINK_NCCL) ++links;
-    if (!job_->assignment.downstream().empty() && job_->transport->Kind(Peer::kDownstream) == v1::LINK_NCCL) ++links;
-    sms = spec.nccl_ctas() * 2 * links;  // a communicator each way per link
+    sms = NcclCtas(spec) * 2 * links;  // a communicator each way per link
   }
   if (!SetMatmulSmCarveout(sms)) {
     LOG_WARN(Who(), ": this LibTorch cannot leave SMs to NCCL (matmul_sm_carveout ", sms, " ignored)");

@@ -9,6 +9,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "plan/job_keys.h"
 #include "plan/model_catalog.h"
@@ -82,6 +84,21 @@ TEST(JobSpec, NcclHeadersMayStayOnTheGrpcStream) {
   EXPECT_EQ(spec->nccl_headers(), v1::NCCL_HEADERS_SHM);
   EXPECT_THAT(ParseJobYaml("model: toy\nnccl_headers: tcp\n").status().message(),
               HasSubstr("nccl_headers: unknown value 'tcp' (one of: shm, grpc)"));
+}
+
+// NCCL's own CTA count (0) deadlocked NCCL links beside CUDA graph replays
+// (W1 on two H100s): under cuda_graphs it becomes the default; a count the
+// job gives stays.
+TEST(JobSpec, NcclCtasZeroIsBoundedUnderCudaGraphs) {
+  for (const auto& [yaml, want] : std::vector<std::pair<std::string, int>>{
+           {"model: toy\nnccl_ctas: 0\n", 0},
+           {"model: toy\nnccl_ctas: 0\ncuda_graphs: true\n", kDefaultNcclCtas},
+           {"model: toy\nnccl_ctas: 8\ncuda_graphs: true\n", 8},
+           {"model: toy\ncuda_graphs: true\n", kDefaultNcclCtas}}) {
+    auto spec = ParseJobYaml(yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(NcclCtas(*spec), want) << yaml;
+  }
 }
 
 TEST(JobSpec, UnknownKeysAreNamed) {
