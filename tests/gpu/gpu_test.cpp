@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -69,6 +70,13 @@ TEST_F(GpuTest, ConvNetOnGpuStagesEqualsTheGpuReference) {
     v1::JobStatus run = testing::RunToEnd(*coordinator, yaml);
     EXPECT_EQ(run.stages(0).device(), "cuda:0");
     testing::ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), testing::Reference(yaml, "cuda:0"));
+  }
+  // The single device with cuda_graphs (conveyor train --reference) replays
+  // steps 2 to 20 and takes the eager single device's steps.
+  for (const char* model : {kConvNet, kGpt}) {
+    const cli::ReferenceResult graphed = testing::Reference(std::string(model) + "cuda_graphs: true\n", "cuda:0");
+    EXPECT_EQ(graphed.graphed_steps, 19) << model;
+    testing::ExpectMatchesReference(graphed.status, graphed.parameters, testing::Reference(model, "cuda:0"));
   }
 }
 
@@ -176,6 +184,52 @@ TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
   EXPECT_EQ(small.stages(0).device(), "cuda:0");
 }
 
+// Recovery on NCCL links (issue 22): a job of two stage server processes on
+// two GPUs with an NCCL link between them; the downstream server is killed
+// (SIGKILL) in the middle of a step and restarted at its address; the job
+// resumes from its last checkpoint over a new NCCL link and ends with the
+// digest of the same job run without the kill on the same servers. An MLP
+// (linear layers, cuBLAS) with AdamW: its steps are bit-reproducible on one
+// GPU, so the digests must be equal, not close. Needs two GPUs.
+TEST_F(GpuTest, AStageKilledOnAnNcclLinkResumesToTheUninterruptedDigest) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = {"cuda:0", "cuda:1"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.restart_stages = true;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->coordinator_address();
+  const std::string yaml =
+      "model: {name: mlp, input_dim: 64, hidden: [256, 256, 128]}\npartition: {stages: 2}\n"
+      "data: {name: synthetic, train_samples: 4096}\nbatch_size: 64\nmicro_batches: 4\nschedule: 1f1b\n"
+      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\ntransport: nccl\nseed: 3\nsteps: 120\n"
+      "checkpoint_every: 10\nstage_timeout: 10\nrecovery_timeout: 60\n";
+  const v1::JobStatus clean = testing::SubmitAndWait(address, yaml);
+  ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  ASSERT_EQ(clean.stages(0).transport(), v1::LINK_NCCL);
+  bool killed = false, recovered = false;
+  const v1::JobStatus run = testing::SubmitAndWait(address, yaml, [&](const v1::JobStatus& s) {
+    recovered |= s.state() == v1::JOB_STATE_RECOVERING;
+    if (!killed && s.state() == v1::JOB_STATE_RUNNING && s.step() >= 45) {
+      killed = true;
+      (*cluster)->Signal(1, SIGKILL);
+    }
+  });
+  ASSERT_TRUE(killed) << "the job ended before the kill";
+  EXPECT_TRUE(recovered);
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  EXPECT_EQ((*cluster)->stage_restarts(), 1);
+  EXPECT_EQ(run.stages(0).transport(), v1::LINK_NCCL);
+  EXPECT_EQ(run.stages(1).device(), "cuda:1");
+  EXPECT_EQ(run.param_digest(), clean.param_digest());
+  std::string events;
+  for (const auto& e : run.events()) events += e.text() + "\n";
+  std::printf("events of the recovered run:\n%s", events.c_str());
+}
+
 // Stage server processes on two GPUs over NCCL and the gRPC stream: the Nccl
 // cases of PipelineEquality (equality_test.cpp), parameterised over transports.
 
@@ -241,6 +295,51 @@ TEST_F(GpuTest, ForeachSgdAndNormOnCudaMatchTheLoop) {
   }
   for (std::size_t i = 0; i < loop_params.size(); ++i)
     EXPECT_TRUE(at::allclose(loop_params[i].second, foreach_params[i].second, 1e-5, 1e-6)) << loop_params[i].first;
+}
+
+// model.fused and the bf16 gradient norm on CUDA (issue 19): W2's kernels at
+// a small size train as the plain ones within bf16's rounding (cuDNN's and
+// flash attention's backward sum in an order of their own), and the norm of
+// bf16 gradients from one _foreach_norm equals the per-tensor fp32 norms.
+TEST_F(GpuTest, GptFusedQkvAndBf16NormOnCudaMatchThePlainOnes) {
+  auto job = [](const char* fused) {
+    return std::string("model: {name: gpt, vocab: 64, width: 128, blocks: 2, heads: 2, seq_len: 32, fused: ") +
+           fused +
+           "}\ndata: {name: synthetic, train_samples: 32, test_samples: 0}\nbatch_size: 8\nsteps: 4\n"
+           "precision: bf16\noptimizer: {name: sgd, lr: 0.1}\n";
+  };
+  const cli::ReferenceResult fused = testing::Reference(job("true"), "cuda:0");
+  const cli::ReferenceResult plain = testing::Reference(job("false"), "cuda:0");
+  ASSERT_EQ(fused.status.losses_size(), 4);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(fused.status.losses(i), plain.status.losses(i), 1e-2 * std::abs(plain.status.losses(i))) << i + 1;
+  for (std::size_t i = 0; i < fused.parameters.size(); ++i) {
+    EXPECT_TRUE(at::allclose(fused.parameters[i].second.to(at::kFloat), plain.parameters[i].second.to(at::kFloat),
+                             2e-2, 2e-3))
+        << fused.parameters[i].first;
+  }
+  std::vector<at::Tensor> on_gpu, on_cpu;
+  at::manual_seed(5);
+  for (int i = 0; i < 12; ++i) {
+    on_gpu.push_back(at::zeros({300 * (i + 1)}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA)));
+    on_gpu.back().mutable_grad() = at::randn({300 * (i + 1)}).to(at::kBFloat16).cuda();
+    on_cpu.push_back(at::zeros({1}));
+    on_cpu.back().mutable_grad() = on_gpu.back().grad().cpu();
+  }
+  const double cpu = GradSquaredNorm(on_cpu);
+  EXPECT_NEAR(GradSquaredNorm(on_gpu), cpu, 1e-5 * cpu);
+  // Cross-entropy reads bf16 logits into an fp32 softmax: cross_entropy of
+  // their fp32 copy, value and gradient, bit for bit.
+  const at::Tensor logits = at::randn({64, 1000}).to(at::kBFloat16).cuda().requires_grad_();
+  const at::Tensor copy = logits.detach().clone().requires_grad_();
+  const at::Tensor labels = at::randint(1000, {64}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+  const at::Tensor loss = ComputeLoss(v1::JobSpec(), logits, labels, 1.0);
+  const at::Tensor ref = at::cross_entropy_loss(copy.to(at::kFloat), labels);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  EXPECT_EQ(loss.item<float>(), ref.item<float>());
+  loss.backward();
+  ref.backward();
+  EXPECT_TRUE(at::equal(logits.grad(), copy.grad()));
 }
 
 // Data parallelism on one GPU (issue 20): two stage server processes on
