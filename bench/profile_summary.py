@@ -13,7 +13,13 @@ families count a nested operator's time once per level.
 Given two traces, the kernel table is side by side by name, largest
 difference first: where one run spends the time the other does not.
 
-usage: bench/profile_summary.py A.json [B.json ...] [--top 25] [--host] [--families-only]
+--gaps N lists, for each trace, the device's idle time (the span from its
+first kernel to its last, less the time some kernel, copy or memset ran) and
+its N longest idle gaps, each with what the host was doing meanwhile (the
+outermost host operators and CUDA runtime calls that overlap it): where the
+device waits for the host.
+
+usage: bench/profile_summary.py A.json [B.json ...] [--top 25] [--host] [--families-only] [--gaps N]
 """
 import argparse
 import collections
@@ -59,6 +65,34 @@ FAMILIES = [
 ]
 
 
+def gaps(path, n):
+    """The device's idle time and its n longest gaps, with the host's work during each."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    dev = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events if e.get("cat") in DEVICE)
+    if not dev:
+        return "%s: no device events" % path
+    host = [e for e in events if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation")]
+    idle, found, end = 0.0, [], dev[0][1]
+    for start, stop in dev[1:]:
+        if start > end:
+            idle += start - end
+            found.append((start - end, end, start))
+        end = max(end, stop)
+    span = end - dev[0][0]
+    lines = ["%s: device span %.2f ms, idle %.2f ms (%.0f%%) in %d gaps" % (
+        path, span / 1e3, idle / 1e3, 100 * idle / span if span else 0, len(found))]
+    for g, lo, hi in sorted(found, reverse=True)[:n]:
+        during = [e for e in host if float(e["ts"]) < hi and float(e["ts"]) + float(e.get("dur", 0)) > lo]
+        # outermost: not inside another event of the list
+        outer = [e for e in during if not any(o is not e and float(o["ts"]) <= float(e["ts"]) and
+                                              float(o["ts"]) + float(o.get("dur", 0)) >= float(e["ts"]) + float(e.get("dur", 0))
+                                              for o in during)]
+        what = ", ".join("%s %.0f us" % (short(e["name"], 40), float(e.get("dur", 0))) for e in outer[:6])
+        lines.append("  %.0f us at +%.2f ms: %s" % (g, (lo - dev[0][0]) / 1e3, what or "(no host event: the host between calls)"))
+    return "\n".join(lines)
+
+
 def family(name):
     n = name.lower()
     for fam, keys in FAMILIES:
@@ -100,7 +134,11 @@ def main():
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host", action="store_true", help="host operators instead of device kernels")
     p.add_argument("--families-only", action="store_true", help="only the table of operator families")
+    p.add_argument("--gaps", type=int, default=0, help="the device's N longest idle gaps and the host's work in them")
     a = p.parse_args()
+    if a.gaps:
+        for t in a.traces:
+            print(gaps(t, a.gaps) + "\n")
     runs = [load(t, a.host) for t in a.traces]
     for i, (path, (totals, counts, launches)) in enumerate(zip(a.traces, runs)):
         print("%s: %s: %.1f ms in %d events (%d kinds)%s" % (
