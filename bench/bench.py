@@ -14,10 +14,13 @@ other on this machine:
     ("vs best PyTorch" is against the fastest PyTorch row of the run, whichever it is.)
   `bench.py dp` runs the seed's other comparison on R GPUs: PyTorch DDP against Conveyor with R
   replicas of one stage, each against one GPU of its kind (bench/dp_gpu.py).
-  --batch B measures only the single-device variants (PyTorch's four, Conveyor's conveyor-1dev,
-  conveyor-1dev-nchw and conveyor-1stage-graphs) at batch B, a pipeline stage's micro-batch
+  --batch B measures only the single-device variants (PyTorch's four, Conveyor's conveyor-1dev-*
+  and conveyor-1stage-graphs) at batch B, a pipeline stage's micro-batch
   (W1 60; W2 8 or 4): names end in -bB. `bench.py sizes` runs them at W1's 120 and 60 and
   W2's 32, 8 and 4 in one call and prints one table of ms per step (sizes.md).
+  --global-batch B runs every variant, the pipelined ones included, at global batch B (a batch
+  sweep: where a pipeline starts to pay); names end in -bB as well, so that `bench.py plot`
+  merges the CSVs of several batches (each row's vs_* columns then compare rows of its batch).
     torch-naive-mp          the stages on 2 GPUs in one process, no micro-batches
     torch-split-m<M>        the seed tutorial's pipelined class: M micro-batches, one process
     torch-pp-<sched>-m<M>   torch.distributed.pipelining, 2 processes (one GPU each, NCCL),
@@ -29,6 +32,10 @@ other on this machine:
     conveyor-1dev-nchw      W1: the same as the seed's code runs it (NCHW, no autotuning)
     conveyor-1dev-loop      conveyor-1dev with optimizer.foreach: false (SGD as LibTorch's loop of
                             kernels per tensor, as before the multi-tensor step)
+    conveyor-1dev-graphs    conveyor-1dev with cuda_graphs: true (forward, loss and backward replayed
+                            as CUDA graphs from the second step)
+    conveyor-1dev-unfused   W2: conveyor-1dev with model.fused: false (attention's q, k, v gradients
+                            through unbind's stack and a copy, as before issue 19)
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
     <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
     (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
@@ -57,7 +64,7 @@ steps after them (the `statistic` column says which).
 usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
                             [--micro-batches 4,8,16] [--schedules gpipe,1f1b,zero-bubble]
                             [--torch-schedules tutorial,gpipe,1f1b,interleaved]
-                            [--only PATTERNS] [--skip PATTERNS] [--dry-run]
+                            [--batch B | --global-batch B] [--only PATTERNS] [--skip PATTERNS] [--dry-run]
        bench/bench.py plot --csv A.csv [B.csv ...] [--out DIR]
        bench/bench.py sizes [--w1 120,60] [--w2 32,8,4] [--full-only PATTERNS] [--budget S] [--out DIR] [run options]
 """
@@ -107,16 +114,21 @@ def plan(args):
     single = [{"variant": "conveyor-1dev", "impl": "conveyor", "schedule": "", "m": 1},
               # Before the multi-tensor SGD step (issue 19): LibTorch's loop of kernels per tensor.
               {"variant": "conveyor-1dev-loop", "impl": "conveyor", "schedule": "", "m": 1,
-               "set": ["optimizer.foreach=false"]}]
+               "set": ["optimizer.foreach=false"]},
+              # Forward, loss and backward replayed as CUDA graphs (cuda_graphs) from the second step.
+              {"variant": "conveyor-1dev-graphs", "impl": "conveyor", "schedule": "", "m": 1, "graphs": True}]
     if args.workload == "w1":
         single.append({"variant": "conveyor-1dev-nchw", "impl": "conveyor", "schedule": "", "m": 1,
                        "set": NCHW})
+    else:  # before issue 19's qkv split: unbind's backward (a stack and a copy)
+        single.append({"variant": "conveyor-1dev-unfused", "impl": "conveyor", "schedule": "", "m": 1,
+                       "set": ["model.fused=false"]})
     if args.batch:  # a pipeline stage's micro-batch: the single-device variants only
         out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "best", "m": 1}] + best + single + \
               [{"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
                 "graphs": True, "stages": 1}]
         for v in out:
-            v["variant"] += "-b%d" % args.batch
+            v["variant"] += batch_suffix(args)
         return select(args, out)
     out = [{"variant": "pytorch-1gpu", "impl": "pytorch", "schedule": "single", "m": 1}] + best + \
           [{"variant": "torch-naive-mp", "impl": "pytorch", "schedule": "naive", "m": 1}]
@@ -133,6 +145,8 @@ def plan(args):
                 if v["impl"] == "conveyor" and not v["variant"].startswith("conveyor-1dev")]
         out.append({"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
                     "graphs": True, "stages": 1})
+    for v in out:  # --global-batch: every variant at batch B, named as --batch names them
+        v["variant"] += batch_suffix(args)
     return select(args, out)
 
 
@@ -166,10 +180,35 @@ def job_text(workload, steps, schedule=None, micro_batches=None, extra=(), stage
     return text
 
 
+def asked_batch(args):
+    """--batch or --global-batch: the batch every variant of the run trains on; 0 if neither."""
+    return args.batch or args.global_batch
+
+
+def batch_suffix(args):
+    """-bB with --batch or --global-batch: the end of the run's names, CSV and logs."""
+    return "-b%d" % asked_batch(args) if asked_batch(args) else ""
+
+
 def batch_size(workload, args=None):
-    if args is not None and args.batch:
-        return args.batch
+    if args is not None and asked_batch(args):
+        return asked_batch(args)
     return int(re.search(r"(?m)^batch_size: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
+
+
+def train_samples(workload):
+    return int(re.search(r"train_samples: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
+
+
+def base_name(variant):
+    """A variant's name without the -bB of --batch and --global-batch."""
+    return re.sub(r"-b\d+$", "", variant)
+
+
+def row_batch(r):
+    """A CSV row's global batch: its name's -bB, else its job's."""
+    m = re.search(r"-b(\d+)$", r["variant"])
+    return int(m.group(1)) if m else batch_size(r["workload"])
 
 
 def conveyor_command(args, v, job_path):
@@ -266,13 +305,15 @@ def torch_command(args, workload, schedules, mbs, names=()):
                "--warmup", str(WARMUP + 1), "--variants", ",".join(re.sub(r"-b\d+$", "", n) for n in names)]
         if args.profile_dir:
             cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
-        return cmd + (["--batch", str(args.batch)] if args.batch else [])
+        return cmd + (["--batch", str(asked_batch(args))] if asked_batch(args) else [])
     cmd = [args.python, os.path.join(HERE, "torch_pipelining.py"), workload, "--schedules", ",".join(schedules),
            "--steps", str(max(1, args.steps - WARMUP)), "--warmup", str(WARMUP),
            "--ranks", str(args.ranks), "--timeout", str(max(30, args.timeout - 15))]
     mbs = sorted(set(m for m in mbs if m))
     if mbs:
         cmd += ["--micro-batches", ",".join(str(m) for m in mbs)]
+    if asked_batch(args):
+        cmd += ["--batch", str(asked_batch(args))]
     if args.profile_dir:
         cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
     if args.torch_channels_last:
@@ -284,7 +325,7 @@ def run_torch(args, workload, group, schedules, mbs, names=()):
     """One torch_pipelining.py call (the one-process variants, or one pipelined schedule), or
     one torch_single.py call (the best single-GPU variants): its JSON lines, by variant name."""
     cmd = torch_command(args, workload, schedules, mbs, names)
-    log = os.path.join(args.out, "%s-torch-%s.log" % (workload, group))
+    log = os.path.join(args.out, "%s-torch-%s%s.log" % (workload, group, batch_suffix(args)))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout + 30, env=env)
@@ -310,12 +351,13 @@ def run_torch(args, workload, group, schedules, mbs, names=()):
 # ---------------------------------------------------------------- rows, table, CSV, plots
 
 def ratios(rows):
-    """Fill each row's vs_* columns from the rows of its workload."""
+    """Fill each row's vs_* columns from the rows of its workload and batch (merged CSVs of a
+    batch sweep: a row at batch 480 is compared with pytorch-1gpu at 480)."""
     by_w = {}
     for r in rows:
-        by_w.setdefault(r["workload"], []).append(r)
+        by_w.setdefault((r["workload"], row_batch(r)), []).append(r)
     for w, rs in by_w.items():
-        ref = {re.sub(r"-b\d+$", "", r["variant"]): float(r["throughput"]) for r in rs}  # --batch: -bB
+        ref = {base_name(r["variant"]): float(r["throughput"]) for r in rs}  # --batch: -bB
         best = max([float(r["throughput"]) for r in rs if r["impl"] == "pytorch"] or [0])
         for r in rs:
             t = float(r["throughput"])
@@ -379,8 +421,8 @@ def plot(out_dir, workload, rows):
            color=[colors.get(r["impl"], "gray") for r in rows])
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r["variant"] for r in rows], rotation=50, ha="right", fontsize=8)
-    base = [r for r in rows if r["variant"] == "pytorch-1gpu"]
-    if base:
+    base = [r for r in rows if base_name(r["variant"]) == "pytorch-1gpu"]
+    if len(base) == 1:  # one batch
         ax.axhline(float(base[0]["throughput"]), color="gray", linestyle="--", linewidth=1)
     ax.set_ylabel("%s / s" % unit)
     ax.set_title("%s: throughput by variant (orange: PyTorch, blue: Conveyor)" % workload.upper())
@@ -392,16 +434,19 @@ def plot(out_dir, workload, rows):
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = {}
+    batches = sorted({row_batch(r) for r in rows})
     for r in rows:
-        m = int(r["micro_batches"])
+        m, name = int(r["micro_batches"]), base_name(r["variant"])
         if r["impl"] == "pytorch" and r["schedule"] in tp.PIPELINED:
             label = "torch.distributed.pipelining %s" % r["schedule"]
         elif r["impl"] == "pytorch" and r["schedule"] == "tutorial":
             label = "PyTorch tutorial's pipelined class"
-        elif r["impl"] == "conveyor" and r["schedule"] not in ("", "naive") and r["variant"] != "conveyor-1stage-graphs":
-            label = "Conveyor %s%s" % (r["schedule"], ", CUDA graphs" if r["variant"].endswith("-graphs") else "")
+        elif r["impl"] == "conveyor" and r["schedule"] not in ("", "naive") and name != "conveyor-1stage-graphs":
+            label = "Conveyor %s%s" % (r["schedule"], ", CUDA graphs" if name.endswith("-graphs") else "")
         else:
             continue
+        if len(batches) > 1:  # merged CSVs of a batch sweep: a curve per batch
+            label += ", batch %d" % row_batch(r)
         series.setdefault((r["impl"], label), []).append((m, float(r["ms_per_step"])))
     ms = set()
     for (impl, label), pts in sorted(series.items()):
@@ -411,16 +456,15 @@ def plot(out_dir, workload, rows):
                 linestyle="-" if impl == "conveyor" else "--", label=label)
     for name, style in (("pytorch-1gpu", ":"), ("torch-naive-mp", "-."), ("conveyor-1dev", ":"),
                         ("naive-mp", "-.")):
-        ref = [r for r in rows if r["variant"] == name]
-        if ref:
-            ax.axhline(float(ref[0]["ms_per_step"]), color=colors[ref[0]["impl"]], linestyle=style, linewidth=1.2,
-                       label=name)
+        for ref in [r for r in rows if base_name(r["variant"]) == name]:  # one per batch
+            ax.axhline(float(ref["ms_per_step"]), color=colors[ref["impl"]], linestyle=style, linewidth=1.2,
+                       label=ref["variant"])
     if ms:
         ax.set_xscale("log", base=2)
-        batch = batch_size(workload)
         ticks = sorted(ms)
         ax.set_xticks(ticks)
-        ax.set_xticklabels(["%d\n(%s)" % (m, batch // m) for m in ticks])
+        # the split size under each count, where the rows share one batch
+        ax.set_xticklabels(["%d\n(%s)" % (m, batches[0] // m) if len(batches) == 1 else str(m) for m in ticks])
         ax.minorticks_off()
     ax.set_xlabel("micro-batches per step (split size)")
     ax.set_ylabel("ms / step")
@@ -450,8 +494,9 @@ def cmd_plot(argv):
     os.makedirs(args.out, exist_ok=True)
     for w in sorted({r["workload"] for r in rows}):
         rs = [r for r in rows if r["workload"] == w]
-        # PyTorch's rows first, then Conveyor's; within each, by schedule, then micro-batches
-        rank = lambda r: (r["impl"] != "pytorch", SCHEDULE_ORDER.index(r["schedule"])
+        # By batch (merged CSVs of a batch sweep); PyTorch's rows first, then Conveyor's; within each,
+        # by schedule, then micro-batches
+        rank = lambda r: (row_batch(r), r["impl"] != "pytorch", SCHEDULE_ORDER.index(r["schedule"])
                           if r["schedule"] in SCHEDULE_ORDER else len(SCHEDULE_ORDER), r["schedule"],
                           int(r["micro_batches"]))
         rs.sort(key=rank)
@@ -465,7 +510,7 @@ def cmd_plot(argv):
 
 
 SIZE_COLUMNS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile", "conveyor-1dev",
-                "conveyor-1dev-loop",
+                "conveyor-1dev-loop", "conveyor-1dev-graphs", "conveyor-1dev-unfused",
                 "conveyor-1dev-nchw", "conveyor-1stage-graphs"]
 
 
@@ -541,7 +586,8 @@ def main(argv):
     p.add_argument("workload", choices=sorted(JOBS), help="or `plot`: see below")
     p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="folder holding `conveyor`")
     p.add_argument("--out", default=".", help="folder for the logs and plots")
-    p.add_argument("--csv", default=None, help="CSV to write (default OUT/bench-WORKLOAD.csv)")
+    p.add_argument("--csv", default=None, help="CSV to write (default OUT/bench-WORKLOAD.csv; with --batch or "
+                   "--global-batch B, OUT/bench-WORKLOAD-bB.csv)")
     p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
@@ -567,23 +613,36 @@ def main(argv):
     p.add_argument("--torch-channels-last", action="store_true",
                    help="PyTorch's variants in channels-last memory with cudnn.benchmark (W1: its fastest "
                         "convolutions); Conveyor's stay as they are")
-    p.add_argument("--batch", type=int, default=0,
-                   help="measure the single-device variants at this batch (a stage's micro-batch: W1 60, W2 8 "
-                        "or 4); the variants' names end in -bB")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch", type=int, default=0,
+                       help="measure the single-device variants at this batch (a stage's micro-batch: W1 60, W2 8 "
+                            "or 4); the variants' names end in -bB")
+    batch.add_argument("--global-batch", type=int, default=0, metavar="B",
+                       help="measure every variant, the pipelined ones included, at global batch B (a batch "
+                            "sweep); the variants' names end in -bB")
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
     args.schedules = [s for s in args.schedules.split(",") if s]
-    if args.batch:
-        args.set = args.set + ["batch_size=%d" % args.batch]
+    w = args.workload
+    if asked_batch(args) < 0:
+        p.error("--batch, --global-batch: a positive count of samples")
+    if asked_batch(args):
+        args.set = args.set + ["batch_size=%d" % asked_batch(args)]
+        if asked_batch(args) > train_samples(w):  # Conveyor refuses a batch larger than its training split
+            args.set.append("data.train_samples=%d" % asked_batch(args))
     args.torch_schedules = [s for s in args.torch_schedules.split(",") if s]
     for s in args.torch_schedules:
         if s not in ("tutorial",) + tp.PIPELINED:
             p.error("--torch-schedules: unknown %r" % s)
-    w = args.workload
     args.micro_batches = args.micro_batches or DEFAULT_MICRO_BATCHES[w]
-    csv_path = args.csv or os.path.join(args.out, "bench-%s.csv" % w)
+    # A batch sweep's runs into one --out keep a CSV each, for `bench.py plot --csv OUT/bench-w1*.csv`.
+    csv_path = args.csv or os.path.join(args.out, "bench-%s%s.csv" % (w, batch_suffix(args)))
     variants = plan(args)
+    uneven = sorted({v["m"] for v in variants if asked_batch(args) % v["m"]})
+    if uneven:  # PyTorch's pipelines want equal micro-batches, and so does a fair comparison
+        p.error("batch %d does not split into %s equal micro-batches: give --micro-batches that divide it"
+                % (asked_batch(args), " or ".join(str(m) for m in uneven)))
     unit, per_sample = UNITS[w]
 
     # One torch_pipelining.py call for the one-process variants, one per pipelined schedule
@@ -604,11 +663,12 @@ def main(argv):
             print("  " + " ".join(torch_command(args, w, g["schedules"], g["mbs"], g["names"])))
         for v in variants:
             if v["impl"] == "conveyor":
-                print("  %-22s %s  (job %s, schedule %s, micro_batches %d)" % (
+                print("  %-22s %s  (job %s, schedule %s, micro_batches %d%s)" % (
                     v["variant"], " ".join(conveyor_command(args, v, "JOB")[:2]), JOBS[w],
-                    v["schedule"] or "-", v["m"]))
+                    v["schedule"] or "-", v["m"], ", batch_size %d" % asked_batch(args) if asked_batch(args) else ""))
             else:
-                print("  %-22s torch_pipelining.py --schedules %s" % (v["variant"], v["schedule"]))
+                print("  %-22s torch_pipelining.py --schedules %s%s" % (
+                    v["variant"], v["schedule"], " --batch %d" % asked_batch(args) if asked_batch(args) else ""))
         return 0
     if not variants:
         print("no variant left to run (see --only, --skip)", file=sys.stderr)

@@ -28,7 +28,12 @@ stderr): ms_per_iter is the median of the timed iterations after warm-up,
 each timed from a device synchronize to a device synchronize (for the
 pipelined runs, the slowest rank's time of each iteration).
 
-usage: torch_pipelining.py w2 --schedules 1f1b,gpipe --micro-batches 4,8 [--steps 10] [--warmup 3] [--ranks 2]
+--batch B runs every configuration at global batch B instead of the
+workload's (W1 120, W2 32); each micro-batch count must divide B, and the
+variants' names then end in -bB (as torch_single.py's --batch does).
+
+usage: torch_pipelining.py w2 --schedules 1f1b,gpipe --micro-batches 4,8 [--batch B] [--steps 10] [--warmup 3]
+                           [--ranks 2]
 """
 import argparse
 import datetime
@@ -239,10 +244,21 @@ def variant_name(schedule, m):
     return "torch-pp-%s-m%d" % (schedule, m)
 
 
+def global_batch(opts):
+    """Samples per step: --batch, else the workload's."""
+    return opts.batch or WORKLOADS[opts.workload]["batch"]
+
+
+def run_name(opts, schedule, m):
+    """The variant's name in the JSON lines: with --batch it ends in -bB, so that runs of
+    several batches do not share names (bench.py merges CSVs by name)."""
+    return variant_name(schedule, m) + ("-b%d" % opts.batch if opts.batch else "")
+
+
 def configurations(opts):
     """(schedule, micro_batches, stages, error or None) for each run asked for."""
     out = []
-    batch = WORKLOADS[opts.workload]["batch"]
+    batch = global_batch(opts)
     for s in opts.schedules:
         for m in ([1] if s in ("single", "naive") else opts.micro_batches):
             stages = 1 if s == "single" else opts.ranks * (opts.chunks if s == "interleaved" else 1)
@@ -258,17 +274,17 @@ def configurations(opts):
 
 
 def result(opts, schedule, m, stages, times=None, error=None, **extra):
-    w = WORKLOADS[opts.workload]
-    r = {"workload": opts.workload, "variant": variant_name(schedule, m), "schedule": schedule,
+    w, batch = WORKLOADS[opts.workload], global_batch(opts)
+    r = {"workload": opts.workload, "variant": run_name(opts, schedule, m), "schedule": schedule,
          "micro_batches": m, "stages": stages,
          "ranks": 1 if schedule in LOCAL else opts.ranks,
-         "gpus": 1 if schedule == "single" else opts.ranks, "batch": w["batch"], "unit": w["unit"]}
+         "gpus": 1 if schedule == "single" else opts.ranks, "batch": batch, "unit": w["unit"]}
     if times:
         med = statistics.median(times)
         r.update({"ms_per_iter": round(1000 * med, 3), "ms_min": round(1000 * min(times), 3),
                   "ms_max": round(1000 * max(times), 3), "iters": len(times), "warmup": opts.warmup,
-                  "samples_per_second": round(w["batch"] / med, 3),
-                  "throughput": round(w["batch"] * w["per_sample"] / med, 1)})
+                  "samples_per_second": round(batch / med, 3),
+                  "throughput": round(batch * w["per_sample"] / med, 1)})
     if error:
         r["error"] = error
     r.update(extra)
@@ -353,7 +369,7 @@ def local_worker(_index, opts, configs):
             mods = built[stages]
             params = [p for mod in mods for p in mod.parameters()]
             opt = torch.optim.SGD(params, lr=WORKLOADS[w]["lr"])
-            x, y = make_batch(w, devices[0], devices[-1], opts.channels_last)
+            x, y = make_batch(w, devices[0], devices[-1], opts.channels_last, opts.batch)
             last = {}
 
             def forward(chunk):
@@ -375,7 +391,7 @@ def local_worker(_index, opts, configs):
             for d in devices:
                 torch.cuda.reset_peak_memory_stats(d)
             times = timed(step, devices, opts)
-            profile_step(step, devices, opts, variant_name(schedule, m))
+            profile_step(step, devices, opts, run_name(opts, schedule, m))
             emit(result(opts, schedule, m, stages, times, loss=round(float(last["loss"].detach()), 5),
                         peak_gib=peak_gib(devices)))
         except torch.cuda.OutOfMemoryError as e:
@@ -402,7 +418,7 @@ def pp_worker(rank, opts, configs, port):
                             timeout=datetime.timedelta(seconds=opts.nccl_timeout))
     w = opts.workload
     lossf = loss_fn(w)
-    x, y = make_batch(w, dev, dev, opts.channels_last)
+    x, y = make_batch(w, dev, dev, opts.channels_last, opts.batch)
     layouts = {}
     try:
         for schedule, m, stages, _ in configs:
@@ -436,7 +452,7 @@ def pp_worker(rank, opts, configs, port):
             torch.cuda.reset_peak_memory_stats(dev)
             dist.barrier()
             times = timed(step, [dev], opts)
-            profile_step(step, [dev], opts, "%s-rank%d" % (variant_name(schedule, m), rank))
+            profile_step(step, [dev], opts, "%s-rank%d" % (run_name(opts, schedule, m), rank))
             t = torch.tensor(times, device=dev, dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
             loss = torch.tensor([float(sum(l.detach().float() for l in losses) / len(losses)) if losses else 0.0],
@@ -489,6 +505,9 @@ def main():
                    help="comma-separated, of: " + ", ".join(LOCAL + PIPELINED))
     p.add_argument("--micro-batches", default=None, help="comma-separated micro-batch counts "
                    "(default: 2,4,6 for w1, 4,8,16 for w2)")
+    p.add_argument("--batch", type=int, default=0,
+                   help="global batch of every configuration (default: the workload's, W1 120, W2 32); "
+                        "the micro-batch counts must divide it; names then end in -bB")
     p.add_argument("--steps", type=int, default=10, help="timed iterations per configuration")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--ranks", type=int, default=2, help="processes (GPUs) of the pipelined and naive runs")
@@ -505,6 +524,8 @@ def main():
     p.add_argument("--list", action="store_true", help="print the configurations and exit (needs no torch)")
     opts = p.parse_args()
     opts.schedules = [s for s in opts.schedules.split(",") if s]
+    if opts.batch < 0:
+        p.error("--batch: a positive count of samples")
     for s in opts.schedules:
         if s not in LOCAL + PIPELINED:
             p.error("unknown schedule %r" % s)
@@ -514,7 +535,7 @@ def main():
     configs = configurations(opts)
     if opts.list:
         for s, m, stages, err in configs:
-            print("%-26s stages=%d%s" % (variant_name(s, m), stages, "  (skipped: %s)" % err if err else ""))
+            print("%-26s stages=%d%s" % (run_name(opts, s, m), stages, "  (skipped: %s)" % err if err else ""))
         return 0
 
     deadline = time.time() + opts.timeout
