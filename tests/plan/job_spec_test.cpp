@@ -399,6 +399,9 @@ TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
         "data.seq_len: 9 is longer than model.seq_len 8");
   fails("model: toy\ndata: {format: tokens, train: a.bin, dtype: uint16, seq_len: 8}\n", "use the gpt model or a TorchScript");
   fails(model + "data: {format: tensors, train: a.pt, seq_len: 8}\n", "data.seq_len: only with format: tokens");
+  // Fashion-MNIST trains on all of its files: a sample count for it would be ignored.
+  fails("model: convnet\ndata: {name: fashion-mnist, train_samples: 1000}\n", "data.train_samples: only with name: synthetic");
+  fails("model: convnet\ndata: {name: fashion-mnist, test_samples: 100}\n", "data.test_samples: only with name: synthetic");
 }
 
 
