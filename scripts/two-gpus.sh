@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The two-GPU runs of issue 22 on a machine with 2 GPUs (the device tool's
+# nvidia-h100-x2 or nvidia-h200-x2), in parts that each fit one 10-minute device
+# call after a build (about 2 minutes on 32 cores; keep build/ between calls
+# while the machine stays warm, or begin each call with `build`). Every call
+# carries .gpu (../shared/gpu/README.md: the libraries, gloo's headers in
+# .gpu/gloo-include for replicas, and for `dp` the Fashion-MNIST package):
+#
+#   scripts/two-gpus.sh build       build into build/ against the wheel's LibTorch
+#   scripts/two-gpus.sh tests       ctest -L gpu (recovery on an NCCL link among them), the NCCL equality suite
+#   scripts/two-gpus.sh transport   transport_bench over NCCL at 1 MB and 64 MB
+#   scripts/two-gpus.sh w2          W2 pipelined against PyTorch eager, torch.compile and torch-pp, with timelines
+#   scripts/two-gpus.sh w1          W1 at batch 120, 240 and 480: PyTorch's CUDA graph, Conveyor's single device and pipeline
+#   scripts/two-gpus.sh dp          the seed's ConvNet on Fashion-MNIST: PyTorch DDP against Conveyor's replicas
+#   scripts/two-gpus.sh torchscript W2's decoder as TorchScript over 2 stages against the zoo's gpt
+#
+# Several parts may follow each other in one call (scripts/two-gpus.sh build tests transport).
+# Results (CSV, logs, timelines) go to $OUT (default ./gpu-out); bench/RESULTS.md has what they gave.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+command -v nvidia-smi > /dev/null && [ -f .gpu/env.sh ] && source .gpu/env.sh
+export PYTHONUNBUFFERED=1
+bin=build/bin
+for part in "$@"; do
+  case "$part" in
+    build)
+      gloo=()
+      [ -d .gpu/gloo-include ] && gloo=("-DCONVEYOR_GLOO_INCLUDE_DIR=$PWD/.gpu/gloo-include")
+      CMAKE_ARGS="${gloo[*]}" BUILD_DIR=build scripts/build.sh > "$out/build.log" 2>&1 ||
+        { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; } ;;
+    tests)
+      timeout 200 ctest --test-dir build -L gpu --timeout 150 --output-on-failure > "$out/ctest-gpu.log" 2>&1
+      echo "ctest -L gpu: $(grep -E 'tests passed' "$out/ctest-gpu.log")"
+      timeout 120 "$bin/equality_test" --gtest_filter='Nccl/*' > "$out/equality-nccl.log" 2>&1
+      echo "equality Nccl/*: $(grep -E 'PASSED|FAILED' "$out/equality-nccl.log" | head -2 | tr '\n' ' ')" ;;
+    transport)
+      timeout 60 "$bin/transport_bench" --transports nccl --sizes 1M,64M --rounds 5 --nccl-ctas 0 | tee "$out/transport.txt" ;;
+    w2)
+      timeout 560 python3 bench/bench.py w2 --bin "$bin" --steps 6 --timeout 130 --out "$out/w2" \
+        --only 'pytorch-1gpu,pytorch-1gpu-compile,torch-pp-1f1b-m8,conveyor-1dev,1f1b-m8,interleaved-m8' \
+        --trace-dir "$out/w2/timelines" | grep -A10 '^| variant' ;;
+    w1)
+      for b in 120 240 480; do  # pipelined runs with graphs: nccl_ctas 0 (the example's) becomes 2 under them
+        timeout 180 python3 bench/bench.py w1 --bin "$bin" --global-batch "$b" --micro-batches 2,4,8 --graphs \
+          --only "pytorch-1gpu-graph-b$b,torch-pp-1f1b-m4-b$b,conveyor-1dev-graphs-b$b,1f1b-m4-graphs-b$b,1f1b-m8-graphs-b$b" \
+          --steps 10 --timeout 90 --out "$out/w1" --trace-dir "$out/w1/timelines" | grep -A8 '^| variant'
+      done ;;
+    dp)
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      timeout 200 python3 bench/dp_fmnist.py --bin "$bin" --out "$out/dp" --epochs 3 | grep '^|' ;;
+    torchscript)
+      timeout 400 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/torchscript" \
+        --variants zoo-gpt-2stage,torchscript-gpt-2stage --steps 6 | grep -vE '^epoch' | tail -15 ;;
+    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+  esac
+done
