@@ -93,9 +93,9 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t width, int64_t heads, int64_t mlp_wid
 
 at::Tensor DecoderBlockImpl::forward(const at::Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), w = x.size(2);
-  // [B, T, 3W] -> 3 x [B, heads, T, W / heads]
-  // unbind, not three selects: its backward writes the gradient once
-  // instead of zero-filling and summing three full-size copies.
+  // [B, T, 3W] -> 3 x [B, heads, T, W / heads]. Unfused: unbind, not three
+  // selects (its backward stacks the three gradients once instead of
+  // zero-filling and summing three full-size copies).
   const at::Tensor projected = qkv_->forward(norm1_->forward(x));
   std::vector<at::Tensor> qkv =
       fused_qkv_ ? SplitHeads(projected, heads_)

@@ -1,7 +1,5 @@
 #include "model/optimizer.h"
 
-#include "model/compat.h"
-
 #include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -10,6 +8,8 @@
 #include <algorithm>
 #include <sstream>
 #include <type_traits>
+
+#include "model/compat.h"
 
 namespace conveyor {
 
