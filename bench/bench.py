@@ -190,14 +190,19 @@ def batch_suffix(args):
     return "-b%d" % asked_batch(args) if asked_batch(args) else ""
 
 
+def job_integer(workload, pattern):
+    """An integer of the workload's example job file: the first group of `pattern`."""
+    return int(re.search(pattern, open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
+
+
 def batch_size(workload, args=None):
     if args is not None and asked_batch(args):
         return asked_batch(args)
-    return int(re.search(r"(?m)^batch_size: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
+    return job_integer(workload, r"(?m)^batch_size: (\d+)")
 
 
 def train_samples(workload):
-    return int(re.search(r"train_samples: (\d+)", open(os.path.join(ROOT, JOBS[workload])).read()).group(1))
+    return job_integer(workload, r"train_samples: (\d+)")
 
 
 def base_name(variant):
@@ -302,7 +307,7 @@ def torch_probe(args):
 def torch_command(args, workload, schedules, mbs, names=()):
     if schedules == ["best"]:
         cmd = [args.python, os.path.join(HERE, "torch_single.py"), workload, "--steps", str(max(1, args.steps - WARMUP)),
-               "--warmup", str(WARMUP + 1), "--variants", ",".join(re.sub(r"-b\d+$", "", n) for n in names)]
+               "--warmup", str(WARMUP + 1), "--variants", ",".join(base_name(n) for n in names)]
         if args.profile_dir:
             cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
         return cmd + (["--batch", str(asked_batch(args))] if asked_batch(args) else [])

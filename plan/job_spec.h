@@ -121,7 +121,7 @@ inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb()
 // NCCL's kernels wait on the device for their peers; with NCCL's own count
 // beside graph replays, W1 over two H100s deadlocked at every step (each
 // stage's receive waiting for a send the other GPU never ran), with 2 CTAs it
-// trained (bench/RESULTS.md, eleventh session).
+// trained (bench/RESULTS.md, "Two H100s", 2026-11-25).
 inline int NcclCtas(const v1::JobSpec& spec) {
   return spec.nccl_ctas() == 0 && spec.cuda_graphs() ? kDefaultNcclCtas : spec.nccl_ctas();
 }
