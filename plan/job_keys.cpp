@@ -610,10 +610,10 @@ std::vector<JobKey> MakeTable() {
       .Only("name: sgd", sgd)
       .Set([](const V& v, S* s) { s->mutable_optimizer()->set_nesterov(v.flag); });
   add("optimizer.foreach", kBool,
-      "sgd: each step as a few multi-tensor (`_foreach_*`) kernels over all parameters, as `torch.optim.SGD` does "
-      "on CUDA by default; false: LibTorch's loop of a few kernels per tensor. The same arithmetic either way")
+      "each step as a few multi-tensor (`_foreach_*`) kernels over all parameters, as `torch.optim` does on CUDA "
+      "by default; false: LibTorch's loop of a few kernels per tensor. The same arithmetic either way (on CUDA "
+      "adam's and adamw's within a rounding)")
       .Default("true")
-      .Only("name: sgd", sgd)
       .Set([](const V& v, S* s) { s->mutable_optimizer()->set_per_tensor(!v.flag); });
   add("optimizer.weight_decay", kNumber,
       "sgd, adam: L2 penalty added to the gradient; adamw: decoupled decay (`lr * weight_decay * param`), as "

@@ -29,6 +29,22 @@ v1::OptimizerSpec AdamW(std::vector<std::string> no_decay) {
   return o;
 }
 
+// Saves `from`'s state as a checkpoint does and loads it into `to`, whose
+// parameters take `from`'s values.
+void LoadInto(torch::optim::Optimizer& from, const NamedTensors& from_params, torch::optim::Optimizer& to,
+              NamedTensors* to_params) {
+  torch::serialize::OutputArchive out;
+  from.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  for (std::size_t i = 0; i < from_params.size(); ++i)
+    (*to_params)[i].second.detach().copy_(from_params[i].second.detach());
+  to.load(in);
+}
+
 TEST(Optimizer, NoDecayMatchesWholeComponents) {
   const v1::OptimizerSpec o = AdamW({"bias", "norm"});
   EXPECT_TRUE(MatchesNoDecay(o, "3.l.bias"));
@@ -113,22 +129,70 @@ TEST(Optimizer, ForeachSgdTakesLibTorchsStepsWithItsState) {
     EXPECT_EQ(OptimizerStateBytes(*foreach), OptimizerStateBytes(*loop));
     EXPECT_EQ(OptimizerStateBytes(*foreach), (12 + 4) * 4) << "a momentum buffer for each parameter with gradients";
     // Its state serialises as LibTorch's SGD's: the loop loads it and goes on alike.
-    torch::serialize::OutputArchive out;
-    foreach->save(out);
-    std::ostringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    std::istringstream read(bytes.str());
-    in.load_from(read);
     NamedTensors copy_params;
     auto copy = make(true, &copy_params);
-    for (int i = 0; i < 3; ++i) copy_params[i].second.detach().copy_(foreach_params[i].second.detach());
-    copy->load(in);
+    LoadInto(*foreach, foreach_params, *copy, &copy_params);
     for (NamedTensors* named : {&copy_params, &foreach_params})
       for (int i = 0; i < 2; ++i) (*named)[i].second.mutable_grad() = at::full_like((*named)[i].second, 0.25);
     copy->step();
     foreach->step();
     for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(copy_params[i].second, foreach_params[i].second)) << i;
+  }
+}
+
+// The same for adam and adamw (optimizer.foreach, their default too): on the
+// CPU the very values of LibTorch's loop, step by step, with weight decay in
+// one group only, a parameter that has a gradient only from its third step
+// (so its step count lags the others') and one that never has one; the state
+// serialises as the loop's, which loads it and goes on alike.
+TEST(Optimizer, ForeachAdamTakesLibTorchsStepsWithItsState) {
+  for (v1::OptimizerKind kind : {v1::OPTIMIZER_ADAM, v1::OPTIMIZER_ADAMW}) {
+    v1::OptimizerSpec o = AdamW({"bias"});
+    o.set_kind(kind);
+    o.set_lr(0.05);
+    auto make = [&](bool per_tensor, NamedTensors* named) {
+      at::manual_seed(5);
+      *named = {{"l.weight", at::randn({4, 3}).requires_grad_()},
+                {"l.bias", at::randn({4}).requires_grad_()},
+                {"late.weight", at::randn({3}).requires_grad_()},
+                {"frozen", at::randn({2}).requires_grad_()}};
+      v1::OptimizerSpec spec = o;
+      spec.set_per_tensor(per_tensor);
+      return MakeOptimizer(spec, *named);
+    };
+    auto grads = [](NamedTensors* named, int step) {
+      at::manual_seed(100 + step);
+      for (int i = 0; i < 3; ++i) {
+        at::Tensor g = at::randn_like((*named)[i].second);
+        if (i < 2 || step >= 2) (*named)[i].second.mutable_grad() = g;
+      }
+    };
+    const std::string what = kind == v1::OPTIMIZER_ADAM ? "adam" : "adamw";
+    NamedTensors loop_params, foreach_params;
+    auto loop = make(true, &loop_params);
+    auto foreach = make(false, &foreach_params);
+    const at::Tensor late_start = foreach_params[2].second.detach().clone();
+    const at::Tensor frozen_start = foreach_params[3].second.detach().clone();
+    for (int step = 0; step < 5; ++step) {
+      grads(&loop_params, step);
+      grads(&foreach_params, step);
+      loop->step();
+      foreach->step();
+      for (int i = 0; i < 4; ++i)
+        ASSERT_TRUE(at::equal(loop_params[i].second, foreach_params[i].second))
+            << what << " step " << step << " " << loop_params[i].first;
+    }
+    EXPECT_FALSE(at::equal(foreach_params[2].second, late_start)) << "the late parameter moved";
+    EXPECT_TRUE(at::equal(foreach_params[3].second, frozen_start)) << "the frozen one did not";
+    EXPECT_EQ(OptimizerStateBytes(*foreach), (12 + 4 + 3) * 4 * 2) << what << ": two moments per trained tensor";
+    NamedTensors copy_params;
+    auto copy = make(true, &copy_params);
+    LoadInto(*foreach, foreach_params, *copy, &copy_params);
+    grads(&copy_params, 5);
+    grads(&foreach_params, 5);
+    copy->step();
+    foreach->step();
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(copy_params[i].second, foreach_params[i].second)) << what << i;
   }
 }
 
