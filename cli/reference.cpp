@@ -122,6 +122,65 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     const bool scaling = LossScaling(spec);
     LossScaleState loss_scale = InitialLossScale(spec);  // as the coordinator keeps it
     auto epoch_start = Clock::now();
+    // A launched step's figures, still on the device.
+    struct Launched {
+      int64_t step = 0;
+      double lr = 0;
+      at::Tensor loss, sq;
+    };
+    // Reads them (the host waits for the device) and fails the run, as the
+    // coordinator fails a pipelined job, where either is not finite (with
+    // loss scaling an infinite norm only skips the step). `when` says what
+    // had been launched by then.
+    auto read = [&](const Launched& l, const std::string& when, double* norm, double* step_loss) -> absl::Status {
+      *norm = l.sq.defined() ? std::sqrt(l.sq.item<double>()) : 0.0;
+      *step_loss = l.loss.item<double>();
+      if (std::isfinite(*step_loss) && (std::isfinite(*norm) || scaling)) return absl::OkStatus();
+      return absl::FailedPreconditionError("step " + std::to_string(l.step + 1) + ": the " +
+                                           (std::isfinite(*step_loss) ? "gradient norm" : "loss") +
+                                           " is not finite; " + when);
+    };
+    // A read step in the summary: its figures, the clock, the epoch's end
+    // (with its evaluation), the progress.
+    auto record = [&](int64_t step, double lr, double norm, double step_loss) {
+      s.add_lrs(lr);
+      s.add_grad_norms(norm);
+      s.add_losses(static_cast<float>(step_loss));
+      s.set_loss(s.losses(s.losses_size() - 1));
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      s.set_step(step + 1);
+      s.set_epoch(static_cast<int>(step / per_epoch) + 1);
+      s.set_elapsed_seconds(elapsed);
+      s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size() * accumulate) / elapsed);
+      s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
+      if (step + 1 == warmup) steady_start = Clock::now();
+      if (step + 1 > warmup) {
+        // Reading the loss waited for the device: the clock is honest.
+        const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
+        const int64_t samples = (step + 1 - warmup) * spec.batch_size() * accumulate;
+        s.set_steady_samples_per_second(static_cast<double>(samples) / steady);
+      }
+      if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
+        const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        v1::EpochReport* e = s.add_epochs();
+        *e = EpochSummary(s.losses(), step + 1, per_epoch, per_epoch, spec.batch_size() * accumulate, seconds);
+        if (spec.eval()) {
+          evaluate();
+          e->set_has_eval(true);
+          e->set_eval_accuracy(s.eval_accuracy());
+          e->set_eval_loss(s.eval_loss());
+        }
+        epoch_start = Clock::now();
+      }
+      if (options.progress) options.progress(s);
+    };
+    std::optional<Launched> pending;  // the step launched before, not read yet
+    auto finish = [&](const Launched& l, const std::string& when) -> absl::Status {
+      double norm = 0, step_loss = 0;
+      CONVEYOR_RETURN_IF_ERROR(read(l, when, &norm, &step_loss));
+      record(l.step, l.lr, norm, step_loss);
+      return absl::OkStatus();
+    };
     for (int64_t step = 0; step < total; ++step) {
       std::unique_ptr<OpProfile> profile;
       if (spec.profile_step() == step + 1) {
@@ -156,7 +215,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
           l = ComputeLoss(spec, out, batch.labels, 1.0 / accumulate);
           (scaling ? l * loss_scale.scale : l).backward();
         }
-        loss = loss.defined() ? loss + l.detach() : l.detach();
+        // A graph's loss is its output buffer, which the next replay
+        // overwrites: the step keeps a copy until it is read.
+        at::Tensor own = graphed ? l.detach().clone() : l.detach();
+        loss = loss.defined() ? loss + own : own;
       }
       const double lr = LearningRate(spec, step, total);
       SetLearningRate(*optimizer, lr);
@@ -166,24 +228,32 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
           trainable.front().grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
       }
       // On CUDA without loss scaling nothing needs the loss or the norm on the
-      // host before the update: the whole step is launched, then they are
-      // read (the host waits at the step's end, not before its optimizer).
+      // host before the update: the whole step is launched first.
       const bool read_after_update = device->is_cuda() && !scaling;
       const at::Tensor sq = GradSquaredNormTensor(trainable);
       if (read_after_update) {
         if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(trainable, spec.clip_grad_norm(), sq);
         optimizer->step();
       }
-      const double norm = sq.defined() ? std::sqrt(sq.item<double>()) : 0.0;
-      const double step_loss = loss.item<double>();
-      const bool found_inf = scaling && !std::isfinite(norm);  // the step is skipped
-      if (!std::isfinite(step_loss) || (!std::isfinite(norm) && !scaling)) {  // as the coordinator fails a pipelined job
-        return absl::FailedPreconditionError("step " + std::to_string(step + 1) + ": the " +
-                                             (std::isfinite(step_loss) ? "gradient norm" : "loss") +
-                                             " is not finite; " +
-                                             (read_after_update ? "found after its update was launched on the GPU"
-                                                                : "no update was made"));
+      // On CUDA without loss scaling a step's loss and norm are read once the
+      // next step is launched behind it, so the device does not wait for the
+      // host between steps. Not at an epoch's end (its clock, its evaluation
+      // of these weights), at the last step or at a profiled one.
+      if (pending) {
+        CONVEYOR_RETURN_IF_ERROR(
+            finish(*pending, "found after its update and the next step's were launched on the GPU"));
+        pending.reset();
       }
+      Launched launched{step, lr, loss, sq};
+      const bool epoch_end = by_epochs && (step + 1) % per_epoch == 0;
+      if (read_after_update && !profile && !epoch_end && step + 1 < total) {
+        pending = std::move(launched);
+        continue;
+      }
+      double norm = 0, step_loss = 0;
+      const char* when = read_after_update ? "found after its update was launched on the GPU" : "no update was made";
+      CONVEYOR_RETURN_IF_ERROR(read(launched, when, &norm, &step_loss));
+      const bool found_inf = scaling && !std::isfinite(norm);  // the step is skipped
       if (!found_inf && !read_after_update) {
         if (spec.clip_grad_norm() > 0) ScaleGrads(trainable, ClipFactor(spec.clip_grad_norm(), norm));
         optimizer->step();
@@ -192,38 +262,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         s.add_loss_scales(loss_scale.scale);
         UpdateLossScale(spec, found_inf, &loss_scale);
       }
-      s.add_lrs(lr);
-      s.add_grad_norms(norm);
-      s.add_losses(loss.item<float>());  // waits for the device
       if (profile) {
         CONVEYOR_RETURN_IF_ERROR(profile->Finish(ProfilePath(options.profile_dir, "reference", step + 1, "reference")));
       }
-      s.set_loss(s.losses(s.losses_size() - 1));
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-      s.set_step(step + 1);
-      s.set_epoch(static_cast<int>(step / per_epoch) + 1);
-      s.set_elapsed_seconds(elapsed);
-      s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size() * accumulate) / elapsed);
-      s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
-      if (step + 1 == warmup) steady_start = Clock::now();
-      if (step + 1 > warmup) {
-        // The loss's item() above waited for the device: the clock is honest.
-        const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
-        s.set_steady_samples_per_second(static_cast<double>((step + 1 - warmup) * spec.batch_size() * accumulate) / steady);
-      }
-      if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
-        const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-        v1::EpochReport* e = s.add_epochs();
-        *e = EpochSummary(s.losses(), step + 1, per_epoch, per_epoch, spec.batch_size() * accumulate, seconds);
-        if (spec.eval()) {
-          evaluate();
-          e->set_has_eval(true);
-          e->set_eval_accuracy(s.eval_accuracy());
-          e->set_eval_loss(s.eval_loss());
-        }
-        epoch_start = Clock::now();
-      }
-      if (options.progress) options.progress(s);
+      record(step, lr, norm, step_loss);
     }
     if (spec.eval() && !by_epochs) evaluate();
     if (spec.cuda_graphs()) {

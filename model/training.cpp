@@ -176,23 +176,33 @@ BatchLoader::Batch BatchLoader::Gather(v1::Phase phase, int64_t step) const {
 void BatchLoader::Prefetch(v1::Phase phase, int64_t step) {
   if (!device_.is_cuda() || (phase == v1::PHASE_EVAL && step >= data_->EvalBatches())) return;
   if (ahead_) ahead_->batch.wait();
-  ahead_ = Ahead{phase, step, std::async(std::launch::async, [this, phase, step] { return Gather(phase, step); })};
+  ahead_ = Ahead{phase, step, std::async(std::launch::async, [this, phase, step] {
+                   const Batch host = Gather(phase, step);
+                   Loaded loaded;
+                   loaded.copy = RunOnSideStream(device_, [&] { loaded.batch = ToDevice(host); });
+                   return loaded;
+                 })};
 }
 
-BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
-  Batch host;
-  if (ahead_ && ahead_->phase == phase && ahead_->step == step) {
-    host = ahead_->batch.get();  // rethrows what the gather threw
-  } else {
-    if (ahead_) ahead_->batch.wait();
-    host = Gather(phase, step);
-  }
-  ahead_.reset();
+BatchLoader::Batch BatchLoader::ToDevice(const Batch& host) const {
   Batch b;
   if (host.inputs.defined()) b.inputs = ToModel(spec_, host.inputs, device_);
   if (channels_last_ && b.inputs.dim() == 4) b.inputs = b.inputs.contiguous(at::MemoryFormat::ChannelsLast);
   if (host.labels.defined()) b.labels = host.labels.to(device_, /*non_blocking=*/device_.is_cuda());
   return b;
+}
+
+BatchLoader::Batch BatchLoader::Get(v1::Phase phase, int64_t step) {
+  if (ahead_ && ahead_->phase == phase && ahead_->step == step) {
+    Loaded loaded = ahead_->batch.get();  // rethrows what the gather threw
+    ahead_.reset();
+    if (loaded.copy) loaded.copy->Join({loaded.batch.inputs, loaded.batch.labels});
+    return loaded.batch;
+  }
+  // Another step's (its side-stream tensors are freed in that stream's order).
+  if (ahead_) ahead_->batch.wait();
+  ahead_.reset();
+  return ToDevice(Gather(phase, step));
 }
 
 }  // namespace conveyor

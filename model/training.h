@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "conveyor.pb.h"
 #include "model/compat.h"
+#include "model/side_stream.h"
 
 namespace conveyor {
 
@@ -60,9 +61,12 @@ class Dataset;
 // The mini-batches a stage (or the reference) reads, on its device. On a CUDA
 // device Prefetch() starts gathering a later step's batch into pinned host
 // memory on a thread of its own, while this thread launches the current
-// step, and Get() copies it over asynchronously: neither the device nor the
-// launching thread waits for the host's gather or a pageable copy. Same
-// tensors, same order: only when and where the host does the work changes.
+// step; that thread then queues its copy to the device (and the conversions
+// to the job's precision and memory format) on a side stream, which the
+// copy engine runs beside the step's kernels, and Get() makes the compute
+// stream wait for it: neither the device nor the launching thread waits for
+// the host's gather, a pageable copy or the transfer itself. Same tensors,
+// same order: only when and where the work is done changes.
 class BatchLoader {
  public:
   struct Batch {
@@ -78,16 +82,21 @@ class BatchLoader {
 
  private:
   Batch Gather(v1::Phase phase, int64_t step) const;  // on the host
+  Batch ToDevice(const Batch& host) const;             // queued on the current stream
 
   const v1::JobSpec& spec_;
   Dataset* data_;
   const at::Device device_;
   const bool inputs_, labels_;
   const bool channels_last_;  // 4-D inputs converted on the device (memory_format)
+  struct Loaded {
+    Batch batch;                           // on the device
+    std::unique_ptr<SideStreamWork> copy;  // what the compute stream waits for; null: nothing
+  };
   struct Ahead {
     v1::Phase phase;
     int64_t step;
-    std::future<Batch> batch;
+    std::future<Loaded> batch;
   };
   std::optional<Ahead> ahead_;
 };

@@ -113,10 +113,12 @@ TEST_F(GpuTest, CudaGraphsEqualTheGpuReference) {
 // W1's settings on the GPU together: channels-last, cuDNN autotuning and
 // CUDA graphs, on one stage and across two (activations and gradients cross
 // channels-last), train as the contiguous reference without autotuning does,
-// within what other convolution algorithms' rounding moves in 20 steps: on
-// an H100 the parameters (up to 0.2) differed by 5e-4 at most, the losses by
-// less than 1e-3 of their value; 1 and 2 stages alike (the layout crosses
-// the boundary exactly).
+// within what other convolution algorithms' rounding moves in 20 steps
+// (autotuning picks by timing, so the algorithms differ from run to run): on
+// an H100 the parameters (up to 0.2) differed by 5e-4 in one run and 1.2e-3
+// in another, the losses by less than 1e-3 of their value; 1 and 2 stages
+// alike (the layout crosses the boundary exactly). A layout mistake moves
+// them by their own size.
 TEST_F(GpuTest, ChannelsLastWithAutotuningAndGraphsTrainsAsTheContiguousReference) {
   const cli::ReferenceResult ref =
       testing::Reference(std::string(kConvNet) + "memory_format: contiguous\n", "cuda:0");
@@ -136,7 +138,7 @@ TEST_F(GpuTest, ChannelsLastWithAutotuningAndGraphsTrainsAsTheContiguousReferenc
     const auto params = cluster.Parameters(run.job_id(), stages);
     ASSERT_EQ(params.size(), ref.parameters.size());
     for (std::size_t i = 0; i < params.size(); ++i)
-      EXPECT_TRUE(at::allclose(params[i].second.cpu(), ref.parameters[i].second.cpu(), 1e-3, 1e-3))
+      EXPECT_TRUE(at::allclose(params[i].second.cpu(), ref.parameters[i].second.cpu(), 1e-3, 3e-3))
           << params[i].first << " on " << stages << " stage(s): largest difference "
           << (params[i].second.cpu().to(at::kDouble) - ref.parameters[i].second.cpu().to(at::kDouble)).abs().max().item<double>()
           << ", largest value " << ref.parameters[i].second.cpu().abs().max().item<double>();
@@ -253,48 +255,74 @@ TEST_F(GpuTest, PrefetchedBatchesEqualGatheredOnes) {
   }
 }
 
-// The multi-tensor SGD step and gradient norm on CUDA (one launch over all
-// tensors) against LibTorch's loop and the CPU's norms: the same numbers
-// within fp32 rounding (the kernels may fuse multiply and add differently).
-TEST_F(GpuTest, ForeachSgdAndNormOnCudaMatchTheLoop) {
-  v1::OptimizerSpec o;
-  o.set_kind(v1::OPTIMIZER_SGD);
-  o.set_lr(0.05);
-  o.set_momentum(0.9);
-  o.set_weight_decay(1e-4);
-  auto make = [&](bool per_tensor, NamedTensors* named) {
-    at::manual_seed(7);
-    named->clear();
-    for (int i = 0; i < 20; ++i)
-      named->emplace_back("p" + std::to_string(i), at::randn({17 * (i + 1), 3}).cuda().requires_grad_());
-    v1::OptimizerSpec spec = o;
-    spec.set_per_tensor(per_tensor);
-    return MakeOptimizer(spec, *named);
-  };
-  NamedTensors loop_params, foreach_params;
-  auto loop = make(true, &loop_params);
-  auto foreach = make(false, &foreach_params);
-  for (int step = 0; step < 5; ++step) {
-    at::manual_seed(100 + step);
-    std::vector<at::Tensor> grads;
-    for (const auto& [name, p] : loop_params) grads.push_back(at::randn_like(p));
-    std::vector<at::Tensor> with_grads;
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      loop_params[i].second.mutable_grad() = grads[i].clone();
-      foreach_params[i].second.mutable_grad() = grads[i].clone();
-      with_grads.push_back(foreach_params[i].second);
+// The multi-tensor SGD, Adam and AdamW steps and the gradient norm on CUDA
+// (a few launches over all tensors) against LibTorch's loop and the CPU's
+// norms: the same numbers within fp32 rounding (the kernels may fuse multiply
+// and add differently; LibTorch's division by a scalar multiplies by its
+// reciprocal).
+TEST_F(GpuTest, ForeachOptimizersAndNormOnCudaMatchTheLoop) {
+  for (v1::OptimizerKind kind : {v1::OPTIMIZER_SGD, v1::OPTIMIZER_ADAM, v1::OPTIMIZER_ADAMW}) {
+    v1::OptimizerSpec o;
+    o.set_kind(kind);
+    o.set_lr(kind == v1::OPTIMIZER_SGD ? 0.05 : 1e-3);
+    o.set_momentum(0.9);
+    o.set_beta1(0.9);
+    o.set_beta2(0.95);
+    o.set_eps(1e-8);
+    o.set_weight_decay(1e-4);
+    auto make = [&](bool per_tensor, NamedTensors* named) {
+      at::manual_seed(7);
+      named->clear();
+      for (int i = 0; i < 20; ++i)
+        named->emplace_back("p" + std::to_string(i), at::randn({17 * (i + 1), 3}).cuda().requires_grad_());
+      v1::OptimizerSpec spec = o;
+      spec.set_per_tensor(per_tensor);
+      return MakeOptimizer(spec, *named);
+    };
+    NamedTensors loop_params, foreach_params;
+    auto loop = make(true, &loop_params);
+    auto foreach = make(false, &foreach_params);
+    for (int step = 0; step < 5; ++step) {
+      at::manual_seed(100 + step);
+      std::vector<at::Tensor> grads;
+      for (const auto& [name, p] : loop_params) grads.push_back(at::randn_like(p));
+      std::vector<at::Tensor> with_grads;
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        loop_params[i].second.mutable_grad() = grads[i].clone();
+        foreach_params[i].second.mutable_grad() = grads[i].clone();
+        with_grads.push_back(foreach_params[i].second);
+      }
+      std::vector<at::Tensor> on_cpu;
+      for (const auto& p : with_grads) {
+        on_cpu.push_back(at::zeros_like(p, at::kCPU));
+        on_cpu.back().mutable_grad() = p.grad().cpu();
+      }
+      EXPECT_NEAR(GradSquaredNorm(with_grads), GradSquaredNorm(on_cpu), 1e-5 * GradSquaredNorm(on_cpu))
+          << "step " << step;
+      loop->step();
+      foreach->step();
     }
-    std::vector<at::Tensor> on_cpu;
-    for (const auto& p : with_grads) {
-      on_cpu.push_back(at::zeros_like(p, at::kCPU));
-      on_cpu.back().mutable_grad() = p.grad().cpu();
-    }
-    EXPECT_NEAR(GradSquaredNorm(with_grads), GradSquaredNorm(on_cpu), 1e-5 * GradSquaredNorm(on_cpu)) << "step " << step;
-    loop->step();
-    foreach->step();
+    for (std::size_t i = 0; i < loop_params.size(); ++i)
+      EXPECT_TRUE(at::allclose(loop_params[i].second, foreach_params[i].second, 1e-5, 1e-6))
+          << v1::OptimizerKind_Name(kind) << " " << loop_params[i].first;
   }
-  for (std::size_t i = 0; i < loop_params.size(); ++i)
-    EXPECT_TRUE(at::allclose(loop_params[i].second, foreach_params[i].second, 1e-5, 1e-6)) << loop_params[i].first;
+}
+
+// On CUDA the single device reads a step's loss and norm only once the next
+// step is launched (the device does not wait for the host between steps): a
+// non-finite norm still fails the run naming its own step, and says the next
+// step's update was launched too.
+TEST_F(GpuTest, ANonFiniteNormReadOneStepLateFailsTheReferenceAtItsStep) {
+  auto spec = ParseJobYaml(std::string(kGpt) + "inject_inf_gradients: [{stage: 0, step: 5}]\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  cli::ReferenceOptions options;
+  options.device = "cuda:0";
+  auto ref = cli::TrainReference(*spec, options);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_EQ(ref.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(ref.status().message()),
+              ::testing::HasSubstr("step 6: the gradient norm is not finite; found after its update and the next "
+                                   "step's were launched on the GPU"));
 }
 
 // model.fused and the bf16 gradient norm on CUDA (issue 19): W2's kernels at
