@@ -12,7 +12,7 @@
 
 namespace conveyor {
 
-// What a SideStream launch queued, for the compute stream to wait on.
+// What RunOnSideStream queued, for the compute stream to wait on.
 class SideStreamWork {
  public:
   virtual ~SideStreamWork() = default;
@@ -22,8 +22,9 @@ class SideStreamWork {
   virtual void Join(const std::vector<at::Tensor>& tensors) = 0;
 };
 
-// Runs `fn`, which launches device work, with a side stream of `device`
-// current on this thread (any thread), and returns what joins it. Where the
+// Runs `fn`, which launches device work, with the process's side stream of
+// `device` (one per device) current on this thread (any thread), and returns
+// what joins it. Where the
 // device is not CUDA, or this build has none, `fn` runs as it is and the
 // result is null: its work is ordered on the current stream already.
 std::unique_ptr<SideStreamWork> RunOnSideStream(const at::Device& device, const std::function<void()>& fn);

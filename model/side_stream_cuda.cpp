@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <map>
+#include <mutex>
+
 #include "model/side_stream.h"
 
 namespace conveyor {
@@ -34,7 +37,19 @@ std::unique_ptr<SideStreamWork> RunOnSideStream(const at::Device& device, const 
     return nullptr;
   }
   const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  // One side stream per device for the process, not the pool's next one each
+  // time: the caching allocator keeps freed blocks per stream, so batches
+  // made on up to 32 pool streams in turn would each keep a batch's memory.
+  using Streams = std::map<c10::DeviceIndex, c10::cuda::CUDAStream>;
+  static std::mutex mu;
+  static Streams* streams = new Streams;  // never destroyed: streams outlive every loader
+  const c10::cuda::CUDAStream side = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = streams->find(index);
+    if (it == streams->end())
+      it = streams->emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index)).first;
+    return it->second;
+  }();
   {
     c10::cuda::CUDAStreamGuard guard(side);  // sets the device too
     fn();
