@@ -125,7 +125,11 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   else if (s.step() > 0) j["final_loss"] = s.loss();
   else j["final_loss"] = nullptr;
   j["samples_per_second"] = s.samples_per_second();
+  // After the warm-up steps: the steps the device finished between two points
+  // at which it had finished every step counted, and the time between them.
   j["steady_samples_per_second"] = s.steady_samples_per_second();
+  j["steady_steps"] = s.steady_steps();
+  j["steady_seconds"] = s.steady_seconds();
   j["elapsed_seconds"] = s.elapsed_seconds();
   j["eval_accuracy"] = s.has_eval() ? nlohmann::json(s.eval_accuracy()) : nlohmann::json(nullptr);
   j["eval_loss"] = s.has_eval() ? nlohmann::json(s.eval_loss()) : nlohmann::json(nullptr);

@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/steady_rate.h"
 #include "model/dataset.h"
 #include "model/device.h"
 #include "common/sha256.h"
@@ -93,8 +94,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
     model->Train(true);
     auto start = Clock::now();
-    auto steady_start = start;
-    const int64_t warmup = std::min<int64_t>(kWarmupSteps, total - 1);
+    SteadyRate steady(std::min<int64_t>(kWarmupSteps, total - 1), spec.batch_size() * accumulate);
     // The test accuracy, as the coordinator's Evaluate() counts it.
     auto evaluate = [&] {
       at::NoGradGuard no_grad;
@@ -141,8 +141,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
                                            " is not finite; " + when);
     };
     // A read step in the summary: its figures, the clock, the epoch's end
-    // (with its evaluation), the progress.
-    auto record = [&](int64_t step, double lr, double norm, double step_loss) {
+    // (with its evaluation), the progress. `done`: the steps the device had
+    // finished when the figures were read (one more than `step + 1` when the
+    // next step was launched before the read, which waited for it too).
+    auto record = [&](int64_t step, int64_t done, double lr, double norm, double step_loss) {
       s.add_lrs(lr);
       s.add_grad_norms(norm);
       s.add_losses(static_cast<float>(step_loss));
@@ -153,12 +155,11 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       s.set_elapsed_seconds(elapsed);
       s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size() * accumulate) / elapsed);
       s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
-      if (step + 1 == warmup) steady_start = Clock::now();
-      if (step + 1 > warmup) {
-        // Reading the loss waited for the device: the clock is honest.
-        const double steady = std::chrono::duration<double>(Clock::now() - steady_start).count();
-        const int64_t samples = (step + 1 - warmup) * spec.batch_size() * accumulate;
-        s.set_steady_samples_per_second(static_cast<double>(samples) / steady);
+      steady.Mark(done, Clock::now());
+      if (steady.steps() > 0) {
+        s.set_steady_samples_per_second(steady.samples_per_second());
+        s.set_steady_steps(steady.steps());
+        s.set_steady_seconds(steady.seconds());
       }
       if (by_epochs && (step + 1) % per_epoch == 0) {  // as JobRunner::EndEpoch reports it
         const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
@@ -175,10 +176,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (options.progress) options.progress(s);
     };
     std::optional<Launched> pending;  // the step launched before, not read yet
-    auto finish = [&](const Launched& l, const std::string& when) -> absl::Status {
+    auto finish = [&](const Launched& l, int64_t done, const std::string& when) -> absl::Status {
       double norm = 0, step_loss = 0;
       CONVEYOR_RETURN_IF_ERROR(read(l, when, &norm, &step_loss));
-      record(l.step, l.lr, norm, step_loss);
+      record(l.step, done, l.lr, norm, step_loss);
       return absl::OkStatus();
     };
     for (int64_t step = 0; step < total; ++step) {
@@ -229,7 +230,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       }
       // On CUDA without loss scaling nothing needs the loss or the norm on the
       // host before the update: the whole step is launched first.
-      const bool read_after_update = device->is_cuda() && !scaling;
+      const bool read_after_update = (device->is_cuda() || options.defer_reads) && !scaling;
       const at::Tensor sq = GradSquaredNormTensor(trainable);
       if (read_after_update) {
         if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(trainable, spec.clip_grad_norm(), sq);
@@ -241,7 +242,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       // of these weights), at the last step or at a profiled one.
       if (pending) {
         CONVEYOR_RETURN_IF_ERROR(
-            finish(*pending, "found after its update and the next step's were launched on the GPU"));
+            finish(*pending, step + 1, "found after its update and the next step's were launched on the GPU"));
         pending.reset();
       }
       Launched launched{step, lr, loss, sq};
@@ -265,7 +266,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (profile) {
         CONVEYOR_RETURN_IF_ERROR(profile->Finish(ProfilePath(options.profile_dir, "reference", step + 1, "reference")));
       }
-      record(step, lr, norm, step_loss);
+      record(step, step + 1, lr, norm, step_loss);
     }
     if (spec.eval() && !by_epochs) evaluate();
     if (spec.cuda_graphs()) {

@@ -19,8 +19,12 @@ struct ReferenceOptions {
   // Where the job's profile_step writes its trace.
   std::string profile_dir = ".";
   // RunReference only: intra-op threads for the process (model/device.h's
-  // SetComputeThreads; 0 leaves LibTorch's default).
+  // SetComputeThreads); 0 picks DefaultComputeThreads for the device.
   int threads = 0;
+  // Read each step's loss and gradient norm after the next step is launched,
+  // as the reference does on CUDA without loss scaling, on any device. For
+  // tests: the deferred read and its clock, off the GPU.
+  bool defer_reads = false;
 };
 
 // Runs the reference and returns what a pipelined job reports.

@@ -19,8 +19,9 @@ bool Progress::StartRun(int64_t first, int64_t total, int64_t batch, int64_t ste
   batch_ = batch;
   steps_per_epoch_ = steps_per_epoch;
   start_ = SteadyClock::now();
-  steady_start_ = start_;
-  warmup_ = first + std::min<int64_t>(kWarmupSteps, total - first - 1);
+  // A stage replies once its device finished the step (FinishOnDevice): a
+  // step's reply is a point at which every step up to it is done.
+  steady_.emplace(first + std::min<int64_t>(kWarmupSteps, total - first - 1), batch);
   // Epochs that a resumed run trains again are reported again; one that
   // ended where it resumes (a checkpoint at its end, a failure while it was
   // evaluated) is reported now.
@@ -71,10 +72,11 @@ void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replie
   status_->set_elapsed_seconds(elapsed);
   status_->set_samples_per_second(elapsed > 0 ? static_cast<double>((done - first_) * batch_) / elapsed : 0);
   status_->set_eta_seconds(elapsed / static_cast<double>(done - first_) * static_cast<double>(total_ - done));
-  if (done == warmup_) steady_start_ = SteadyClock::now();
-  if (done > warmup_) {
-    const double steady = std::chrono::duration<double>(SteadyClock::now() - steady_start_).count();
-    status_->set_steady_samples_per_second(static_cast<double>((done - warmup_) * batch_) / steady);
+  steady_->Mark(done, SteadyClock::now());
+  if (steady_->steps() > 0) {
+    status_->set_steady_samples_per_second(steady_->samples_per_second());
+    status_->set_steady_steps(steady_->steps());
+    status_->set_steady_seconds(steady_->seconds());
   }
 }
 

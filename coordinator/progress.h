@@ -10,9 +10,11 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
+#include "common/steady_rate.h"
 #include "conveyor.pb.h"
 
 namespace conveyor {
@@ -61,8 +63,9 @@ class Progress {
 
   v1::JobStatus* status_;
   std::vector<double> busy_, wall_;  // per stage, summed over steps
-  int64_t first_ = 0, total_ = 0, batch_ = 0, steps_per_epoch_ = 0, warmup_ = 0;
-  SteadyClock::time_point start_, steady_start_, epoch_start_, previous_step_end_;
+  int64_t first_ = 0, total_ = 0, batch_ = 0, steps_per_epoch_ = 0;
+  std::optional<SteadyRate> steady_;  // this run's (StartRun)
+  SteadyClock::time_point start_, epoch_start_, previous_step_end_;
   int64_t epoch_first_step_ = 0;
 
   mutable std::mutex trace_mu_;  // guards traces_ (status_ is the runner's alone)

@@ -530,5 +530,40 @@ TEST(Equality, FashionMnistWithEvaluation) {
   EXPECT_NEAR(run.eval_loss(), ref.status.eval_loss(), 1e-4 * ref.status.eval_loss());
 }
 
+// The steady clock counts the steps the device finished between its two ends
+// (common/steady_rate.h). The reference reads each step's loss after the next
+// step is launched on CUDA; here on the CPU through defer_reads, whose
+// arithmetic is the same as reading at once. A 6-step run with 2 warm-up steps
+// counts 4: the old clock counted 4 over the time of 3 (1.33x).
+TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
+  at::set_num_threads(1);
+  std::string yaml = kModels.at("toy");
+  yaml.replace(yaml.find("steps: 20"), 9, "steps: 6");
+  auto spec = ParseJobYaml(yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  cli::ReferenceOptions at_once, late;
+  late.defer_reads = true;
+  auto a = cli::TrainReference(*spec, at_once);
+  auto b = cli::TrainReference(*spec, late);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->status.losses_size(), 6);
+  ASSERT_EQ(b->status.losses_size(), 6);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(a->status.losses(i), b->status.losses(i)) << "step " << i + 1;
+  EXPECT_EQ(a->status.param_digest(), b->status.param_digest());
+  for (const auto* s : {&a->status, &b->status}) {
+    EXPECT_EQ(s->steady_steps(), 4);
+    EXPECT_GT(s->steady_seconds(), 0);
+    EXPECT_DOUBLE_EQ(s->steady_samples_per_second(), 4 * 16 / s->steady_seconds());
+  }
+  // A pipelined job's stages reply once their device finished the step.
+  InProcessCluster cluster(2);
+  auto coordinator = cluster.StartCoordinator();
+  v1::JobStatus run = RunToEnd(*coordinator, yaml + "partition: {stages: 2}\nmicro_batches: 2\n");
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  EXPECT_EQ(run.steady_steps(), 4);
+  EXPECT_DOUBLE_EQ(run.steady_samples_per_second(), 4 * 16 / run.steady_seconds());
+}
+
 }  // namespace
 }  // namespace conveyor
