@@ -57,9 +57,15 @@ lists what a run would do); `bench.py plot --csv A.csv B.csv ...` then merges
 the parts' CSVs (a later file's row replaces an earlier one of the same
 workload and variant) into one table, one CSV per workload and the plots.
 
-Throughput is taken after the first 2 steps (warm-up): Conveyor reports the
-mean rate of the steps after them, PyTorch the median iteration time of the
-steps after them (the `statistic` column says which).
+Throughput is taken after the first 2 steps (warm-up), the same way on both
+sides: the mean over the steps after them, between a point at which the device
+had finished every earlier step and one at which it finished the last
+(Conveyor's steady rate, common/steady_rate.h; PyTorch's steps run back to back
+between two synchronizes); the `statistic` column says so. Each Conveyor row
+is also checked from outside (--outside-steps): the same variant run again for
+more steps, the difference of the two processes' wall times over the difference
+of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
+where the two clocks disagree by more than 5% says so in its note.
 
 usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
                             [--micro-batches 4,8,16] [--schedules gpipe,1f1b,zero-bubble]
@@ -97,7 +103,9 @@ SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleav
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "final_loss", "busy_fraction", "theoretical_idle_fraction", "peak_gib", "note"]
+          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "final_loss", "busy_fraction",
+          "theoretical_idle_fraction", "peak_gib", "note"]
+OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
 
 
 # ---------------------------------------------------------------- the plan
@@ -239,7 +247,10 @@ def stop_stage_servers(args):
         print("  killed stage servers left running (%s)" % pattern, file=sys.stderr)
 
 
-def run_conveyor(args, workload, v):
+def run_conveyor(args, workload, v, steps=None):
+    """One run of a Conveyor variant for `steps` (default --steps): its JSON result (with `wall_s`,
+    the process's wall time) and a note, or None and why not."""
+    steps = steps or args.steps
     schedule = "gpipe" if v["schedule"] == "naive" else v["schedule"] or None
     micro_batches = v["m"]  # the reference trains on whole batches: 1, so that a split_size fits any --batch
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
@@ -247,13 +258,15 @@ def run_conveyor(args, workload, v):
         extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
         extra += ["cuda_graphs=true"] if v.get("graphs") else []
         extra += v.get("set", [])
-        f.write(job_text(workload, args.steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
+        f.write(job_text(workload, steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
                          stages=v.get("stages", args.ranks)))
         path = f.name
     cmd = conveyor_command(args, v, path)
-    log = os.path.join(args.out, "%s-%s.log" % (workload, v["variant"]))
+    log = os.path.join(args.out, "%s-%s%s.log" % (workload, v["variant"], "" if steps == args.steps else "-%d" % steps))
     try:
+        started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        wall = time.perf_counter() - started
     except subprocess.TimeoutExpired as e:
         print("  %s: past %d s, stopped (log: %s)" % (v["variant"], args.timeout, log), file=sys.stderr)
         with open(log, "w") as f:  # what it said before it was stopped
@@ -284,7 +297,26 @@ def run_conveyor(args, workload, v):
     if not result or not result.get("steady_samples_per_second"):
         print("  %s: no steady rate in its output, see %s" % (v["variant"], log), file=sys.stderr)
         return None, "no result"
+    result["wall_s"] = wall
     return result, note
+
+
+def outside_check(args, workload, v, first):
+    """The variant again for --outside-steps: ms per step from the difference of the two runs'
+    wall times (start-up, loading and teardown cancel), and its ratio to the row's own clock."""
+    more = args.outside_steps
+    if not more or more <= args.steps:
+        return {}
+    second, _ = run_conveyor(args, workload, v, steps=more)
+    if not second:
+        return {"note": "outside check failed"}
+    outside_ms = 1000.0 * (second["wall_s"] - first["wall_s"]) / (more - args.steps)
+    inside_ms = 1000.0 * batch_size(workload, args) / first["steady_samples_per_second"]
+    ratio = outside_ms / inside_ms
+    out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio}
+    if abs(ratio - 1) > OUTSIDE_TOLERANCE:
+        out["note"] = "CLOCKS DISAGREE: outside %.1f ms/step (runs of %d and %d steps)" % (outside_ms, args.steps, more)
+    return out
 
 
 # ---------------------------------------------------------------- PyTorch
@@ -307,7 +339,7 @@ def torch_probe(args):
 def torch_command(args, workload, schedules, mbs, names=()):
     if schedules == ["best"]:
         cmd = [args.python, os.path.join(HERE, "torch_single.py"), workload, "--steps", str(max(1, args.steps - WARMUP)),
-               "--warmup", str(WARMUP + 1), "--variants", ",".join(base_name(n) for n in names)]
+               "--warmup", str(WARMUP), "--variants", ",".join(base_name(n) for n in names)]
         if args.profile_dir:
             cmd += ["--profile-dir", os.path.abspath(args.profile_dir)]
         return cmd + (["--batch", str(asked_batch(args))] if asked_batch(args) else [])
@@ -381,12 +413,18 @@ def table(rows, workload):
     best = max(py, key=lambda r: float(r["throughput"]))["variant"] if py else "-"
     x = lambda s: "%.2fx" % float(s) if s not in ("", None) else "-"
     lines = ["%s (best PyTorch variant: %s)" % (workload.upper(), best), "",
-             "| variant | ms / step | %s / s | vs pytorch-1gpu | vs best PyTorch | vs conveyor-1dev |" % unit,
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| variant | ms / step | %s / s | vs pytorch-1gpu | vs best PyTorch | vs conveyor-1dev | "
+             "outside ms / step |" % unit,
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rs:
-        lines.append("| %s | %.1f | %.0f | %s | %s | %s |" % (
+        outside = r.get("outside_ms_per_step") or ""
+        if outside:  # the row's figure checked from outside (two run lengths)
+            outside = "%.1f (%s)" % (float(outside), x(r["outside_ratio"]))
+            if abs(float(r["outside_ratio"]) - 1) > OUTSIDE_TOLERANCE:
+                outside = "**%s**" % outside
+        lines.append("| %s | %.1f | %.0f | %s | %s | %s | %s |" % (
             r["variant"], float(r["ms_per_step"]), float(r["throughput"]), x(r["vs_pytorch_1gpu"]),
-            x(r["vs_best_pytorch"]), x(r["vs_conveyor_1dev"])))
+            x(r["vs_best_pytorch"]), x(r["vs_conveyor_1dev"]), outside or "-"))
     return "\n".join(lines)
 
 
@@ -594,6 +632,9 @@ def main(argv):
     p.add_argument("--csv", default=None, help="CSV to write (default OUT/bench-WORKLOAD.csv; with --batch or "
                    "--global-batch B, OUT/bench-WORKLOAD-bB.csv)")
     p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
+    p.add_argument("--outside-steps", type=int, default=None,
+                   help="check each Conveyor row from outside: run it again for this many steps and take ms per step "
+                        "from the difference of the two wall times (default 2 x --steps + 2; 0: no check)")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
     p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
@@ -628,6 +669,8 @@ def main(argv):
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
+    if args.outside_steps is None:
+        args.outside_steps = 2 * args.steps + 2
     args.schedules = [s for s in args.schedules.split(",") if s]
     w = args.workload
     if asked_batch(args) < 0:
@@ -714,7 +757,7 @@ def main(argv):
                       file=sys.stderr)
                 failed.append(v["variant"])
                 continue
-            add(v, r["samples_per_second"], "median of %d after %d warm-up" % (r["iters"], r["warmup"]),
+            add(v, r["samples_per_second"], r.get("statistic") or tp.statistic(r["iters"], r["warmup"]),
                 note="channels-last, cudnn.benchmark" if args.torch_channels_last and v["schedule"] != "best" else "",
                 stages=r.get("stages", ""), final_loss=r.get("loss", ""),
                 peak_gib="/".join(str(g) for g in r["peak_gib"]) if isinstance(r.get("peak_gib"), list)
@@ -727,8 +770,11 @@ def main(argv):
         if not r:
             failed.append(v["variant"])
             continue
+        outside = outside_check(args, w, v, r)
+        note = "; ".join(x for x in (note, outside.pop("note", "")) if x)
         st = r.get("stages", [])
-        add(v, r["steady_samples_per_second"], "mean after %d warm-up steps" % WARMUP, note,
+        add(v, r["steady_samples_per_second"], tp.statistic(r.get("steady_steps", args.steps - WARMUP), WARMUP), note,
+            **outside,
             stages=len(st) or 1, final_loss=r.get("final_loss", ""),
             busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),
             theoretical_idle_fraction="%.3f" % r["theoretical_idle_fraction"] if st else "")

@@ -2,7 +2,7 @@
 """The seed's comparison on GPUs: PyTorch DDP over R GPUs against Conveyor with R replicas of one stage.
 
 Both train W1 (ResNet50, 128x128, MSE, SGD) on a global batch of --batch images split over R GPUs,
-channels-last with cuDNN autotuning, and print ms per step (median after warm-up), images per second
+channels-last with cuDNN autotuning, and print ms per step (the mean of a window of steps after warm-up, as bench.py), images per second
 and each against one GPU of its own kind:
 
   pytorch-1gpu-cl        one GPU, the whole batch (bench/torch_single.py's channels-last variant)
@@ -18,17 +18,15 @@ import argparse
 import csv
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_pipelining as tp  # noqa: E402
 
-WARMUP = 3
+WARMUP = 2  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
 
 
 def ddp_worker(rank, world, port, batch, steps, out_path):
@@ -44,19 +42,18 @@ def ddp_worker(rank, world, port, batch, steps, out_path):
     x, y = tp.make_batch("w1", dev, dev, channels_last=True, batch=batch // world)
     opt = torch.optim.SGD(ddp.parameters(), lr=tp.WORKLOADS["w1"]["lr"])
     lossf = tp.loss_fn("w1")
-    times = []
-    for i in range(WARMUP + steps):
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
+    def step():
         opt.zero_grad(set_to_none=True)
         lossf(ddp(x), y).backward()
         opt.step()
-        torch.cuda.synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    dist.barrier()
+
+    # The clock of every bench row (torch_pipelining.window): a window of steps back to back.
+    mean = torch.tensor([tp.window(step, lambda: torch.cuda.synchronize(dev), WARMUP, steps, dist.barrier)],
+                        device=dev, dtype=torch.float64)
+    dist.all_reduce(mean, op=dist.ReduceOp.MAX)
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"ms": 1000 * statistics.median(times[WARMUP:])}, f)
+            json.dump({"ms": 1000 * mean.item()}, f)
     dist.destroy_process_group()
 
 

@@ -24,9 +24,12 @@ layer2 and layer3. W2's units are the embedding, the 24 blocks and the head
 counts cut the units evenly by count, or where --boundaries says.
 
 Prints one JSON line per configuration on stdout (everything else goes to
-stderr): ms_per_iter is the median of the timed iterations after warm-up,
-each timed from a device synchronize to a device synchronize (for the
-pipelined runs, the slowest rank's time of each iteration).
+stderr): ms_per_iter is the mean of the timed iterations after warm-up, run
+back to back between two device synchronizes (for the pipelined runs, every
+rank synchronized and met at a barrier before the first, and the slowest
+rank's window): the clock of Conveyor's steady rate, which counts the steps the
+device finished between two points at which it had finished them
+(common/steady_rate.h). `statistic` says so in each line.
 
 --batch B runs every configuration at global batch B instead of the
 workload's (W1 120, W2 32); each micro-batch count must divide B, and the
@@ -41,7 +44,6 @@ import gc
 import json
 import os
 import socket
-import statistics
 import sys
 import time
 
@@ -279,12 +281,11 @@ def result(opts, schedule, m, stages, times=None, error=None, **extra):
          "micro_batches": m, "stages": stages,
          "ranks": 1 if schedule in LOCAL else opts.ranks,
          "gpus": 1 if schedule == "single" else opts.ranks, "batch": batch, "unit": w["unit"]}
-    if times:
-        med = statistics.median(times)
-        r.update({"ms_per_iter": round(1000 * med, 3), "ms_min": round(1000 * min(times), 3),
-                  "ms_max": round(1000 * max(times), 3), "iters": len(times), "warmup": opts.warmup,
-                  "samples_per_second": round(batch / med, 3),
-                  "throughput": round(batch * w["per_sample"] / med, 1)})
+    if times:  # (mean seconds per step, steps timed): timed()'s window
+        mean, n = times
+        r.update({"ms_per_iter": round(1000 * mean, 3), "iters": n, "warmup": opts.warmup,
+                  "statistic": statistic(n, opts.warmup), "samples_per_second": round(batch / mean, 3),
+                  "throughput": round(batch * w["per_sample"] / mean, 1)})
     if error:
         r["error"] = error
     r.update(extra)
@@ -295,18 +296,37 @@ def emit(r):
     print(json.dumps(r), flush=True)
 
 
-def timed(step, devices, opts):
-    import torch
-    times = []
-    for i in range(opts.warmup + opts.steps):
-        for d in devices:
-            torch.cuda.synchronize(d)
-        t0 = time.perf_counter()
+def statistic(steps, warmup):
+    """The words every row of the benchmarks gives for its clock (bench.py's `statistic` column)."""
+    return "mean of %d steps after %d warm-up, device finished at both ends" % (steps, warmup)
+
+
+def window(step, sync, warmup, steps, barrier=None):
+    """Mean seconds per step of `steps` steps run back to back after `warmup` untimed ones, timed
+    from a point at which the device had finished every earlier step (`sync`, then `barrier` where
+    several processes start together) to one at which it finished the last: the same clock as
+    Conveyor's steady rate, so that launches overlapping the previous step's device work count on
+    both sides alike."""
+    for _ in range(warmup):
         step()
+    sync()
+    if barrier:
+        barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / steps
+
+
+def timed(step, devices, opts, barrier=None):
+    """window() over `devices`: (mean seconds per step, steps timed)."""
+    import torch
+
+    def sync():
         for d in devices:
             torch.cuda.synchronize(d)
-        times.append(time.perf_counter() - t0)
-    return times[opts.warmup:]
+    return window(step, sync, opts.warmup, opts.steps, barrier), opts.steps
 
 
 def profile_step(step, devices, opts, name):
@@ -451,10 +471,10 @@ def pp_worker(rank, opts, configs, port):
 
             torch.cuda.reset_peak_memory_stats(dev)
             dist.barrier()
-            times = timed(step, [dev], opts)
+            mean, n = timed(step, [dev], opts, barrier=dist.barrier)
             profile_step(step, [dev], opts, "%s-rank%d" % (run_name(opts, schedule, m), rank))
-            t = torch.tensor(times, device=dev, dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration lasts as long as its slowest rank
+            t = torch.tensor([mean], device=dev, dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the window lasts as long as its slowest rank's
             loss = torch.tensor([float(sum(l.detach().float() for l in losses) / len(losses)) if losses else 0.0],
                                 device=dev)
             dist.all_reduce(loss)
@@ -462,7 +482,7 @@ def pp_worker(rank, opts, configs, port):
             mem[rank] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
             dist.all_reduce(mem)
             if rank == 0:
-                emit(result(opts, schedule, m, stages, t.tolist(), loss=round(loss.item(), 5),
+                emit(result(opts, schedule, m, stages, (t.item(), n), loss=round(loss.item(), 5),
                             peak_gib=[round(v, 2) for v in mem.tolist()]))
             del sched, pstages, opt, step
             gc.collect()

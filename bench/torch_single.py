@@ -12,8 +12,9 @@ the same models as bench/torch_pipelining.py, whole on cuda:0:
 
 --batch B measures at that batch (a pipeline stage's micro-batch: W1 60,
 W2 8 or 4); the variants' names then end in -bB. Each variant prints one JSON
-line as torch_pipelining.py does (median of the timed steps after --warmup
-untimed ones; compile and capture happen in the warm-up).
+line as torch_pipelining.py does (the mean of the timed steps run back to
+back after --warmup untimed ones, between two device synchronizes: the clock
+of Conveyor's steady rate; compile and capture happen before).
 
 --profile-dir DIR profiles one more step of each variant with torch.profiler
 (DIR/WORKLOAD-VARIANT.json, a Chrome trace for bench/profile_summary.py).
@@ -22,9 +23,7 @@ usage: bench/torch_single.py w1|w2 [--variants a,b] [--batch B] [--steps 10] [--
 """
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch_pipelining as tp
 
@@ -66,23 +65,15 @@ def run(workload, variant, batch, steps, warmup, name, profile_dir=None):
     else:
         run_step = step
     torch.cuda.reset_peak_memory_stats(dev)
-    times = []
-    for i in range(warmup + steps):
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        run_step()
-        torch.cuda.synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    times = times[warmup:]
+    mean = tp.window(run_step, lambda: torch.cuda.synchronize(dev), warmup, steps)
     # --profile-dir: one more step under torch.profiler, DIR/w1-NAME.json (bench/profile_summary.py)
     tp.profile_step(run_step, [dev], argparse.Namespace(profile_dir=profile_dir), "%s-%s" % (workload, name))
-    med = statistics.median(times)
     w = tp.WORKLOADS[workload]
     return {"workload": workload, "variant": name, "schedule": "single", "micro_batches": 1, "stages": 1,
-            "ranks": 1, "gpus": 1, "batch": batch, "unit": w["unit"], "ms_per_iter": round(1000 * med, 3),
-            "ms_min": round(1000 * min(times), 3), "ms_max": round(1000 * max(times), 3), "iters": len(times),
-            "warmup": warmup, "samples_per_second": round(batch / med, 3),
-            "throughput": round(batch * w["per_sample"] / med, 1), "loss": round(float(last["loss"].detach()), 5),
+            "ranks": 1, "gpus": 1, "batch": batch, "unit": w["unit"], "ms_per_iter": round(1000 * mean, 3),
+            "iters": steps, "warmup": warmup, "statistic": tp.statistic(steps, warmup),
+            "samples_per_second": round(batch / mean, 3),
+            "throughput": round(batch * w["per_sample"] / mean, 1), "loss": round(float(last["loss"].detach()), 5),
             "peak_gib": round(torch.cuda.max_memory_allocated(dev) / 2**30, 2)}
 
 

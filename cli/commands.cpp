@@ -431,7 +431,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   for (int i = 0; i < options.stages; ++i)
     options.devices.push_back(gpus > 0 ? "cuda:" + std::to_string(i % gpus) : "cpu");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  options.threads_per_stage = std::max(1, cores / options.stages);
+  // GPU stages take their own default (model/device.h: one thread on CUDA).
+  options.threads_per_stage = gpus > 0 ? 0 : std::max(1, cores / options.stages);
   options.tls = c.tls;
   options.auth_token = BearerToken();
   if (spec->profile_step() > 0) options.profile_dir = std::filesystem::absolute(profile_dir).string();
@@ -439,7 +440,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   BlockTerminationSignals();
   InterruptWatcher interrupts;
   std::cerr << "starting " << options.stages << " stage server(s) on " << (gpus > 0 ? "GPUs" : "CPU") << " ("
-            << options.threads_per_stage << " thread(s) each) and a coordinator" << std::endl;
+            << (options.threads_per_stage > 0 ? options.threads_per_stage : 1) << " thread(s) each) and a coordinator"
+            << std::endl;
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) return Fail(cluster.status());
   std::cerr << "cluster up: coordinator " << (*cluster)->coordinator_address() << ", logs in "
@@ -515,7 +517,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   train->add_flag("--reference", reference, "the whole model on one device, full batches, no pipeline");
   train->add_flag("--json", common.json, "print the result as one JSON object on stdout");
   train->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
-  train->add_option("--threads", threads, "LibTorch intra-op threads (0: LibTorch's default)");
+  train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)");
   train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
 
   std::string local_device = "auto";

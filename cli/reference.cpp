@@ -88,8 +88,10 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     // (GraphedPasses); the optimizer's few multi-tensor kernels run as they
     // are. The first step runs eagerly (lazy initialisation, kernel choices),
     // and so does a profiled one.
+    // Left out of the job (auto), graphs are on where it allows them on a GPU.
+    const GraphsChoice graphs_choice = CudaGraphsFor(spec, /*reference=*/true);
     std::unique_ptr<GraphedPasses> graphs;
-    if (spec.cuda_graphs() && GraphedPasses::Available(*device)) graphs = std::make_unique<GraphedPasses>(*device);
+    if (graphs_choice.on && GraphedPasses::Available(*device)) graphs = std::make_unique<GraphedPasses>(*device);
     bool graphs_recorded = false;
     BatchLoader loader(spec, data.get(), *device, /*inputs=*/true, /*labels=*/true);
     model->Train(true);
@@ -269,13 +271,21 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       record(step, step + 1, lr, norm, step_loss);
     }
     if (spec.eval() && !by_epochs) evaluate();
-    if (spec.cuda_graphs()) {
+    // What became of cuda_graphs, said once: asked for or chosen, and where
+    // auto chose no graphs on a GPU, why.
+    std::string said;
+    if (graphs) {
+      said = std::to_string(result.graphed_steps) + " of " + std::to_string(total) + " steps replayed as CUDA graphs";
+    } else if (spec.has_cuda_graphs() && spec.cuda_graphs()) {
+      said = "cuda_graphs ignored on " + device->str();
+    } else if (device->is_cuda() && !spec.has_cuda_graphs()) {
+      said = graphs_choice.why_off;
+    }
+    if (!said.empty()) {
       v1::JobEvent* e = s.add_events();
       e->set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count());
-      e->set_text(graphs ? std::to_string(result.graphed_steps) + " of " + std::to_string(total) +
-                               " steps replayed as CUDA graphs"
-                         : "cuda_graphs ignored on " + device->str());
+      e->set_text(said);
     }
   } catch (const c10::Error& e) {
     const std::string what = e.what_without_backtrace();
@@ -306,7 +316,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
 }
 
 StatusOr<v1::JobStatus> RunReference(const v1::JobSpec& spec, const ReferenceOptions& options) {
-  SetComputeThreads(options.threads);
+  SetComputeThreads(options.threads > 0 ? options.threads : DefaultComputeThreads(options.device));
   auto result = TrainReference(spec, options);
   if (!result.ok()) return result.status();
   return std::move(result->status);

@@ -5,6 +5,8 @@
 
 namespace conveyor {
 
+int DefaultComputeThreads(const std::string& device) { return device.rfind("cuda", 0) == 0 ? 1 : 0; }
+
 void SetComputeThreads(int threads) {
   if (threads > 0) {
     at::set_num_threads(threads);

@@ -332,6 +332,29 @@ std::vector<std::string> DefaultDataRoots() {
   return roots;
 }
 
+namespace {
+// cuda_graphs: true in the job.
+bool GraphsAsked(const v1::JobSpec& spec) { return spec.has_cuda_graphs() && spec.cuda_graphs(); }
+}  // namespace
+
+GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
+  if (spec.has_cuda_graphs()) return {spec.cuda_graphs(), spec.cuda_graphs() ? "" : "cuda_graphs: false"};
+  auto off = [](std::string why) { return GraphsChoice{false, "cuda_graphs (auto) off: " + std::move(why)}; };
+  if (spec.model().kind() == v1::MODEL_TORCHSCRIPT)
+    return off("a TorchScript model may not be capturable (set cuda_graphs: true to try)");
+  if (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED)
+    return off("mixed precision (autocast's casts are not recorded)");
+  if (spec.loss_scale().dynamic()) return off("loss scaling (a graph would keep its first step's scale)");
+  if (spec.recompute() || spec.recompute_stages_size() > 0) return off("recompute");
+  if (reference) return {true, ""};
+  if (spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE) return off("the zero-bubble schedule splits backward in two passes");
+  const bool one_in_flight = spec.partition().stages() <= 1 || MicroBatchSizes(spec, spec.batch_size()).size() <= 1;
+  if (spec.schedule() != v1::SCHEDULE_GPIPE && !one_in_flight)
+    return off("graphs would hold every micro-batch's activations, where this schedule holds a few "
+               "(set cuda_graphs: true to trade that memory for fewer launches)");
+  return {true, ""};
+}
+
 Status ValidateJobSpec(const v1::JobSpec& spec) {
   const auto& m = spec.model();
   if (m.kind() == v1::MODEL_UNSPECIFIED) return Invalid("model.name: missing");
@@ -428,17 +451,17 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   } else if (spec.virtual_stages() != 1) {
     return Invalid("virtual_stages: only the interleaved schedule hosts several chunks per stage");
   }
-  if (spec.cuda_graphs() && (spec.recompute() || spec.recompute_stages_size() > 0))
+  if (GraphsAsked(spec) && (spec.recompute() || spec.recompute_stages_size() > 0))
     return Invalid("cuda_graphs: cannot be combined with recompute (a graph replays the forward that backward reads)");
-  if (spec.cuda_graphs() &&
+  if (GraphsAsked(spec) &&
       (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED))
     return Invalid("cuda_graphs: not with mixed precision yet (autocast's casts are not recorded)");
-  if (spec.cuda_graphs() && spec.loss_scale().dynamic())
+  if (GraphsAsked(spec) && spec.loss_scale().dynamic())
     return Invalid("cuda_graphs: not with loss scaling (a captured graph would keep its first step's scale)");
   for (const auto& g : spec.inject_inf_gradients())
     if (g.stage() >= spec.partition().stages())
       return Invalid("inject_inf_gradients: stage " + std::to_string(g.stage()) + " is not one of the job's stages");
-  if (spec.cuda_graphs() && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
+  if (GraphsAsked(spec) && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
     return Invalid("cuda_graphs: cannot be combined with the zero-bubble schedule (its backward is split in two passes)");
   for (int s : spec.recompute_stages())
     if (s < 0 || s >= spec.partition().stages())

@@ -122,8 +122,28 @@ inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb()
 // beside graph replays, W1 over two H100s deadlocked at every step (each
 // stage's receive waiting for a send the other GPU never ran), with 2 CTAs it
 // trained (bench/RESULTS.md, "Two H100s", 2026-11-25).
+inline int NcclCtas(const v1::JobSpec& spec);
+
+// Whether CUDA devices replay the job's passes as CUDA graphs (cuda_graphs),
+// and why not where they don't. Given in the job: as given (ValidateJobSpec
+// refused `true` where graphs cannot work). Left out (`auto`): on for the
+// zoo's models wherever graphs can work and hold no more memory than the
+// schedule already does: the reference (`reference`: one graph pair per
+// batch, the activations an eager step holds), one stage, one micro-batch or
+// gpipe (which holds every micro-batch's activations anyway); off for 1f1b and
+// interleaved pipelines (a graph pair per micro-batch keeps its activations,
+// where those schedules hold at most one per stage in flight), TorchScript
+// models (a user's module may not be capturable), mixed precision, loss
+// scaling, recompute and zero-bubble. `why_off` names the reason, for the one
+// line a job says.
+struct GraphsChoice {
+  bool on = false;
+  std::string why_off;
+};
+GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference);
+
 inline int NcclCtas(const v1::JobSpec& spec) {
-  return spec.nccl_ctas() == 0 && spec.cuda_graphs() ? kDefaultNcclCtas : spec.nccl_ctas();
+  return spec.nccl_ctas() == 0 && CudaGraphsFor(spec, false).on ? kDefaultNcclCtas : spec.nccl_ctas();
 }
 
 // Whether `stage` recomputes its forwards during backward.

@@ -358,12 +358,16 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
     return c.inputs.size() == 1 && c.outputs.size() == 1;
   });
-  if (a.spec().cuda_graphs()) {
+  const GraphsChoice graphs = CudaGraphsFor(a.spec(), /*reference=*/false);
+  if (device_.is_cuda() && !graphs.on && !a.spec().has_cuda_graphs()) {
+    LOG_INFO("job ", a.job_id(), " ", who, ": ", graphs.why_off);
+  }
+  if (graphs.on) {
     if (!one_tensor) {
       LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
     } else if (GraphedPasses::Available(device_)) {
       job->graphs = std::make_unique<GraphedPasses>(device_);
-    } else {
+    } else if (a.spec().has_cuda_graphs()) {
       LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
     }
   }
@@ -546,7 +550,7 @@ StatusOr<std::unique_ptr<Stage>> Stage::Create(const StageOptions& options) {
   } else if (!device->is_cpu()) {
     return absl::InvalidArgumentError("device " + options.device + " is not supported (cpu, cuda or cuda:N)");
   }
-  SetComputeThreads(options.threads);
+  SetComputeThreads(options.threads > 0 ? options.threads : DefaultComputeThreads(options.device));
   return std::unique_ptr<Stage>(new Stage(std::make_unique<Impl>(options, *device)));
 }
 

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--port-file", options.port_file, "write the bound HOST:PORT here once serving");
   app.add_option("--device", options.device, "cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--threads", options.threads, "LibTorch intra-op threads (0: LibTorch's default)")
+  app.add_option("--threads", options.threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", options.checkpoint_dir,
                  "folder for this stage's checkpoints (jobs with checkpoint_every need one)");

@@ -70,7 +70,7 @@ TEST(JobSpec, FillsDefaults) {
   EXPECT_EQ(spec->keep_checkpoints(), 3);
   EXPECT_EQ(spec->nccl_ctas(), kDefaultNcclCtas);
   EXPECT_EQ(spec->matmul_sm_carveout(), v1::SM_CARVEOUT_OFF);
-  EXPECT_FALSE(spec->cuda_graphs());
+  EXPECT_FALSE(spec->has_cuda_graphs());  // auto
   EXPECT_EQ(spec->nccl_headers(), v1::NCCL_HEADERS_SHM);  // shared memory where both ends have it
   EXPECT_DOUBLE_EQ(spec->recovery_timeout_s(), 120);
 }
@@ -91,7 +91,9 @@ TEST(JobSpec, NcclHeadersMayStayOnTheGrpcStream) {
 // job gives stays.
 TEST(JobSpec, NcclCtasZeroIsBoundedUnderCudaGraphs) {
   for (const auto& [yaml, want] : std::vector<std::pair<std::string, int>>{
-           {"model: toy\nnccl_ctas: 0\n", 0},
+           {"model: toy\nnccl_ctas: 0\ncuda_graphs: false\n", 0},
+           {"model: toy\nnccl_ctas: 0\npartition: {stages: 2}\nmicro_batches: 4\nschedule: 1f1b\n", 0},
+           {"model: toy\nnccl_ctas: 0\n", kDefaultNcclCtas},  // auto: graphs on one stage
            {"model: toy\nnccl_ctas: 0\ncuda_graphs: true\n", kDefaultNcclCtas},
            {"model: toy\nnccl_ctas: 8\ncuda_graphs: true\n", 8},
            {"model: toy\ncuda_graphs: true\n", kDefaultNcclCtas}}) {
@@ -99,6 +101,40 @@ TEST(JobSpec, NcclCtasZeroIsBoundedUnderCudaGraphs) {
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(NcclCtas(*spec), want) << yaml;
   }
+}
+
+// cuda_graphs left out (auto): on where graphs can work and hold no more
+// memory than the schedule does, off elsewhere with the reason; given, as
+// given.
+TEST(JobSpec, CudaGraphsAutoIsOnWhereGraphsHoldNoMoreThanTheSchedule) {
+  struct Case {
+    std::string yaml;
+    bool reference, on;
+    std::string why;
+  };
+  const std::string pipe = "partition: {stages: 2}\nmicro_batches: 4\n";
+  for (const Case& c : std::vector<Case>{
+           {"model: toy\n", false, true, ""},
+           {"model: toy\n" + pipe + "schedule: gpipe\n", false, true, ""},
+           {"model: toy\n" + pipe + "schedule: 1f1b\n", false, false, "every micro-batch's activations"},
+           {"model: toy\n" + pipe + "schedule: 1f1b\n", true, true, ""},
+           {"model: toy\npartition: {stages: 2}\nschedule: 1f1b\n", false, true, ""},  // one micro-batch
+           {"model: toy\n" + pipe + "schedule: zero-bubble\n", false, false, "zero-bubble"},
+           {"model: toy\nprecision: bf16-mixed\n", true, false, "mixed precision"},
+           {"model: toy\nrecompute: true\n", true, false, "recompute"},
+           {"model: toy\n" + pipe + "schedule: 1f1b\ncuda_graphs: true\n", false, true, ""},
+           {"model: toy\ncuda_graphs: false\n", true, false, "cuda_graphs: false"},
+           {"model: toy\ncuda_graphs: auto\n", true, true, ""}}) {
+    auto spec = ParseJobYaml(c.yaml);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const GraphsChoice got = CudaGraphsFor(*spec, c.reference);
+    EXPECT_EQ(got.on, c.on) << c.yaml << (c.reference ? " (reference)" : "");
+    EXPECT_THAT(got.why_off, HasSubstr(c.why)) << c.yaml;
+    if (c.on) EXPECT_EQ(got.why_off, "") << c.yaml;
+  }
+  EXPECT_FALSE(ParseJobYaml("model: toy\ncuda_graphs: auto\n")->has_cuda_graphs());
+  EXPECT_THAT(ParseJobYaml("model: toy\ncuda_graphs: 1\n").status().message(),
+              HasSubstr("cuda_graphs: expected auto, true or false, got the integer 1"));
 }
 
 TEST(JobSpec, UnknownKeysAreNamed) {
