@@ -33,7 +33,8 @@ other on this machine:
     conveyor-1dev-loop      conveyor-1dev with optimizer.foreach: false (SGD as LibTorch's loop of
                             kernels per tensor, as before the multi-tensor step)
     conveyor-1dev-graphs    conveyor-1dev with cuda_graphs: true (forward, loss and backward replayed
-                            as CUDA graphs from the second step)
+                            as CUDA graphs from the second step; the default, auto, does so too)
+    conveyor-1dev-eager     conveyor-1dev with cuda_graphs: false
     conveyor-1dev-unfused   W2: conveyor-1dev with model.fused: false (attention's q, k, v gradients
                             through unbind's stack and a copy, as before issue 19)
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
@@ -124,7 +125,10 @@ def plan(args):
               {"variant": "conveyor-1dev-loop", "impl": "conveyor", "schedule": "", "m": 1,
                "set": ["optimizer.foreach=false"]},
               # Forward, loss and backward replayed as CUDA graphs (cuda_graphs) from the second step.
-              {"variant": "conveyor-1dev-graphs", "impl": "conveyor", "schedule": "", "m": 1, "graphs": True}]
+              {"variant": "conveyor-1dev-graphs", "impl": "conveyor", "schedule": "", "m": 1, "graphs": True},
+              # Without them: cuda_graphs' default (auto) is on for the reference.
+              {"variant": "conveyor-1dev-eager", "impl": "conveyor", "schedule": "", "m": 1,
+               "set": ["cuda_graphs=false"]}]
     if args.workload == "w1":
         single.append({"variant": "conveyor-1dev-nchw", "impl": "conveyor", "schedule": "", "m": 1,
                        "set": NCHW})
@@ -553,7 +557,7 @@ def cmd_plot(argv):
 
 
 SIZE_COLUMNS = ["pytorch-1gpu", "pytorch-1gpu-cl", "pytorch-1gpu-graph", "pytorch-1gpu-compile", "conveyor-1dev",
-                "conveyor-1dev-loop", "conveyor-1dev-graphs", "conveyor-1dev-unfused",
+                "conveyor-1dev-loop", "conveyor-1dev-graphs", "conveyor-1dev-eager", "conveyor-1dev-unfused",
                 "conveyor-1dev-nchw", "conveyor-1stage-graphs"]
 
 

@@ -13,6 +13,12 @@
 #   scripts/two-gpus.sh w1          W1 at batch 120, 240 and 480: PyTorch's CUDA graph, Conveyor's single device and pipeline
 #   scripts/two-gpus.sh dp          the seed's ConvNet on Fashion-MNIST: PyTorch DDP against Conveyor's replicas
 #   scripts/two-gpus.sh torchscript W2's decoder as TorchScript over 2 stages against the zoo's gpt
+#   (issue 31, "Honest clocks")
+#   scripts/two-gpus.sh defaults    the Quick start job's reference on one GPU: defaults, the old defaults
+#                                   (LibTorch's threads, no graphs) and PyTorch's loop (bench/dp_fmnist.py)
+#   scripts/two-gpus.sh quickstart  the Quick start job over the two GPUs, with its last step's timeline
+#   scripts/two-gpus.sh sendrecv    PyTorch's NCCL send/recv at 1 MB and 64 MB, as transport_bench measures
+#   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
 #
 # Several parts may follow each other in one call (scripts/two-gpus.sh build tests transport).
 # Results (CSV, logs, timelines) go to $OUT (default ./gpu-out); bench/RESULTS.md has what they gave.
@@ -53,6 +59,36 @@ for part in "$@"; do
     torchscript)
       timeout 400 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/torchscript" \
         --variants zoo-gpt-2stage,torchscript-gpt-2stage --steps 6 | grep -vE '^epoch' | tail -15 ;;
-    *) sed -n '2,19p' "$0" >&2; exit 2 ;;
+    defaults)
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      mkdir -p "$out/defaults"
+      sed 's/^epochs: 3/epochs: 3\ncuda_graphs: false/' examples/fashion-convnet.yaml > "$out/defaults/old.yaml"
+      for v in new old; do
+        job=examples/fashion-convnet.yaml threads=()
+        [ $v = old ] && job="$out/defaults/old.yaml" threads=(--threads "$(nproc)")
+        /usr/bin/time -f "$v: %e s wall" timeout 150 "$bin/conveyor" train "$job" --reference --device cuda:0 --json \
+          "${threads[@]}" > "$out/defaults/ref-$v.json" 2> "$out/defaults/ref-$v.log"
+        tail -1 "$out/defaults/ref-$v.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], [round(e['train_seconds'],2) for e in j['epochs']], j['events'] if 'events' in j else '')" \
+          "$out/defaults/ref-$v.json" "$v" 2>&1 | tail -1
+      done
+      timeout 150 python3 bench/dp_fmnist.py --bin "$bin" --out "$out/defaults/dp" --epochs 3 \
+        --variants pytorch-1gpu,conveyor-1dev | grep '^|' ;;
+    quickstart)
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      mkdir -p "$out/quickstart"
+      /usr/bin/time -f "quickstart: %e s wall" timeout 240 "$bin/conveyor" local examples/fashion-convnet.yaml --json \
+        --trace "$out/quickstart/qs" --curves "$out/quickstart/curves.png" > "$out/quickstart/qs.json" 2> "$out/quickstart/qs.log"
+      tail -1 "$out/quickstart/qs.log"
+      python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'acc', j['eval_accuracy']); [print(' stage', s.get('index'), s.get('device'), 'busy', round(s.get('busy_fraction',0),3), 'graphed', s.get('graphed_steps')) for s in j.get('stages',[])]" \
+        "$out/quickstart/qs.json" 2>&1 | tail -6 ;;
+    sendrecv)
+      timeout 120 python3 bench/transport/torch_sendrecv.py --sizes 1M,64M --rounds 5 --csv "$out/sendrecv.csv" ;;
+    clocks)
+      timeout 300 python3 bench/bench.py w2 --bin "$bin" --steps 6 --timeout 130 --out "$out/clocks" \
+        --only 'pytorch-1gpu,conveyor-1dev,conveyor-1dev-eager' | grep -A6 '^| variant'
+      timeout 200 python3 bench/bench.py w1 --bin "$bin" --steps 10 --timeout 90 --out "$out/clocks" \
+        --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
+    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
   esac
 done
