@@ -104,7 +104,7 @@ SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleav
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "final_loss", "busy_fraction",
+          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_walls", "final_loss", "busy_fraction",
           "theoretical_idle_fraction", "peak_gib", "note"]
 OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
 
@@ -306,18 +306,27 @@ def run_conveyor(args, workload, v, steps=None):
 
 
 def outside_check(args, workload, v, first):
-    """The variant again for --outside-steps: ms per step from the difference of the two runs'
-    wall times (start-up, loading and teardown cancel), and its ratio to the row's own clock."""
+    """The variant run again, at --steps and at --outside-steps alternately (--outside-repeats runs of
+    each length, `first` counting as one of --steps): ms per step from the difference of the two
+    lengths' shortest wall times (start-up, loading and teardown cancel; the shortest, since what
+    varies from run to run there, cuDNN's autotuning, the page cache, only ever adds), and its ratio to
+    the row's own clock."""
     more = args.outside_steps
     if not more or more <= args.steps:
         return {}
-    second, _ = run_conveyor(args, workload, v, steps=more)
-    if not second:
-        return {"note": "outside check failed"}
-    outside_ms = 1000.0 * (second["wall_s"] - first["wall_s"]) / (more - args.steps)
+    walls = {args.steps: [first["wall_s"]], more: []}
+    for i in range(2 * args.outside_repeats - 1):
+        n = more if i % 2 == 0 else args.steps
+        r, _ = run_conveyor(args, workload, v, steps=n)
+        if not r:
+            return {"note": "outside check failed (a run of %d steps)" % n}
+        walls[n].append(r["wall_s"])
+    outside_ms = 1000.0 * (min(walls[more]) - min(walls[args.steps])) / (more - args.steps)
     inside_ms = 1000.0 * batch_size(workload, args) / first["steady_samples_per_second"]
     ratio = outside_ms / inside_ms
-    out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio}
+    out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
+           "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
+                                      for n, ws in sorted(walls.items()))}
     if abs(ratio - 1) > OUTSIDE_TOLERANCE:
         out["note"] = "CLOCKS DISAGREE: outside %.1f ms/step (runs of %d and %d steps)" % (outside_ms, args.steps, more)
     return out
@@ -638,7 +647,9 @@ def main(argv):
     p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
     p.add_argument("--outside-steps", type=int, default=None,
                    help="check each Conveyor row from outside: run it again for this many steps and take ms per step "
-                        "from the difference of the two wall times (default 2 x --steps + 2; 0: no check)")
+                        "from the difference of the wall times (default 3 x --steps + 2; 0: no check)")
+    p.add_argument("--outside-repeats", type=int, default=2,
+                   help="runs of each length for the outside check, alternated; the shortest of each counts")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
     p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
@@ -674,7 +685,7 @@ def main(argv):
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
     if args.outside_steps is None:
-        args.outside_steps = 2 * args.steps + 2
+        args.outside_steps = 3 * args.steps + 2
     args.schedules = [s for s in args.schedules.split(",") if s]
     w = args.workload
     if asked_batch(args) < 0:

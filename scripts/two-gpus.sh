@@ -78,7 +78,7 @@ for part in "$@"; do
       ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
       mkdir -p "$out/quickstart"
       /usr/bin/time -f "quickstart: %e s wall" timeout 240 "$bin/conveyor" local examples/fashion-convnet.yaml --json \
-        --trace "$out/quickstart/qs" --curves "$out/quickstart/curves.png" > "$out/quickstart/qs.json" 2> "$out/quickstart/qs.log"
+        --trace "$out/quickstart/timeline" --curves "$out/quickstart/curves.png" > "$out/quickstart/qs.json" 2> "$out/quickstart/qs.log"
       tail -1 "$out/quickstart/qs.log"
       python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'acc', j['eval_accuracy']); [print(' stage', s.get('index'), s.get('device'), 'busy', round(s.get('busy_fraction',0),3), 'graphed', s.get('graphed_steps')) for s in j.get('stages',[])]" \
         "$out/quickstart/qs.json" 2>&1 | tail -6 ;;

@@ -3,6 +3,18 @@
 // Every operation is enqueued on the channel's own CUDA stream, followed by
 // an event; the owner's Progress() polls those events and
 // ncclCommGetAsyncError. The host never blocks on a transfer.
+//
+// Two communicators: the one joined is nonblocking, so that joining never
+// blocks a thread (the peer may be slow to join, or never); but NCCL runs
+// every operation of a nonblocking communicator through a thread it starts
+// for that operation, which cost about 80 us a frame (1 MB frames at 13 GB/s
+// on two H200s). Transfers go through a blocking child of it
+// (ncclCommSplit), made by each side's first transfer, when both sides are
+// known to be there: the sender splits after its first header went out, the
+// receiver when that header arrives. A blocking operation returns once it is
+// enqueued; only the child's first one per side may wait on the host for the
+// peer (NCCL connects the pair then). Abort() aborts both from any thread, so
+// that a thread blocked there returns.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -40,6 +52,7 @@ class NcclChannelImpl final : public NcclChannel {
     c10::cuda::CUDAGuard guard(device_.index());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    max_ctas_ = max_ctas;
     if (max_ctas > 0) {
       config.minCTAs = 1;
       config.maxCTAs = max_ctas;
@@ -56,11 +69,12 @@ class NcclChannelImpl final : public NcclChannel {
     c10::cuda::CUDAGuard guard(device_.index());
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
     const std::string what = "to send " + std::to_string(bytes) + " bytes";
-    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    CONVEYOR_ASSIGN_OR_RETURN(ncclComm_t comm, DataComm(deadline, what));
     if (ready) ready->block(stream_.unwrap());
-    CONVEYOR_RETURN_IF_ERROR(Check(ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm_, stream_.stream()),
-                                   "send"));
-    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    blocked_ = true;  // the child's first transfer may wait for the peer (NCCL connects then)
+    const ncclResult_t r = ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm, stream_.stream());
+    blocked_ = false;
+    CONVEYOR_RETURN_IF_ERROR(Enqueued(r, comm, deadline, what, "send"));
     InFlight& op = Push(deadline, what);
     op.keep = t;  // the sender may drop it at once: ours until sent
     return absl::OkStatus();
@@ -79,10 +93,11 @@ class NcclChannelImpl final : public NcclChannel {
     }
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
     const std::string what = "to receive " + std::to_string(bytes) + " bytes";
-    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
-    CONVEYOR_RETURN_IF_ERROR(Check(ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm_, stream_.stream()),
-                                   "receive"));
-    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
+    CONVEYOR_ASSIGN_OR_RETURN(ncclComm_t comm, DataComm(deadline, what));
+    blocked_ = true;
+    const ncclResult_t r = ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm, stream_.stream());
+    blocked_ = false;
+    CONVEYOR_RETURN_IF_ERROR(Enqueued(r, comm, deadline, what, "receive"));
     Push(deadline, what);
     c10::Event ready(c10::DeviceType::CUDA);
     ready.record(stream_.unwrap());
@@ -106,7 +121,12 @@ class NcclChannelImpl final : public NcclChannel {
     return broken_;
   }
 
-  void Abort() override { aborted_ = true; }
+  void Abort() override {
+    aborted_ = true;
+    // A thread blocked in a blocking call (the split, the child's first
+    // transfer) returns once its communicator is aborted.
+    if (blocked_) AbortComm();
+  }
 
  private:
   struct InFlight {
@@ -130,6 +150,63 @@ class NcclChannelImpl final : public NcclChannel {
     return Break(absl::UnavailableError(label_ + ": NCCL " + what + " failed: " + NcclError(r)));
   }
 
+  // The communicator transfers go through: the blocking child, split off
+  // the joined one by this side's first transfer (see the top of the file).
+  StatusOr<ncclComm_t> DataComm(Clock::time_point deadline, const std::string& what) {
+    if (data_) {
+      CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
+      return data_;
+    }
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));  // the joined communicator is up
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    if (max_ctas_ > 0) {
+      config.minCTAs = 1;
+      config.maxCTAs = max_ctas_;
+    }
+    ncclComm_t child = nullptr;
+    blocked_ = true;
+    ncclResult_t r = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &child, &config);
+    blocked_ = false;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      CONVEYOR_RETURN_IF_ERROR(Healthy());  // aborted meanwhile: says so
+      return Break(absl::UnavailableError(label_ + ": cannot split the NCCL communicator: " + NcclError(r)));
+    }
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (!comm_) {  // aborted while it split
+        if (child) ncclCommAbort(child);
+        child = nullptr;
+      }
+      data_ = child;
+    }
+    CONVEYOR_RETURN_IF_ERROR(Healthy());
+    // Where NCCL made the split as the parent's mode says (nonblocking), the
+    // child is usable once it reports no operation in progress.
+    for (int spins = 0;; ++spins) {
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(data_, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress))
+        return Break(absl::UnavailableError(label_ + ": the NCCL communicator's split failed"));
+      if (async == ncclSuccess) break;
+      CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
+      Backoff(spins);
+    }
+    return data_;
+#else
+    return comm_;  // NCCL before 2.18: no split, every transfer through the joined one
+#endif
+  }
+
+  // After an operation on `comm`: through the joined (nonblocking)
+  // communicator, waits until NCCL's thread has enqueued it.
+  Status Enqueued(ncclResult_t r, ncclComm_t comm, Clock::time_point deadline, const std::string& what,
+                  const char* op) {
+    CONVEYOR_RETURN_IF_ERROR(Check(r, op));
+    if (comm == comm_) return WaitEnqueued(deadline, what);
+    return Healthy();
+  }
+
   // Polls the communicator until it has nothing in progress (its start, or
   // the enqueueing of an operation): only then is an operation on the stream.
   Status WaitEnqueued(Clock::time_point deadline, const std::string& what) {
@@ -147,7 +224,7 @@ class NcclChannelImpl final : public NcclChannel {
   Status Poll(Clock::time_point deadline, const std::string& what) {
     CONVEYOR_RETURN_IF_ERROR(Healthy());
     ncclResult_t async = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    ncclResult_t r = ncclCommGetAsyncError(data_ ? data_ : comm_, &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
       return Break(absl::UnavailableError(label_ + ": NCCL failed " + what + ": " +
                                           NcclError(r != ncclSuccess ? r : async)));
@@ -189,9 +266,10 @@ class NcclChannelImpl final : public NcclChannel {
 
   void AbortComm() {
     std::lock_guard<std::mutex> lock(abort_mu_);
-    if (!comm_) return;
     c10::cuda::CUDAGuard guard(device_.index());
-    ncclCommAbort(comm_);
+    if (data_) ncclCommAbort(data_);
+    data_ = nullptr;
+    if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -203,8 +281,11 @@ class NcclChannelImpl final : public NcclChannel {
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;  // guards broken_
   Status broken_;
-  std::mutex abort_mu_;  // guards comm_ against two aborts
-  ncclComm_t comm_ = nullptr;
+  std::mutex abort_mu_;  // guards comm_ and data_ against two aborts
+  ncclComm_t comm_ = nullptr;  // joined, nonblocking
+  ncclComm_t data_ = nullptr;  // split off comm_, blocking: the transfers' (DataComm)
+  int max_ctas_ = 0;
+  std::atomic<bool> blocked_{false};  // the owner is in a blocking call (the split)
 };
 
 }  // namespace
