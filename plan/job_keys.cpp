@@ -901,7 +901,8 @@ std::vector<JobKey> MakeTable() {
       "stages; `true` is refused with `recompute`, mixed precision, loss scaling or the `zero-bubble` schedule "
       "(INVALID_ARGUMENT). `auto` (the default) is on for the zoo's models wherever graphs can work and hold no more "
       "memory than the schedule does: `conveyor train --reference`, one stage, one micro-batch, `gpipe`; off for "
-      "`1f1b` and `interleaved` pipelines, TorchScript models and the settings `true` refuses, and the job says once "
+      "`1f1b` and `interleaved` pipelines, replicas (their all-reduce runs inside backward), TorchScript models and the "
+      "settings `true` refuses, and the job says once "
       "why (the reference's summary, the stage's log). Each stage's `graphed_steps` is in the status and the "
       "summary. On one H100 the Fashion-MNIST ConvNet's reference took 0.4 s an epoch with graphs against 1.4 s "
       "without (bench/RESULTS.md)")

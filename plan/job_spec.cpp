@@ -347,6 +347,7 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
   if (spec.loss_scale().dynamic()) return off("loss scaling (a graph would keep its first step's scale)");
   if (spec.recompute() || spec.recompute_stages_size() > 0) return off("recompute");
   if (reference) return {true, ""};
+  if (Replicas(spec) > 1) return off("replicas all-reduce gradients from hooks inside backward, which a graph would hold");
   if (spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE) return off("the zero-bubble schedule splits backward in two passes");
   const bool one_in_flight = spec.partition().stages() <= 1 || MicroBatchSizes(spec, spec.batch_size()).size() <= 1;
   if (spec.schedule() != v1::SCHEDULE_GPIPE && !one_in_flight)

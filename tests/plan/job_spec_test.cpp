@@ -122,6 +122,8 @@ TEST(JobSpec, CudaGraphsAutoIsOnWhereGraphsHoldNoMoreThanTheSchedule) {
            {"model: toy\n" + pipe + "schedule: zero-bubble\n", false, false, "zero-bubble"},
            {"model: toy\nprecision: bf16-mixed\n", true, false, "mixed precision"},
            {"model: toy\nrecompute: true\n", true, false, "recompute"},
+           {"model: toy\nreplicas: 2\n", false, false, "replicas"},
+           {"model: toy\nreplicas: 2\n", true, true, ""},
            {"model: toy\n" + pipe + "schedule: 1f1b\ncuda_graphs: true\n", false, true, ""},
            {"model: toy\ncuda_graphs: false\n", true, false, "cuda_graphs: false"},
            {"model: toy\ncuda_graphs: auto\n", true, true, ""}}) {

@@ -4,17 +4,16 @@
 // an event; the owner's Progress() polls those events and
 // ncclCommGetAsyncError. The host never blocks on a transfer.
 //
-// Two communicators: the one joined is nonblocking, so that joining never
-// blocks a thread (the peer may be slow to join, or never); but NCCL runs
-// every operation of a nonblocking communicator through a thread it starts
-// for that operation, which cost about 80 us a frame (1 MB frames at 13 GB/s
-// on two H200s). Transfers go through a blocking child of it
-// (ncclCommSplit), made by each side's first transfer, when both sides are
-// known to be there: the sender splits after its first header went out, the
-// receiver when that header arrives. A blocking operation returns once it is
-// enqueued; only the child's first one per side may wait on the host for the
-// peer (NCCL connects the pair then). Abort() aborts both from any thread, so
-// that a thread blocked there returns.
+// The communicator is a blocking one, joined on a thread of its own. A
+// nonblocking communicator never blocks a caller, but NCCL runs each of its
+// operations through a thread it starts for that operation: about 80 us a
+// frame (1 MB frames at 13 GB/s on two H200s, against 29 GB/s for PyTorch's
+// send/recv). A blocking operation returns once its kernel is enqueued; only a
+// pair's first transfer waits on the host for the peer (NCCL connects the pair
+// then), and the peer posts it as soon as the frame's header arrives, which
+// travels first. Joining is what may wait long (a peer that never comes): the
+// joining thread does that, Join returns at once, and a channel given up
+// before it joined leaves the thread to abort the communicator it gets.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -23,9 +22,11 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -49,18 +50,26 @@ class NcclChannelImpl final : public NcclChannel {
     ncclUniqueId uid;
     if (id.size() != sizeof(uid.internal)) return absl::InvalidArgumentError(label_ + ": bad NCCL id");
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
-    c10::cuda::CUDAGuard guard(device_.index());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    max_ctas_ = max_ctas;
+    config.blocking = 1;
     if (max_ctas > 0) {
       config.minCTAs = 1;
       config.maxCTAs = max_ctas;
     }
-    ncclResult_t r = ncclCommInitRankConfig(&comm_, 2, uid, rank_, &config);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      return absl::UnavailableError(label_ + ": cannot join the NCCL communicator: " + NcclError(r));
-    }
+    std::thread([joining = joining_, uid, config, rank = rank_, device = device_.index()]() mutable {
+      c10::cuda::CUDAGuard guard(device);
+      ncclComm_t comm = nullptr;
+      const ncclResult_t r = ncclCommInitRankConfig(&comm, 2, uid, rank, &config);
+      std::lock_guard<std::mutex> lock(joining->mu);
+      if (joining->abandoned) {  // the channel was given up meanwhile: nobody will use it
+        if (r == ncclSuccess && comm) ncclCommAbort(comm);
+      } else {
+        joining->comm = r == ncclSuccess ? comm : nullptr;
+      }
+      joining->result = r;
+      joining->done = true;
+      joining->cv.notify_all();
+    }).detach();
     return absl::OkStatus();
   }
 
@@ -69,12 +78,13 @@ class NcclChannelImpl final : public NcclChannel {
     c10::cuda::CUDAGuard guard(device_.index());
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
     const std::string what = "to send " + std::to_string(bytes) + " bytes";
-    CONVEYOR_ASSIGN_OR_RETURN(ncclComm_t comm, DataComm(deadline, what));
+    CONVEYOR_RETURN_IF_ERROR(Joined(deadline, what));
     if (ready) ready->block(stream_.unwrap());
-    blocked_ = true;  // the child's first transfer may wait for the peer (NCCL connects then)
-    const ncclResult_t r = ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm, stream_.stream());
+    blocked_ = true;
+    const ncclResult_t sent = ncclSend(t.data_ptr(), bytes, ncclUint8, /*peer=*/1, comm_, stream_.stream());
     blocked_ = false;
-    CONVEYOR_RETURN_IF_ERROR(Enqueued(r, comm, deadline, what, "send"));
+    CONVEYOR_RETURN_IF_ERROR(Check(sent, "send"));
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
     InFlight& op = Push(deadline, what);
     op.keep = t;  // the sender may drop it at once: ours until sent
     return absl::OkStatus();
@@ -93,11 +103,12 @@ class NcclChannelImpl final : public NcclChannel {
     }
     const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
     const std::string what = "to receive " + std::to_string(bytes) + " bytes";
-    CONVEYOR_ASSIGN_OR_RETURN(ncclComm_t comm, DataComm(deadline, what));
+    CONVEYOR_RETURN_IF_ERROR(Joined(deadline, what));
     blocked_ = true;
-    const ncclResult_t r = ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm, stream_.stream());
+    const ncclResult_t received = ncclRecv(t.data_ptr(), bytes, ncclUint8, /*peer=*/0, comm_, stream_.stream());
     blocked_ = false;
-    CONVEYOR_RETURN_IF_ERROR(Enqueued(r, comm, deadline, what, "receive"));
+    CONVEYOR_RETURN_IF_ERROR(Check(received, "receive"));
+    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));
     Push(deadline, what);
     c10::Event ready(c10::DeviceType::CUDA);
     ready.record(stream_.unwrap());
@@ -105,7 +116,7 @@ class NcclChannelImpl final : public NcclChannel {
   }
 
   Status WaitReady(Clock::time_point deadline) override {
-    return WaitEnqueued(deadline, "to set up the link (the peer stage did not join)");
+    return Joined(deadline, "to set up the link (the peer stage did not join)");
   }
 
   Status Progress() override {
@@ -123,9 +134,7 @@ class NcclChannelImpl final : public NcclChannel {
 
   void Abort() override {
     aborted_ = true;
-    // A thread blocked in a blocking call (the split, the child's first
-    // transfer) returns once its communicator is aborted.
-    if (blocked_) AbortComm();
+    if (blocked_) AbortComm();  // a first transfer waiting on the host for a peer that is gone returns
   }
 
  private:
@@ -150,61 +159,34 @@ class NcclChannelImpl final : public NcclChannel {
     return Break(absl::UnavailableError(label_ + ": NCCL " + what + " failed: " + NcclError(r)));
   }
 
-  // The communicator transfers go through: the blocking child, split off
-  // the joined one by this side's first transfer (see the top of the file).
-  StatusOr<ncclComm_t> DataComm(Clock::time_point deadline, const std::string& what) {
-    if (data_) {
-      CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
-      return data_;
-    }
-    CONVEYOR_RETURN_IF_ERROR(WaitEnqueued(deadline, what));  // the joined communicator is up
-#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
-    if (max_ctas_ > 0) {
-      config.minCTAs = 1;
-      config.maxCTAs = max_ctas_;
-    }
-    ncclComm_t child = nullptr;
-    blocked_ = true;
-    ncclResult_t r = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &child, &config);
-    blocked_ = false;
-    if (r != ncclSuccess && r != ncclInProgress) {
-      CONVEYOR_RETURN_IF_ERROR(Healthy());  // aborted meanwhile: says so
-      return Break(absl::UnavailableError(label_ + ": cannot split the NCCL communicator: " + NcclError(r)));
-    }
-    {
-      std::lock_guard<std::mutex> lock(abort_mu_);
-      if (!comm_) {  // aborted while it split
-        if (child) ncclCommAbort(child);
-        child = nullptr;
+  // Waits until the joining thread has the communicator, or the channel
+  // breaks, or `deadline` passes (the channel breaks then).
+  Status Joined(Clock::time_point deadline, const std::string& what) {
+    if (joined_) return WaitEnqueued(deadline, what);
+    for (;;) {
+      CONVEYOR_RETURN_IF_ERROR(Healthy());
+      std::unique_lock<std::mutex> lock(joining_->mu);
+      if (joining_->done) break;
+      if (Clock::now() > deadline) {
+        lock.unlock();
+        return Break(absl::DeadlineExceededError(label_ + ": NCCL took too long " + what +
+                                                 " (the peer stage is gone or stuck); the link is aborted"));
       }
-      data_ = child;
+      // In slices, so that an Abort() from another thread is seen.
+      joining_->cv.wait_for(lock, std::chrono::milliseconds(10));
     }
-    CONVEYOR_RETURN_IF_ERROR(Healthy());
-    // Where NCCL made the split as the parent's mode says (nonblocking), the
-    // child is usable once it reports no operation in progress.
-    for (int spins = 0;; ++spins) {
-      ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(data_, &async) != ncclSuccess || (async != ncclSuccess && async != ncclInProgress))
-        return Break(absl::UnavailableError(label_ + ": the NCCL communicator's split failed"));
-      if (async == ncclSuccess) break;
-      CONVEYOR_RETURN_IF_ERROR(Poll(deadline, what));
-      Backoff(spins);
+    ncclResult_t r;
+    {
+      std::lock_guard<std::mutex> lock(joining_->mu);
+      r = joining_->result;
+      std::lock_guard<std::mutex> abort_lock(abort_mu_);
+      comm_ = joining_->comm;
+      joining_->comm = nullptr;
     }
-    return data_;
-#else
-    return comm_;  // NCCL before 2.18: no split, every transfer through the joined one
-#endif
-  }
-
-  // After an operation on `comm`: through the joined (nonblocking)
-  // communicator, waits until NCCL's thread has enqueued it.
-  Status Enqueued(ncclResult_t r, ncclComm_t comm, Clock::time_point deadline, const std::string& what,
-                  const char* op) {
-    CONVEYOR_RETURN_IF_ERROR(Check(r, op));
-    if (comm == comm_) return WaitEnqueued(deadline, what);
-    return Healthy();
+    if (r != ncclSuccess || !comm_)
+      return Break(absl::UnavailableError(label_ + ": cannot join the NCCL communicator: " + NcclError(r)));
+    joined_ = true;
+    return WaitEnqueued(deadline, what);
   }
 
   // Polls the communicator until it has nothing in progress (its start, or
@@ -224,7 +206,7 @@ class NcclChannelImpl final : public NcclChannel {
   Status Poll(Clock::time_point deadline, const std::string& what) {
     CONVEYOR_RETURN_IF_ERROR(Healthy());
     ncclResult_t async = ncclSuccess;
-    ncclResult_t r = ncclCommGetAsyncError(data_ ? data_ : comm_, &async);
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
       return Break(absl::UnavailableError(label_ + ": NCCL failed " + what + ": " +
                                           NcclError(r != ncclSuccess ? r : async)));
@@ -240,7 +222,7 @@ class NcclChannelImpl final : public NcclChannel {
     if (aborted_) return Break(absl::CancelledError(label_ + ": the NCCL link was closed"));
     Status st = status();
     if (!st.ok()) return st;
-    if (!comm_) return Break(absl::UnavailableError(label_ + ": the NCCL link is broken"));
+    if (joined_ && !comm_) return Break(absl::UnavailableError(label_ + ": the NCCL link is broken"));
     return absl::OkStatus();
   }
 
@@ -265,11 +247,16 @@ class NcclChannelImpl final : public NcclChannel {
   }
 
   void AbortComm() {
+    {
+      std::lock_guard<std::mutex> lock(joining_->mu);
+      joining_->abandoned = true;  // a communicator joined from now on is aborted by its thread
+      if (joining_->comm) ncclCommAbort(joining_->comm);
+      joining_->comm = nullptr;
+    }
     std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!comm_) return;
     c10::cuda::CUDAGuard guard(device_.index());
-    if (data_) ncclCommAbort(data_);
-    data_ = nullptr;
-    if (comm_) ncclCommAbort(comm_);
+    ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
@@ -281,11 +268,20 @@ class NcclChannelImpl final : public NcclChannel {
   std::atomic<bool> aborted_{false};
   mutable std::mutex mu_;  // guards broken_
   Status broken_;
-  std::mutex abort_mu_;  // guards comm_ and data_ against two aborts
-  ncclComm_t comm_ = nullptr;  // joined, nonblocking
-  ncclComm_t data_ = nullptr;  // split off comm_, blocking: the transfers' (DataComm)
-  int max_ctas_ = 0;
-  std::atomic<bool> blocked_{false};  // the owner is in a blocking call (the split)
+  std::mutex abort_mu_;  // guards comm_ against two aborts
+  ncclComm_t comm_ = nullptr;  // once joined (Joined)
+  // The joining thread's result, shared with it: it may outlive the channel.
+  struct Joining {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;  // AbortComm ran: the thread aborts what it joins
+    ncclResult_t result = ncclSuccess;
+    ncclComm_t comm = nullptr;  // joined and not yet taken by Joined
+  };
+  std::shared_ptr<Joining> joining_ = std::make_shared<Joining>();
+  bool joined_ = false;  // owner thread only
+  std::atomic<bool> blocked_{false};  // the owner is in an NCCL call that may wait for the peer
 };
 
 }  // namespace
