@@ -63,9 +63,9 @@ sides: the mean over the steps after them, between a point at which the device
 had finished every earlier step and one at which it finished the last
 (Conveyor's steady rate, common/steady_rate.h; PyTorch's steps run back to back
 between two synchronizes); the `statistic` column says so. Each Conveyor row
-is also checked from outside (--outside-steps): the same variant run again for
-more steps, the difference of the two processes' wall times over the difference
-of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
+is also checked from outside (--outside-steps, --outside-seconds): the same
+variant run again for more steps, the difference of the two lengths' shortest
+wall times over the difference of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
 where the two clocks disagree by more than 5% says so in its note.
 
 usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
@@ -311,7 +311,10 @@ def outside_check(args, workload, v, first):
     lengths' shortest wall times (start-up, loading and teardown cancel; the shortest, since what
     varies from run to run there, cuDNN's autotuning, the page cache, only ever adds), and its ratio to
     the row's own clock."""
+    inside_ms = 1000.0 * batch_size(workload, args) / first["steady_samples_per_second"]
     more = args.outside_steps
+    if more is None:  # long enough that the steps' time dwarfs what start-up varies by (seconds on W2)
+        more = args.steps + max(2 * args.steps + 2, int(1000.0 * args.outside_seconds / inside_ms) + 1)
     if not more or more <= args.steps:
         return {}
     walls = {args.steps: [first["wall_s"]], more: []}
@@ -322,7 +325,6 @@ def outside_check(args, workload, v, first):
             return {"note": "outside check failed (a run of %d steps)" % n}
         walls[n].append(r["wall_s"])
     outside_ms = 1000.0 * (min(walls[more]) - min(walls[args.steps])) / (more - args.steps)
-    inside_ms = 1000.0 * batch_size(workload, args) / first["steady_samples_per_second"]
     ratio = outside_ms / inside_ms
     out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
            "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
@@ -647,7 +649,11 @@ def main(argv):
     p.add_argument("--steps", type=int, default=10, help="steps per run, the first 2 of them warm-up")
     p.add_argument("--outside-steps", type=int, default=None,
                    help="check each Conveyor row from outside: run it again for this many steps and take ms per step "
-                        "from the difference of the wall times (default 3 x --steps + 2; 0: no check)")
+                        "from the difference of the wall times (default: enough steps for --outside-seconds more; "
+                        "0: no check)")
+    p.add_argument("--outside-seconds", type=float, default=30,
+                   help="how much longer the outside check's long runs last, by the row's own clock (default 30: on "
+                        "two H200s W2's start-up varied by 3 s from run to run, W1's by 0.5 s)")
     p.add_argument("--outside-repeats", type=int, default=2,
                    help="runs of each length for the outside check, alternated; the shortest of each counts")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
@@ -684,8 +690,6 @@ def main(argv):
     p.add_argument("--timeout", type=int, default=300, help="seconds for one Conveyor run or one torch call")
     p.add_argument("--dry-run", action="store_true", help="print the variants and commands, run nothing")
     args = p.parse_args(argv)
-    if args.outside_steps is None:
-        args.outside_steps = 3 * args.steps + 2
     args.schedules = [s for s in args.schedules.split(",") if s]
     w = args.workload
     if asked_batch(args) < 0:

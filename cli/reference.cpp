@@ -50,6 +50,9 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
                                       ": precision fp16-mixed needs a CUDA device (float16 autocast); use bf16-mixed");
   }
   CONVEYOR_ASSIGN_OR_RETURN(auto data, Dataset::Open(spec, true, true));
+  // The model is built and initialised on the host with every core, whatever
+  // the device trains with (one thread on CUDA by default).
+  std::optional<AllCoresWhileBuilding> all_cores(std::in_place, device->is_cuda() && options.threads == 0);
   CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> model, BuildPartition(spec, 0, NumLayers(spec.model())));
   if (!spec.init_from().empty()) {
     CONVEYOR_ASSIGN_OR_RETURN(NamedTensors weights, ReadStateDict(spec.init_from()));
@@ -73,6 +76,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_total_epochs(spec.steps() > 0 ? static_cast<int>((total + per_epoch - 1) / per_epoch) : spec.epochs());
   try {
     model->To(*device);
+    all_cores.reset();
     if (UsesChannelsLast(spec, *device)) ToChannelsLast(*model);
     if (device->is_cuda()) SetCudnnBenchmark(spec.cudnn_benchmark());
     std::vector<at::Tensor> trainable;

@@ -3,9 +3,22 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include <thread>
+
 namespace conveyor {
 
 int DefaultComputeThreads(const std::string& device) { return device.rfind("cuda", 0) == 0 ? 1 : 0; }
+
+AllCoresWhileBuilding::AllCoresWhileBuilding(bool raise) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (!raise || cores <= at::get_num_threads()) return;
+  saved_ = at::get_num_threads();
+  at::set_num_threads(cores);
+}
+
+AllCoresWhileBuilding::~AllCoresWhileBuilding() {
+  if (saved_ > 0) at::set_num_threads(saved_);
+}
 
 void SetComputeThreads(int threads) {
   if (threads > 0) {

@@ -13,6 +13,21 @@ namespace conveyor {
 // 1.4 s with one thread on a 32-core host. 0 (LibTorch's default) elsewhere.
 int DefaultComputeThreads(const std::string& device);
 
+// While it lives, the process computes with every core (a model's
+// construction and random initialisation run on the host: W2's 1.34 B
+// parameters took seconds longer on one thread); then back to the count it
+// had. `raise` false: changes nothing.
+class AllCoresWhileBuilding {
+ public:
+  explicit AllCoresWhileBuilding(bool raise);
+  ~AllCoresWhileBuilding();
+  AllCoresWhileBuilding(const AllCoresWhileBuilding&) = delete;
+  AllCoresWhileBuilding& operator=(const AllCoresWhileBuilding&) = delete;
+
+ private:
+  int saved_ = 0;  // 0: nothing changed
+};
+
 // Intra-op threads for this process; 0 leaves LibTorch's default.
 void SetComputeThreads(int threads);
 int ComputeThreads();

@@ -298,6 +298,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     if (ca.inputs().empty()) CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
     c.inputs = InputSpecs(ca.inputs(), ca.input_sample_shape(), a.spec(), c.index == 0);
     CONVEYOR_RETURN_IF_ERROR(CheckSampleSpecs(c.inputs, what));
+    // Built and initialised on the host with every core (one thread trains on CUDA).
+    AllCoresWhileBuilding all_cores(device_.is_cuda() && options_.threads == 0);
     CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildPartition(a.spec(), ca.layer_begin(), ca.layer_end()));
     const std::string cannot = what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
                                std::to_string(ca.layer_end()) + ") cannot take samples of shape " +

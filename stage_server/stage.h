@@ -22,7 +22,7 @@ class Inbox;
 
 struct StageOptions {
   std::string device = "cpu";  // "cpu", "cuda", "cuda:N"
-  int threads = 0;             // LibTorch intra-op threads; 0: LibTorch's default
+  int threads = 0;             // LibTorch intra-op threads; 0: DefaultComputeThreads (model/device.h)
   // Creates the links to the neighbours. Not owned; outlives the stage.
   TransportFactory* transports = nullptr;
   // Where this stage keeps its checkpoints; "" cannot checkpoint.
