@@ -129,25 +129,67 @@ int Report(const v1::JobStatus& status, bool json) {
   return status.state() == v1::JOB_STATE_SUCCEEDED ? 0 : kExitFailure;
 }
 
-// Follows a job until it ends, printing progress, then reports it.
-int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool json) {
+// Whether a watch that broke off may be taken up again: the coordinator went
+// away (restarted, its host rebooted), as opposed to refusing the watch.
+bool CoordinatorWentAway(const grpc::Status& st) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::OK:  // the stream ended without the job ending: a coordinator shutting down
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:  // a stream reset as the process died
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Follows a job until it ends, printing progress, then reports it. A
+// coordinator that goes away meanwhile is waited for up to `reconnect_s`
+// (the job's recovery_timeout: a restarted coordinator resumes its jobs), and
+// the watch taken up again.
+int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool json,
+                   double reconnect_s = kDefaultRecoveryTimeoutS) {
   ProgressPrinter progress(true);
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   req.set_omit_losses(true);
-  grpc::ClientContext ctx;
-  AddBearerToken(&ctx, BearerToken());
-  auto reader = stub.WatchJob(&ctx, req);
   v1::JobStatus status;
-  bool ended = false;
-  while (reader->Read(&status)) {
-    progress.Update(status);
-    if (IsTerminal(status.state())) ended = true;
+  for (bool again = false;; again = true) {
+    grpc::ClientContext ctx;
+    AddBearerToken(&ctx, BearerToken());
+    if (again) {
+      // Back once it answers: GetJob waits for the channel, up to the window.
+      grpc::ClientContext wait;
+      AddBearerToken(&wait, BearerToken());
+      wait.set_wait_for_ready(true);
+      wait.set_deadline(DeadlineAfter(reconnect_s));
+      v1::JobStatus now;
+      grpc::Status back = stub.GetJob(&wait, req, &now);
+      if (!back.ok()) {
+        progress.Finish();
+        return Fail(Annotate(Unreachable(FromGrpc(back), "the coordinator", Target()),
+                             "watching " + job_id + " (the coordinator went away and did not answer again within " +
+                                 FormatDuration(reconnect_s) + ")"));
+      }
+      std::cerr << "\nthe coordinator answers again; following " << job_id << std::endl;
+    }
+    auto reader = stub.WatchJob(&ctx, req);
+    bool ended = false;
+    while (reader->Read(&status)) {
+      progress.Update(status);
+      if (IsTerminal(status.state())) ended = true;
+    }
+    grpc::Status st = reader->Finish();
+    if (ended) break;
+    if (!CoordinatorWentAway(st)) {
+      progress.Finish();
+      return Fail(Annotate(Unreachable(FromGrpc(st), "the coordinator", Target()), "watching " + job_id));
+    }
+    std::cerr << "\nlost the coordinator (" << (st.ok() ? "its stream ended" : st.error_message())
+              << "); waiting up to " << FormatDuration(reconnect_s) << " for it" << std::endl;
   }
   progress.Finish();
-  grpc::Status st = reader->Finish();
-  if (!st.ok() && !ended)
-    return Fail(Annotate(Unreachable(FromGrpc(st), "the coordinator", Target()), "watching " + job_id));
   req.set_omit_losses(false);
   Status got = Call(stub, &v1::Coordinator::Stub::GetJob, req, &status);
   if (!got.ok()) return Fail(got);
@@ -176,7 +218,8 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
     return 0;
   }
   std::cerr << "submitted " << *id << std::endl;
-  return WatchUntilDone(*stub, *id, c.json);
+  auto spec = ParseJobYaml(*yaml);  // checked above: its recovery_timeout bounds a wait for the coordinator
+  return WatchUntilDone(*stub, *id, c.json, spec.ok() ? spec->recovery_timeout_s() : kDefaultRecoveryTimeoutS);
 }
 
 StatusOr<v1::Curves> FetchCurves(v1::Coordinator::Stub& stub, const std::string& job_id) {

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -952,7 +953,9 @@ std::vector<JobKey> MakeTable() {
       .Get([](const S& s) { return s.stage_timeout_s(); });
   add("checkpoint_every", kInt,
       "every K steps, and after the last one, each stage writes its parameters, buffers, optimizer state and RNG to "
-      "its `--checkpoint-dir` (see [recovery.md](recovery.md)); 0: never")
+      "its `--checkpoint-dir` (see [recovery.md](recovery.md)); 0: never. A stage server of replica 0 started "
+      "without `--checkpoint-dir` refuses such a job when it is placed (FAILED_PRECONDITION naming the stage), "
+      "before any training")
       .Default("0")
       .Range(0, 1e12)
       .Expect("a number of steps")
@@ -965,8 +968,9 @@ std::vector<JobKey> MakeTable() {
       .Get([](const S& s) { return s.keep_checkpoints(); });
   add("recovery_timeout", kNumber,
       "seconds to wait for a failed stage to answer again before the job fails naming it; 0: fail at the first "
-      "stage failure")
-      .Default("120")
+      "stage failure. `conveyor submit --wait` waits as long for a coordinator it lost (a restarted coordinator "
+      "resumes its jobs) before it gives up")
+      .Default(std::to_string(static_cast<int>(kDefaultRecoveryTimeoutS)))
       .Range(0, 1e7)
       .Expect("a number of seconds")
       .Set([](const V& v, S* s) { s->set_recovery_timeout_s(v.number); })
@@ -1001,6 +1005,40 @@ std::string KnownKeys(const std::string& section) {
   return known;
 }
 
+// Edits (insertions, deletions, substitutions, swaps of neighbours) from a to b.
+std::size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// " (did you mean KEY?)" for the key of `section` nearest to `name`, where one
+// is near enough (a third of its letters at most, or a dropped underscore).
+std::string DidYouMean(const std::string& section, const std::string& name) {
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const JobKey& k : JobKeys()) {
+    if (Parent(k.key) != section) continue;
+    const std::string key = k.key.substr(section.empty() ? 0 : section.size() + 1);
+    std::string bare = key;
+    bare.erase(std::remove(bare.begin(), bare.end(), '_'), bare.end());
+    const std::size_t d = bare == name ? 0 : EditDistance(name, key);
+    if (d < best_d) {
+      best_d = d;
+      best = key;
+    }
+  }
+  if (best.empty() || best_d > std::max<std::size_t>(1, best.size() / 3)) return "";
+  return " (did you mean " + best + "?)";
+}
+
 // Reads one mapping's keys (file order) into `spec`.
 Status ReadMapping(const YAML::Node& node, const std::string& section, v1::JobSpec* spec,
                    std::set<std::string>* present) {
@@ -1011,7 +1049,10 @@ Status ReadMapping(const YAML::Node& node, const std::string& section, v1::JobSp
     }
     const std::string dotted = section.empty() ? name : section + "." + name;
     const JobKey* k = FindJobKey(dotted);
-    if (k == nullptr) return Invalid(dotted + ": unknown key (known here: " + KnownKeys(section) + ")");
+    if (k == nullptr) {
+      const std::string hint = DidYouMean(section, name);
+      return Invalid(dotted + ": unknown key" + (hint.empty() ? " (known here: " + KnownKeys(section) + ")" : hint));
+    }
     const YAML::Node& value = kv.second;
     if (!value.IsDefined() || value.IsNull()) continue;  // absent, as if not written
     present->insert(dotted);

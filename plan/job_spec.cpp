@@ -469,6 +469,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
   if ((d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.train().empty())
     return Invalid("data.train: missing");
+  // An evaluation over no test data would report 0% and perplexity 1 as if measured.
+  if (spec.eval() && d.kind() == v1::DATA_SYNTHETIC && d.test_samples() == 0)
+    return Invalid("eval: true, but data.test_samples is 0: there is no test split to evaluate on "
+                   "(give data.test_samples, or eval: false)");
+  if (spec.eval() && (d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.test().empty())
+    return Invalid("eval: true, but data.test names no test file to evaluate on (give data.test, or eval: false)");
   if (d.kind() == v1::DATA_TOKENS) {
     if (TokenWidth(d.token_dtype()) == 0) return Invalid("data.dtype: missing (uint16 or uint32)");
     if (d.seq_len() == 0) return Invalid("data.seq_len: missing");

@@ -29,6 +29,9 @@ constexpr const char* kDatasetsRoot = "/usr/share/datasets";
 
 // Steps left out of steady_samples_per_second (CUDA and allocator start-up).
 constexpr int64_t kWarmupSteps = 2;
+// recovery_timeout when the job file does not say: how long a failed stage,
+// or a coordinator that `submit --wait` lost, is waited for.
+constexpr double kDefaultRecoveryTimeoutS = 120;
 // nccl_ctas when the job file does not say (see JobSpec.nccl_ctas).
 constexpr int kDefaultNcclCtas = 2;
 

@@ -264,6 +264,14 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   }
   if (a.chunks().empty() || a.num_chunks() < a.chunks_size() || a.num_chunks() > 4096)
     return absl::InvalidArgumentError(who + ": a stage needs 1 or more of the model's chunks");
+  // A job that checkpoints finds out now, not at its first checkpoint: only
+  // replica 0's stages write them (the other copies need no storage).
+  if (a.spec().checkpoint_every() > 0 && a.replica() == 0 && options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(who + ": the job has checkpoint_every: " +
+                                         std::to_string(a.spec().checkpoint_every()) +
+                                         ", but this stage server was started without --checkpoint-dir, so it cannot "
+                                         "write checkpoints (give it one, or checkpoint_every: 0)");
+  }
   if (a.spec().precision() == v1::PRECISION_FP16_MIXED && !device_.is_cuda()) {
     return absl::InvalidArgumentError(who + " is on " + device_.str() +
                                       ": precision fp16-mixed needs a CUDA device (float16 autocast); use bf16-mixed");

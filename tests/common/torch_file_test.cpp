@@ -320,8 +320,8 @@ TEST(WriteTorchFile, RefusesAViewPastItsBytes) {
 
 // Without Python: strides kept, empty dicts, every dtype.
 TEST(WriteTorchFile, ReadsBackItsOwnFiles) {
-  char tmpl[] = "/tmp/torch_file_rt.XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  std::string tmpl = ::testing::TempDir() + "/torch_file_rt.XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl.data());
   const std::string path = dir + "/rt.pt";
   ASSERT_TRUE(WriteStateDict(path, {}).ok());
   auto empty = TorchFile::Open(path);

@@ -377,6 +377,16 @@ bool UnderTmp(const std::string& path) {
   return real == "/tmp" || real.rfind("/tmp/", 0) == 0;
 }
 
+// The folder directly in /tmp that holds the clone, where it lies under /tmp
+// (the private /tmp shows it, bound back in); "docs-block" otherwise.
+std::string TmpTop() {
+  if (!UnderTmp(CONVEYOR_SOURCE_DIR)) return "docs-block";
+  std::error_code ec;
+  const std::string real = fs::weakly_canonical(CONVEYOR_SOURCE_DIR, ec).string();
+  const std::string rest = real.substr(5);
+  return rest.substr(0, rest.find('/'));
+}
+
 const Isolation& GetIsolation() {
   static const Isolation isolation = [] {
     Isolation iso;
@@ -389,11 +399,12 @@ const Isolation& GetIsolation() {
     std::vector<std::string> prefix = {"unshare"};
     if (geteuid() != 0) prefix.insert(prefix.end(), {"--user", "--map-root-user"});
     prefix.insert(prefix.end(), {"--net", "--mount", "--propagation", "private", "--"});
-    iso.private_tmp = !UnderTmp(CONVEYOR_SOURCE_DIR) && !UnderTmp(CONVEYOR_BUILD_DIR);
+    // A clone under /tmp gets a private /tmp too: the runner binds it back in.
+    iso.private_tmp = true;
     std::vector<std::string> probe = prefix;
     probe.insert(probe.end(), {"bash", "-c",
-                               iso.private_tmp ? "ip link set lo up && mount -t tmpfs -o mode=1777 docs-test /tmp"
-                                               : "ip link set lo up"});
+                               "ip link set lo up && mount -t tmpfs docs-keep /mnt && mount --bind /mnt /mnt && "
+                               "mount -t tmpfs -o mode=1777 docs-test /tmp"});
     std::string out;
     const int rc = RunQuiet(probe, &out);
     if (rc != 0) {
@@ -407,7 +418,7 @@ const Isolation& GetIsolation() {
     iso.description = std::string("a private network namespace (loopback only)") +
                       (geteuid() != 0 ? " in a user namespace" : "") +
                       (iso.private_tmp ? " with a private /tmp"
-                                       : ", sharing the host's /tmp (the source or build folder lies under /tmp)");
+                                       : ", sharing the host's /tmp (a private one could not be mounted)");
     return iso;
   }();
   return isolation;
@@ -467,7 +478,23 @@ d=$1 src=$2 build=$3 mode=$4 name=$5
 script=$(cat "$d/block.sh")
 if [ "$mode" = private ]; then
   ip link set lo up
+  # A clone (or build) under /tmp is bound back into the private /tmp, through
+  # a mount point that exists only in this mount namespace.
+  keep=""
+  case "$src/|$build/" in /tmp/*|*"|/tmp/"*) keep=1 ;; esac
+  if [ -n "$keep" ]; then
+    mount -t tmpfs docs-keep /mnt
+    mkdir /mnt/src /mnt/build
+    mount --bind "$src" /mnt/src
+    mount --bind "$build" /mnt/build
+  fi
   mount -t tmpfs -o mode=1777 docs-test /tmp
+  if [ -n "$keep" ]; then
+    mkdir -p "$src"
+    mount --bind /mnt/src "$src"
+    mkdir -p "$build"
+    mount --bind /mnt/build "$build"
+  fi
   export TMPDIR=/tmp
   work=/tmp/docs-block
 elif [ "$mode" = netns ]; then
@@ -925,7 +952,9 @@ TEST(DocsRunner, PrivateNetworkAndTmp) {
   const RunResult r = RunBlock(
       "[ \"$(ip -o link show | wc -l)\" = 1 ]\n"
       "ip -o link show lo | grep -q ',UP'\n" +
-          std::string(iso.private_tmp ? "[ \"$(ls -A /tmp)\" = docs-block ] && [ \"$PWD\" = /tmp/docs-block ]\n" : ""),
+          std::string(iso.private_tmp ? "[ -z \"$(ls -A /tmp | grep -vx -e docs-block -e '" + TmpTop() +
+                                            "')\" ] && [ \"$PWD\" = /tmp/docs-block ] && [ ! -e /tmp/conveyor ]\n"
+                                      : ""),
       Quick());
   EXPECT_EQ(r.exit_code, 0) << iso.description << "\n" << r.output;
 }

@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <tuple>
 
@@ -360,6 +362,33 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) { Chaos(1); }
 TEST(Recovery, ChaosKillsStagesOfTwoReplicasOfTwoStagesAndTheCoordinator) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
   Chaos(2);
+}
+
+// `conveyor submit --wait` follows its job across a coordinator restart: it
+// exited 1 when the coordinator went away, while the job went on and succeeded.
+TEST(Recovery, SubmitWaitFollowsItsJobAcrossACoordinatorRestart) {
+  auto cluster = StartCluster(false);
+  ASSERT_TRUE(cluster);
+  const std::string dir = testing::MakeTempDir("submit-wait");
+  const std::string job = dir + "/job.yaml";
+  {
+    std::ofstream f(job);
+    f << Job(60, 10);
+  }
+  auto cli = std::async(std::launch::async, [&] {
+    return testing::RunCommand(
+        {testing::Binary("conveyor"), "--coordinator", cluster->coordinator_address(), "submit", job, "--wait"});
+  });
+  bool killed = false;
+  const v1::JobStatus end = FollowKillingTheCoordinator(
+      *cluster, "job-1", [](const v1::JobStatus& s) { return s.checkpoint_step() > 0; }, &killed);
+  const testing::CommandResult r = cli.get();
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(killed);
+  ASSERT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("lost the coordinator"));
+  EXPECT_THAT(r.out, HasSubstr(end.param_digest()));
 }
 
 }  // namespace

@@ -93,8 +93,8 @@ inline void WriteExpectLine(std::ostream& out, const std::string& name, const st
 class TorchFixtureTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/torch_fixtures.XXXXXX";
-    dir_ = new std::string(::mkdtemp(tmpl));
+    std::string tmpl = ::testing::TempDir() + "/torch_fixtures.XXXXXX";
+    dir_ = new std::string(::mkdtemp(tmpl.data()));
     python_ = new std::string;
     std::vector<std::string> candidates;
     if (const char* env = std::getenv("CONVEYOR_PYTHON"); env && *env) candidates.push_back(env);

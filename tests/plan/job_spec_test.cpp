@@ -139,6 +139,17 @@ TEST(JobSpec, CudaGraphsAutoIsOnWhereGraphsHoldNoMoreThanTheSchedule) {
               HasSubstr("cuda_graphs: expected auto, true or false, got the integer 1"));
 }
 
+// An evaluation needs a test split: without one it reported 0% accuracy and
+// perplexity 1 as if measured.
+TEST(JobSpec, EvalWithoutTestDataIsRefusedNamingTheKey) {
+  EXPECT_THAT(ParseJobYaml("model: toy\ndata: {name: synthetic, test_samples: 0}\neval: true\n").status().message(),
+              HasSubstr("eval: true, but data.test_samples is 0"));
+  EXPECT_THAT(ParseJobYaml("model: toy\ndata: {format: tensors, train: t.pt}\neval: true\n").status().message(),
+              HasSubstr("eval: true, but data.test names no test file"));
+  EXPECT_TRUE(ParseJobYaml("model: toy\ndata: {name: synthetic, test_samples: 0}\n").ok());
+  EXPECT_TRUE(ParseJobYaml("model: toy\ndata: {format: tensors, train: t.pt, test: u.pt}\neval: true\n").ok());
+}
+
 TEST(JobSpec, UnknownKeysAreNamed) {
   Status st = ParseError("model: toy\nbatchsize: 3\n");
   EXPECT_TRUE(absl::IsInvalidArgument(st));
@@ -148,7 +159,13 @@ TEST(JobSpec, UnknownKeysAreNamed) {
   st = ParseError("model: {name: toy, width: 3}\n");
   EXPECT_THAT(std::string(st.message()), HasSubstr("model.width: only with name: gpt"));
   st = ParseError("model: toy\noptimizer: {name: sgd, momentun: 0.9}\n");
-  EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.momentun: unknown key"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("optimizer.momentun: unknown key (did you mean momentum?)"));
+  EXPECT_THAT(std::string(ParseError("model: toy\nbatchsize: 3\n").message()),
+              HasSubstr("batchsize: unknown key (did you mean batch_size?)"));
+  EXPECT_THAT(std::string(ParseError("model: toy\nmicro_bathces: 3\n").message()),
+              HasSubstr("(did you mean micro_batches?)"));
+  // Nothing near: the keys known there instead.
+  EXPECT_THAT(std::string(ParseError("model: toy\nzzzzzz: 3\n").message()), HasSubstr("unknown key (known here: "));
 }
 
 TEST(JobSpec, WrongTypesAreNamed) {
@@ -501,7 +518,7 @@ TEST(JobKeys, RangesComeFromTheTable) {
               HasSubstr("optimizer.eps: only with name: adam"));
   // An unknown key lists the keys of its mapping.
   EXPECT_THAT(std::string(ParseJobYaml("model: toy\nsave: {paht: x.pt}\n").status().message()),
-              HasSubstr("save.paht: unknown key (known here: path, format)"));
+              HasSubstr("save.paht: unknown key (did you mean path?)"));
 }
 
 }  // namespace

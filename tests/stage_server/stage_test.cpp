@@ -100,6 +100,19 @@ TEST_F(StageTest, ConfigureRefusesFp16MixedOnTheCpu) {
               HasSubstr("stage 0 is on cpu: precision fp16-mixed needs a CUDA device"));
 }
 
+// checkpoint_every on a stage server without --checkpoint-dir failed the job
+// at its first checkpoint (step 50), after the training before it; now when it
+// is placed (replica 0's stages: the other copies write none).
+TEST_F(StageTest, ConfigureRefusesCheckpointsWithoutACheckpointDir) {
+  auto reply = stage_->Configure(Assignment("model: toy\ncheckpoint_every: 50\n", 0, 1, 0, 3, {10}));
+  EXPECT_TRUE(absl::IsFailedPrecondition(reply.status())) << reply.status();
+  EXPECT_THAT(std::string(reply.status().message()),
+              HasSubstr("stage 0: the job has checkpoint_every: 50, but this stage server was started without "
+                        "--checkpoint-dir"));
+  reply = stage_->Configure(Assignment("model: toy\ncheckpoint_every: 0\n", 0, 1, 0, 3, {10}));
+  EXPECT_TRUE(reply.ok()) << reply.status();
+}
+
 TEST_F(StageTest, ConfigureNamesAMissingDatasetPath) {
   auto reply = stage_->Configure(Assignment(
       "model: convnet\ndata: {name: fashion-mnist, path: /nowhere/fmnist}\n", 0, 1, 0, 12, {1, 28, 28}));
