@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Configures and builds Conveyor into ./build (BUILD_DIR overrides).
+#   scripts/build.sh             everything: the programs, the test suites, the benchmarks
+#   scripts/build.sh programs    the three programs only (conveyor, stage_server, coordinator):
+#                                the Quick start's, without GoogleTest or the test suites
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 args=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+targets=()
+if [ "${1:-}" = programs ]; then
+  targets=(--target conveyor stage_server coordinator)
+  # A build folder that already has the tests keeps them (the test suite's own build).
+  grep -qs '^CONVEYOR_BUILD_TESTS:BOOL=ON' "$build/CMakeCache.txt" || args+=(-DCONVEYOR_BUILD_TESTS=OFF)
+else
+  args+=(-DCONVEYOR_BUILD_TESTS=ON)
+fi
 if [ "$(scripts/torch-source.sh)" = pip ]; then
   args+=("-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
 fi
 cmake "${args[@]}" ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j"$(nproc)"
+cmake --build "$build" -j"$(nproc)" "${targets[@]}"

@@ -5,6 +5,6 @@
 # Extra arguments go to `conveyor local` (e.g. --json, --device cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-scripts/build.sh
+scripts/setup.sh run       # what building and running need, not the test suite's
+scripts/build.sh programs  # conveyor, stage_server, coordinator
 exec "${BUILD_DIR:-build}/bin/conveyor" local examples/fashion-convnet.yaml "$@"

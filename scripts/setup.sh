@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
-# Installs what Conveyor needs to build and run, with apt (Debian bookworm).
+# Installs what Conveyor needs, with apt (Debian bookworm):
+#   scripts/setup.sh run    what building and running the programs need (the Quick start)
+#   scripts/setup.sh        that and what the test suite needs (scripts/test.sh): GoogleTest,
+#                           PyTorch for the oracle, Slurm, Prometheus, docker-compose, clang
+#                           for the fuzzers, iproute2 for the network namespaces
 #
 # Where a pip-installed PyTorch is present (GPU machines, Ubuntu 24.04, which
 # has no libtorch-dev), its LibTorch is used and libtorch-dev is not installed;
 # CONVEYOR_TORCH=debian|pip forces the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-test}
+case "$what" in run|test) ;; *) echo "usage: scripts/setup.sh [run|test]" >&2; exit 2 ;; esac
 
 packages=(
   cmake g++ ninja-build pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libspdlog-dev libgtest-dev libgmock-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
-  libsqlite3-dev libssl-dev openssl zlib1g-dev
-  dataset-fashion-mnist python3-matplotlib docker-compose clang-14 libclang-rt-14-dev
-  iproute2 openssl
-  # deploy/ tests: a real Slurm on loopback (ctest deploy.slurm), YAML for the
-  # Kubernetes check (deploy.kubernetes; kubectl itself is not a Debian package)
-  slurm-wlm munge python3-yaml
-  prometheus-cpp-dev prometheus
+  libspdlog-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  libsqlite3-dev libssl-dev openssl zlib1g-dev prometheus-cpp-dev
+  # the Quick start's data, and the curves `conveyor local` draws
+  dataset-fashion-mnist python3-matplotlib
 )
-if [ "$(scripts/torch-source.sh)" = debian ]; then
-  # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
-  # libtorch-dev), the oracle that a Conveyor run must equal.
-  packages+=(libtorch-dev python3-torch)
+torch=$(scripts/torch-source.sh)
+if [ "$torch" = debian ]; then
+  packages+=(libtorch-dev)
   # c10d's Gloo group (replicas: docs/parallelism.md) needs gloo's headers.
   packages+=(libgloo-dev)
+fi
+if [ "$what" = test ]; then
+  packages+=(
+    libgtest-dev libgmock-dev
+    docker-compose clang-14 libclang-rt-14-dev iproute2
+    # deploy/ tests: a real Slurm on loopback (ctest deploy.slurm), YAML for the
+    # Kubernetes check (deploy.kubernetes; kubectl itself is not a Debian package)
+    slurm-wlm munge python3-yaml prometheus
+  )
+  # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
+  # libtorch-dev), the oracle that a Conveyor run must equal.
+  if [ "$torch" = debian ]; then packages+=(python3-torch); fi
 fi
 
 missing=()
