@@ -406,8 +406,9 @@ int CmdHealth(const std::string& address, double wait_s) {
   return reply.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : kExitFailure;
 }
 
-// Ctrl-C or SIGTERM during `local`: cancel the job, and let the normal path
-// tear the cluster down. A second signal gives up waiting.
+// Ctrl-C, SIGTERM or SIGHUP (the terminal closed) during `local`: cancel the
+// job, and let the normal path tear the cluster down. A second signal gives up
+// waiting.
 class InterruptWatcher {
  public:
   InterruptWatcher() : thread_([this] { Loop(); }) {}
@@ -421,6 +422,8 @@ class InterruptWatcher {
     job_id_ = job_id;
   }
   bool interrupted() const { return signals_ > 0; }
+  // The shell's exit status for the first signal: 128 + its number.
+  int exit_code() const { return 128 + first_.load(); }
 
  private:
   void Loop() {
@@ -428,13 +431,16 @@ class InterruptWatcher {
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
     timespec tick{0, 200 * 1000 * 1000};
     while (!done_) {
-      if (sigtimedwait(&set, nullptr, &tick) < 0) continue;  // timeout: look at done_ again
+      const int sig = sigtimedwait(&set, nullptr, &tick);
+      if (sig < 0) continue;  // timeout: look at done_ again
       if (++signals_ > 1) {
         std::cerr << "\nconveyor: interrupted again: stopping the cluster now\n";
-        std::_Exit(130);  // children get SIGTERM through PR_SET_PDEATHSIG
+        std::_Exit(exit_code());  // children get SIGTERM through PR_SET_PDEATHSIG
       }
+      first_ = sig;
       std::cerr << "\nconveyor: interrupted: cancelling the job and stopping the cluster\n";
       std::lock_guard<std::mutex> lock(mu_);
       if (stub_) {
@@ -451,6 +457,7 @@ class InterruptWatcher {
 
   std::atomic<bool> done_{false};
   std::atomic<int> signals_{0};
+  std::atomic<int> first_{SIGINT};
   std::mutex mu_;  // guards stub_ and job_id_
   v1::Coordinator::Stub* stub_ = nullptr;
   std::string job_id_;
@@ -489,7 +496,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   if (!cluster.ok()) return Fail(cluster.status());
   std::cerr << "cluster up: coordinator " << (*cluster)->coordinator_address() << ", logs in "
             << (*cluster)->run_dir() << std::endl;
-  if (interrupts.interrupted()) return 130;
+  if (interrupts.interrupted()) return interrupts.exit_code();
   auto stub = Connect((*cluster)->coordinator_address());
   auto id = SubmitText(*stub, *yaml);
   if (!id.ok()) return Fail(Annotate(id.status(), file));
@@ -512,7 +519,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   } else {
     std::cerr << "logs kept in " << (*cluster)->run_dir() << "\n";
   }
-  return interrupts.interrupted() ? 130 : rc;
+  return interrupts.interrupted() ? interrupts.exit_code() : rc;
 }
 
 }  // namespace

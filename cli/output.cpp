@@ -209,8 +209,8 @@ std::string Summary(const v1::JobStatus& s) {
   }
   if (s.has_eval()) {
     out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "
-        << std::setprecision(4) << s.eval_loss() << " (perplexity " << std::setprecision(2) << std::exp(s.eval_loss())
-        << ")\n";
+        << std::setprecision(4) << s.eval_loss() << " (perplexity " << std::defaultfloat << std::setprecision(4)
+        << std::exp(s.eval_loss()) << ")\n";
   }
   for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
   // With replicas, the grid: replica x stage -> server.

@@ -41,9 +41,10 @@ class GrpcServer {
   bool shut_down_ = false;
 };
 
-// Blocks SIGINT and SIGTERM in this thread and every thread created after it;
-// call first thing in main(). WaitForTerminationSignal() then returns the
-// signal when one arrives.
+// Blocks SIGINT, SIGTERM and SIGHUP (a closed terminal) in this thread and
+// every thread created after it; call first thing in main().
+// WaitForTerminationSignal() then returns the signal when one arrives: each
+// ends a server gracefully, as SIGTERM does.
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
 

@@ -8,8 +8,6 @@
 
 namespace conveyor {
 
-double LearningRateAt(const v1::JobSpec& spec, int64_t) { return spec.optimizer().lr(); }
-
 int64_t TokensPerSample(const v1::JobSpec& spec) {
   if (spec.data().kind() == v1::DATA_TOKENS && spec.data().seq_len() > 0) return spec.data().seq_len();
   if (spec.model().kind() == v1::MODEL_GPT) return spec.model().seq_len();
@@ -28,23 +26,24 @@ void PublishJobCounts(const std::vector<v1::JobStatus>& jobs) {
 JobMetrics::JobMetrics(const v1::JobSpec& spec, std::string job_id, JobStore* store)
     : spec_(spec), job_id_(std::move(job_id)), store_(store), tokens_per_sample_(TokensPerSample(spec)) {}
 
-void JobMetrics::Step(int64_t step, double seconds, double loss, double samples_per_second) {
+void JobMetrics::Step(int64_t step, const StepFigures& f) {
   const metrics::Labels job = {{"job_id", job_id_}};
-  const double lr = LearningRateAt(spec_, step);
   metrics::Add(metrics::Id::kSteps, job);
-  metrics::Observe(metrics::Id::kStepSeconds, job, seconds);
-  metrics::Set(metrics::Id::kLoss, job, loss);
-  metrics::Set(metrics::Id::kLearningRate, job, lr);
-  metrics::Set(metrics::Id::kSamplesPerSecond, job, samples_per_second);
+  metrics::Observe(metrics::Id::kStepSeconds, job, f.seconds);
+  metrics::Set(metrics::Id::kLoss, job, f.loss);
+  metrics::Set(metrics::Id::kLearningRate, job, f.lr);
+  metrics::Set(metrics::Id::kSamplesPerSecond, job, f.samples_per_second);
   if (tokens_per_sample_ > 0)
-    metrics::Set(metrics::Id::kTokensPerSecond, job, samples_per_second * static_cast<double>(tokens_per_sample_));
+    metrics::Set(metrics::Id::kTokensPerSecond, job, f.samples_per_second * static_cast<double>(tokens_per_sample_));
 
   v1::CurvePoint p;
   p.set_step(step + 1);
-  p.set_loss(loss);
-  p.set_lr(lr);
-  p.set_step_seconds(seconds);
-  const double step_rate = seconds > 0 ? static_cast<double>(spec_.batch_size()) / seconds : 0;
+  p.set_loss(f.loss);
+  p.set_lr(f.lr);
+  p.set_has_grad_norm(true);
+  p.set_grad_norm(f.grad_norm);
+  p.set_step_seconds(f.seconds);
+  const double step_rate = f.seconds > 0 ? static_cast<double>(spec_.batch_size()) / f.seconds : 0;
   p.set_samples_per_second(step_rate);
   p.set_tokens_per_second(step_rate * static_cast<double>(tokens_per_sample_));
   p.set_unix_ms(NowUnixMs());

@@ -18,9 +18,6 @@
 
 namespace conveyor {
 
-// The learning rate of training step `step` (0-based). Until the job file
-// has schedules this is optimizer.lr; a schedule replaces this function.
-double LearningRateAt(const v1::JobSpec& spec, int64_t step);
 // Tokens in one sample (gpt models and token data), 0 otherwise.
 int64_t TokensPerSample(const v1::JobSpec& spec);
 
@@ -34,8 +31,16 @@ class JobMetrics {
   JobMetrics(const JobMetrics&) = delete;
   JobMetrics& operator=(const JobMetrics&) = delete;
 
-  // Training step `step` (0-based) took `seconds` and ended with `loss`.
-  void Step(int64_t step, double seconds, double loss, double samples_per_second);
+  // What one training step gives the metrics and the curves.
+  struct StepFigures {
+    double seconds = 0;             // the step's wall time
+    double loss = 0;
+    double lr = 0;                  // its learning rate, as lr_schedule gives it
+    double grad_norm = 0;           // the global gradient norm, before clipping
+    double samples_per_second = 0;  // the job's, so far
+  };
+  // Training step `step` (0-based).
+  void Step(int64_t step, const StepFigures& f);
   // An evaluation after `steps_done` steps.
   void Eval(int64_t steps_done, double loss, double accuracy);
   void Checkpoint();

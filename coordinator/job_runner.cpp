@@ -323,8 +323,13 @@ Status JobRunner::Train() {
     CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
     const auto step_end = SteadyClock::now();
     progress_.AddStep(step, replies, step_start, step_end);
-    metrics_.Step(step, std::chrono::duration<double>(step_end - step_start).count(), replies.back().loss_sum(),
-                  status_.samples_per_second());
+    JobMetrics::StepFigures figures;  // Update() added the step's norm and learning rate
+    figures.seconds = std::chrono::duration<double>(step_end - step_start).count();
+    figures.loss = replies.back().loss_sum();
+    figures.lr = status_.lrs(status_.lrs_size() - 1);
+    figures.grad_norm = status_.grad_norms(status_.grad_norms_size() - 1);
+    figures.samples_per_second = status_.samples_per_second();
+    metrics_.Step(step, figures);
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
     if (asked) Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");

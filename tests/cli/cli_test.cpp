@@ -181,7 +181,14 @@ int ProcessesMentioning(const std::string& needle) {
   return found;
 }
 
-TEST(Cli, CtrlCCancelsTheJobAndStopsTheCluster) {
+// Ctrl-C, and SIGHUP (the terminal closed: it exited 129 at once, leaving
+// the cluster's logs), cancel the job and stop the cluster; the exit status
+// is the shell's for the signal.
+class Interrupt : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Cli, Interrupt, ::testing::Values(SIGINT, SIGHUP),
+                         [](const ::testing::TestParamInfo<int>& i) { return i.param == SIGHUP ? "SIGHUP" : "SIGINT"; });
+
+TEST_P(Interrupt, CancelsTheJobAndStopsTheCluster) {
   const std::string job = ::testing::TempDir() + "/endless.yaml";
   std::ofstream(job) << "name: endless\nmodel: toy\npartition: {stages: 2}\nsteps: 100000000\n";
   int err[2];
@@ -204,13 +211,13 @@ TEST(Cli, CtrlCCancelsTheJobAndStopsTheCluster) {
   ASSERT_NE(logs, std::string::npos) << output;
   const std::string run_dir = output.substr(logs + 8, output.find('\n', logs) - logs - 8);
   EXPECT_EQ(ProcessesMentioning(run_dir), 3);  // two stage servers and the coordinator
-  kill(pid, SIGINT);
+  kill(pid, GetParam());
   ReadUntil(err[0], "\x04", &output);  // everything, until the CLI closes stderr
   close(err[0]);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status)) << output;
-  EXPECT_EQ(WEXITSTATUS(status), 130) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + GetParam()) << output;
   EXPECT_NE(output.find("interrupted: cancelling the job"), std::string::npos) << output;
   EXPECT_NE(output.find("cancelled"), std::string::npos) << output;
   EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";

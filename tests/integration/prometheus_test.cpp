@@ -239,7 +239,10 @@ TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
     EXPECT_EQ(cells[1], std::to_string(step)) << line;
     EXPECT_FLOAT_EQ(std::stof(cells[2]), done.losses(static_cast<int>(step - 1))) << line;  // the status's loss
     EXPECT_EQ(cells[3], "0.05") << line;
-    EXPECT_EQ(cells[4], "") << line;  // no gradient norm in this job
+    // Every step's global gradient norm, as the status has it (it was left empty).
+    ASSERT_NE(cells[4], "") << line;
+    EXPECT_NEAR(std::stod(cells[4]), done.grad_norms(static_cast<int>(step - 1)),
+                1e-6 * done.grad_norms(static_cast<int>(step - 1))) << line;
     EXPECT_GT(std::stod(cells[6]), 0) << line;
   }
   EXPECT_EQ(step, 20);
