@@ -505,7 +505,11 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   int rc = WatchUntilDone(*stub, *id, c.json);
   interrupts.SetJob(nullptr, "");
   if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
-  if (curves == "auto") curves = std::filesystem::path(file).stem().string() + "-curves.png";
+  if (curves == "auto") {  // JOBFILE-curves.png, or -2, -3, ...: an earlier run's picture stays
+    const std::string stem = std::filesystem::path(file).stem().string() + "-curves";
+    curves = stem + ".png";
+    for (int n = 2; std::filesystem::exists(curves) && n < 10000; ++n) curves = stem + "-" + std::to_string(n) + ".png";
+  }
   if (!curves.empty() && !interrupts.interrupted()) {
     Status drawn = DrawCurves(*stub, *id, curves, std::cerr);
     if (!drawn.ok()) std::cerr << "no curves: " << drawn.message() << "\n";
@@ -582,7 +586,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
   local->add_option("--curves", local_curves,
                     "draw the job's training curves into this PNG at the end (default: JOBFILE-curves.png in the "
-                    "working folder; \"\" draws none)")
+                    "working folder, or JOBFILE-curves-2.png and on where an earlier run's is there; \"\" draws none)")
       ->capture_default_str();
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();

@@ -3,6 +3,7 @@
 // with --metrics-listen on a free port) during a job, and its HTTP API must
 // hold the series and a step counter that rose. The training curves through
 // the CLI: `status --metrics-csv`, `plot` and `local --curves`.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -26,6 +28,7 @@ namespace conveyor::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ::testing::HasSubstr;
 constexpr auto kPoll = std::chrono::milliseconds(100);  // between questions to a server; never a wait for an outcome
 
 std::string FindPrometheus() {
@@ -258,6 +261,25 @@ TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("job-404"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+}
+
+// By default JOBFILE-curves.png in the working folder; a second run of the
+// same job file overwrote the first one's picture, now it takes the next name.
+TEST(Curves, LocalKeepsAnEarlierRunsPicture) {
+  const std::string dir = MakeTempDir("local-curves-default");
+  const std::string job = JobFile("again", 1, 4, false);
+  const auto before = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  auto first = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
+  auto second = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
+  std::filesystem::current_path(before);
+  EXPECT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_THAT(first.err, HasSubstr("wrote again-curves.png:"));
+  EXPECT_THAT(second.err, HasSubstr("wrote again-curves-2.png:"));
+  EXPECT_EQ(ReadText(dir + "/again-curves.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
+  EXPECT_EQ(ReadText(dir + "/again-curves-2.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Curves, LocalDrawsThemAtTheEnd) {
