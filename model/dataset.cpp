@@ -332,6 +332,49 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType
 
 }  // namespace
 
+Status Dataset::CheckTargets(const std::vector<int64_t>& output_sample_shape) const {
+  const v1::JobSpec& spec = spec_;
+  if (spec.data().kind() != v1::DATA_TENSORS || !spec.loss_torchscript().empty() ||
+      spec.loss() == v1::LOSS_BCE_WITH_LOGITS || output_sample_shape.empty())
+    return absl::OkStatus();
+  const char* loss = spec.loss() == v1::LOSS_NLL ? "nll" : spec.loss() == v1::LOSS_MSE ? "mse" : "cross_entropy";
+  auto shape = [](at::IntArrayRef s) { return c10::str(s); };
+  auto check = [&](const std::string& key, const std::string& path, const at::Tensor& y) -> Status {
+    if (!y.defined() || y.numel() == 0) return absl::OkStatus();
+    const std::string where = key + ": " + path + ": ";
+    if (at::isFloatingType(y.scalar_type())) {
+      if (spec.loss() == v1::LOSS_MSE) return absl::OkStatus();  // regression targets
+      return absl::InvalidArgumentError(where + "its targets are " + std::string(c10::toString(y.scalar_type())) +
+                                        ", and " + loss + " takes class indices, int64 (save them with "
+                                        "targets.long(); float targets suit mse and bce_with_logits)");
+    }
+    if (y.scalar_type() != at::kLong) {
+      return absl::InvalidArgumentError(where + "its targets are " + std::string(c10::toString(y.scalar_type())) +
+                                        ", and " + loss + " takes int64 class indices, as PyTorch's does (save "
+                                        "them with targets.long())");
+    }
+    const std::vector<int64_t> want(output_sample_shape.begin(), output_sample_shape.end() - 1);
+    const std::vector<int64_t> got(y.sizes().begin() + 1, y.sizes().end());
+    if (got != want) {
+      return absl::InvalidArgumentError(
+          where + "each target has shape " + shape(got) + ", and the model's output of shape " +
+          shape(output_sample_shape) + " per sample wants class indices of shape " + shape(want) +
+          " (one per position but the classes' dimension; PyTorch refuses the others too)");
+    }
+    const int64_t classes = output_sample_shape.back();
+    const at::Tensor flat = y.reshape({y.size(0), -1});
+    const at::Tensor bad = flat.lt(0).logical_or(flat.ge(classes));
+    if (!bad.any().item<bool>()) return absl::OkStatus();
+    const int64_t sample = bad.any(1).nonzero()[0][0].item<int64_t>();
+    const int64_t value = flat[sample].masked_select(bad[sample])[0].item<int64_t>();
+    return absl::InvalidArgumentError(where + "sample " + std::to_string(sample) + " has the target " +
+                                      std::to_string(value) + ", outside the model's " + std::to_string(classes) +
+                                      " classes [0, " + std::to_string(classes) + ")");
+  };
+  CONVEYOR_RETURN_IF_ERROR(check("data.train", spec.data().train(), train_y_));
+  return check("data.test", spec.data().test(), test_y_);
+}
+
 at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
   if (train_tokens_) {
     const TokenFile& f = phase == v1::PHASE_TRAIN ? *train_tokens_ : *test_tokens_;

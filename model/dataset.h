@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "common/status.h"
 #include "conveyor.pb.h"
@@ -57,6 +58,15 @@ class Dataset {
   at::Tensor Labels(v1::Phase phase, int64_t step, bool pinned = false);
   // The first training sample's input (or target), as the file holds it.
   at::Tensor SampleOf(bool inputs) const;
+
+  // A data file's targets against the job's built-in class loss
+  // (cross_entropy, nll, mse on class indices) and the model's output of
+  // `output_sample_shape` per sample: int64 class indices, one per output
+  // position but the last dimension, each in [0, classes). INVALID_ARGUMENT
+  // names the key, the file and the first bad sample, as PyTorch would
+  // refuse them at its first step (a [N, 1] target it does not squeeze).
+  // Nothing to check (OK) for other data, losses, or targets not loaded.
+  Status CheckTargets(const std::vector<int64_t>& output_sample_shape) const;
 
  private:
   Dataset() = default;

@@ -360,7 +360,10 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   for (const Chunk& c : job->chunks) {  // loss: {torchscript}, checked before the first step
     if (!job->IsLast(c) || c.outputs.empty()) continue;
     const auto& shape = c.outputs.front().shape();
-    CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), std::vector<int64_t>(shape.begin(), shape.end())), who));
+    const std::vector<int64_t> output(shape.begin(), shape.end());
+    CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), output), who));
+    // Bad targets named now, not as an INTERNAL error at the first step.
+    if (job->data) CONVEYOR_RETURN_IF_ERROR(Annotate(job->data->CheckTargets(output), who));
   }
   CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
   ParameterGroups groups;

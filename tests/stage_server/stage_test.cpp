@@ -6,9 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <future>
 
+#include "model/state_dict.h"
 #include "plan/job_spec.h"
+#include "plan/model_catalog.h"
 #include "transport/inproc_transport.h"
 
 namespace conveyor {
@@ -111,6 +114,60 @@ TEST_F(StageTest, ConfigureRefusesCheckpointsWithoutACheckpointDir) {
                         "--checkpoint-dir"));
   reply = stage_->Configure(Assignment("model: toy\ncheckpoint_every: 0\n", 0, 1, 0, 3, {10}));
   EXPECT_TRUE(reply.ok()) << reply.status();
+}
+
+// A data file's targets that PyTorch's loss would refuse at its first step
+// (out of range, float or int32 for cross_entropy, [N, 1] against [N, C]
+// outputs, which were squeezed silently) are refused when the last stage is
+// placed, naming the key, the file and the first bad sample.
+TEST(StageTargets, BadTargetsAreNamedWhenTheJobIsPlaced) {
+  const std::string dir = ::testing::TempDir() + "/stage-targets";
+  std::filesystem::create_directories(dir);
+  StageOptions options;
+  InProcFabric fabric;
+  options.transports = &fabric;
+  options.data_roots = {dir};
+  auto stage = Stage::Create(options);
+  ASSERT_TRUE(stage.ok()) << stage.status();
+  const at::Tensor x = at::rand({6, 4});
+  struct Case {
+    at::Tensor targets;
+    std::string loss, error;
+  };
+  const std::vector<Case> cases = {
+      {at::tensor({0, 1, 2, 3, 1, 0}, at::kLong), "cross_entropy", "sample 3 has the target 3, outside the model's 3 classes [0, 3)"},
+      {at::tensor({0, 1, -1, 0, 1, 2}, at::kLong), "nll", "sample 2 has the target -1"},
+      {at::zeros({6}, at::kFloat), "cross_entropy", "its targets are Float, and cross_entropy takes class indices, int64"},
+      {at::zeros({6}, at::kInt), "cross_entropy", "its targets are Int, and cross_entropy takes int64 class indices"},
+      {at::zeros({6, 1}, at::kLong), "cross_entropy", "each target has shape [1], and the model's output of shape [3]"},
+      {at::tensor({0, 1, 2, 0, 1, 2}, at::kLong), "cross_entropy", ""},
+      {at::zeros({6, 3}, at::kFloat), "mse", ""}};
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string path = dir + "/data" + std::to_string(n++) + ".pt";
+    ASSERT_TRUE(WriteStateDict(path, {{"inputs", x}, {"targets", c.targets}}).ok());
+    auto spec = ParseJobYaml("model: {name: mlp, input_dim: 4, hidden: [8], num_classes: 3}\n"
+                             "data: {format: tensors, train: " + path + "}\nbatch_size: 2\nloss: " + c.loss + "\n");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    v1::StageAssignment a;
+    a.set_job_id("job-" + std::to_string(n));
+    *a.mutable_spec() = *spec;
+    a.set_stage_index(0);
+    a.set_num_stages(1);
+    a.set_num_chunks(1);
+    v1::ChunkAssignment* chunk = a.add_chunks();
+    chunk->set_layer_begin(0);
+    chunk->set_layer_end(NumLayers(spec->model()));
+    chunk->add_input_sample_shape(4);
+    auto reply = (*stage)->Configure(a);
+    if (c.error.empty()) {
+      EXPECT_TRUE(reply.ok()) << path << ": " << reply.status();
+    } else {
+      EXPECT_TRUE(absl::IsInvalidArgument(reply.status())) << path << ": " << reply.status();
+      EXPECT_THAT(std::string(reply.status().message()), HasSubstr("data.train: " + path + ": " + c.error));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(StageTest, ConfigureNamesAMissingDatasetPath) {
