@@ -79,6 +79,18 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     all_cores.reset();
     if (UsesChannelsLast(spec, *device)) ToChannelsLast(*model);
     if (device->is_cuda()) SetCudnnBenchmark(spec.cudnn_benchmark());
+    if (spec.data().kind() == v1::DATA_TENSORS && data->train_size() > 0) {
+      // A data file's class targets against the model's output, as the last
+      // stage checks them when it is placed: one sample through the model.
+      at::NoGradGuard no_grad;
+      model->Train(false);
+      const at::Tensor out = [&] {
+        ForwardPrecision precision(spec, *device);
+        return ValueOrThrow(model->ForwardOne(ToModel(spec, data->SampleOf(true).unsqueeze(0), *device)));
+      }();
+      model->Train(true);
+      CONVEYOR_RETURN_IF_ERROR(data->CheckTargets(std::vector<int64_t>(out.sizes().begin() + 1, out.sizes().end())));
+    }
     std::vector<at::Tensor> trainable;
     NamedTensors named;
     for (const auto& [name, p] : model->NamedParameters()) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <future>
 
+#include "cli/reference.h"
 #include "model/state_dict.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
@@ -119,7 +120,8 @@ TEST_F(StageTest, ConfigureRefusesCheckpointsWithoutACheckpointDir) {
 // A data file's targets that PyTorch's loss would refuse at its first step
 // (out of range, float or int32 for cross_entropy, [N, 1] against [N, C]
 // outputs, which were squeezed silently) are refused when the last stage is
-// placed, naming the key, the file and the first bad sample.
+// placed, and by the reference before it trains, naming the key, the file and
+// the first bad sample.
 TEST(StageTargets, BadTargetsAreNamedWhenTheJobIsPlaced) {
   const std::string dir = ::testing::TempDir() + "/stage-targets";
   std::filesystem::create_directories(dir);
@@ -160,11 +162,16 @@ TEST(StageTargets, BadTargetsAreNamedWhenTheJobIsPlaced) {
     chunk->set_layer_end(NumLayers(spec->model()));
     chunk->add_input_sample_shape(4);
     auto reply = (*stage)->Configure(a);
+    // The reference checks them alike, before it trains.
+    auto ref = cli::TrainReference(*spec, cli::ReferenceOptions());
     if (c.error.empty()) {
       EXPECT_TRUE(reply.ok()) << path << ": " << reply.status();
+      EXPECT_TRUE(ref.ok()) << path << ": " << ref.status();
     } else {
       EXPECT_TRUE(absl::IsInvalidArgument(reply.status())) << path << ": " << reply.status();
       EXPECT_THAT(std::string(reply.status().message()), HasSubstr("data.train: " + path + ": " + c.error));
+      EXPECT_TRUE(absl::IsInvalidArgument(ref.status())) << path << ": " << ref.status();
+      EXPECT_THAT(std::string(ref.status().message()), HasSubstr("data.train: " + path + ": " + c.error));
     }
   }
   std::filesystem::remove_all(dir);
