@@ -109,6 +109,11 @@ FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", 
 OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
 
 
+def clocks_disagree(ratio):
+    """Whether a row's outside clock (outside / inside, as a ratio) differs from its own by more than allowed."""
+    return abs(float(ratio) - 1) > OUTSIDE_TOLERANCE
+
+
 # ---------------------------------------------------------------- the plan
 
 def plan(args):
@@ -329,7 +334,7 @@ def outside_check(args, workload, v, first):
     out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
            "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
                                       for n, ws in sorted(walls.items()))}
-    if abs(ratio - 1) > OUTSIDE_TOLERANCE:
+    if clocks_disagree(ratio):
         out["note"] = "CLOCKS DISAGREE: outside %.1f ms/step (runs of %d and %d steps)" % (outside_ms, args.steps, more)
     return out
 
@@ -435,7 +440,7 @@ def table(rows, workload):
         outside = r.get("outside_ms_per_step") or ""
         if outside:  # the row's figure checked from outside (two run lengths)
             outside = "%.1f (%s)" % (float(outside), x(r["outside_ratio"]))
-            if abs(float(r["outside_ratio"]) - 1) > OUTSIDE_TOLERANCE:
+            if clocks_disagree(r["outside_ratio"]):
                 outside = "**%s**" % outside
         lines.append("| %s | %.1f | %.0f | %s | %s | %s | %s |" % (
             r["variant"], float(r["ms_per_step"]), float(r["throughput"]), x(r["vs_pytorch_1gpu"]),

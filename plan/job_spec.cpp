@@ -335,6 +335,17 @@ std::vector<std::string> DefaultDataRoots() {
 namespace {
 // cuda_graphs: true in the job.
 bool GraphsAsked(const v1::JobSpec& spec) { return spec.has_cuda_graphs() && spec.cuda_graphs(); }
+
+// Why CUDA graphs cannot work for this job on any device, or "": what
+// ValidateJobSpec refuses `true` for and `auto` turns them off for.
+std::string GraphsCannotWork(const v1::JobSpec& spec) {
+  if (spec.recompute() || spec.recompute_stages_size() > 0)
+    return "cannot be combined with recompute (a graph replays the forward that backward reads)";
+  if (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED)
+    return "not with mixed precision yet (autocast's casts are not recorded)";
+  if (spec.loss_scale().dynamic()) return "not with loss scaling (a captured graph would keep its first step's scale)";
+  return "";
+}
 }  // namespace
 
 GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
@@ -342,10 +353,7 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
   auto off = [](std::string why) { return GraphsChoice{false, "cuda_graphs (auto) off: " + std::move(why)}; };
   if (spec.model().kind() == v1::MODEL_TORCHSCRIPT)
     return off("a TorchScript model may not be capturable (set cuda_graphs: true to try)");
-  if (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED)
-    return off("mixed precision (autocast's casts are not recorded)");
-  if (spec.loss_scale().dynamic()) return off("loss scaling (a graph would keep its first step's scale)");
-  if (spec.recompute() || spec.recompute_stages_size() > 0) return off("recompute");
+  if (std::string why = GraphsCannotWork(spec); !why.empty()) return off(why);
   if (reference) return {true, ""};
   if (Replicas(spec) > 1) return off("replicas all-reduce gradients from hooks inside backward, which a graph would hold");
   if (spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE) return off("the zero-bubble schedule splits backward in two passes");
@@ -452,13 +460,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   } else if (spec.virtual_stages() != 1) {
     return Invalid("virtual_stages: only the interleaved schedule hosts several chunks per stage");
   }
-  if (GraphsAsked(spec) && (spec.recompute() || spec.recompute_stages_size() > 0))
-    return Invalid("cuda_graphs: cannot be combined with recompute (a graph replays the forward that backward reads)");
-  if (GraphsAsked(spec) &&
-      (spec.precision() == v1::PRECISION_BF16_MIXED || spec.precision() == v1::PRECISION_FP16_MIXED))
-    return Invalid("cuda_graphs: not with mixed precision yet (autocast's casts are not recorded)");
-  if (GraphsAsked(spec) && spec.loss_scale().dynamic())
-    return Invalid("cuda_graphs: not with loss scaling (a captured graph would keep its first step's scale)");
+  if (GraphsAsked(spec)) {
+    if (std::string why = GraphsCannotWork(spec); !why.empty()) return Invalid("cuda_graphs: " + why);
+  }
   for (const auto& g : spec.inject_inf_gradients())
     if (g.stage() >= spec.partition().stages())
       return Invalid("inject_inf_gradients: stage " + std::to_string(g.stage()) + " is not one of the job's stages");

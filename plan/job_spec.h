@@ -118,15 +118,6 @@ inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_ste
 // (bucket_cap_mb; 0: DDP's 25).
 inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb() > 0 ? spec.bucket_cap_mb() : 25.0; }
 
-// The thread blocks each NCCL communicator of a link gets: the job's
-// nccl_ctas, except that NCCL's own choice (0) becomes kDefaultNcclCtas under
-// cuda_graphs. A link runs two communicators at once (one each way) and
-// NCCL's kernels wait on the device for their peers; with NCCL's own count
-// beside graph replays, W1 over two H100s deadlocked at every step (each
-// stage's receive waiting for a send the other GPU never ran), with 2 CTAs it
-// trained (bench/RESULTS.md, "Two H100s", 2026-11-25).
-inline int NcclCtas(const v1::JobSpec& spec);
-
 // Whether CUDA devices replay the job's passes as CUDA graphs (cuda_graphs),
 // and why not where they don't. Given in the job: as given (ValidateJobSpec
 // refused `true` where graphs cannot work). Left out (`auto`): on for the
@@ -146,6 +137,13 @@ struct GraphsChoice {
 };
 GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference);
 
+// The thread blocks each NCCL communicator of a link gets: the job's
+// nccl_ctas, except that NCCL's own choice (0) becomes kDefaultNcclCtas under
+// cuda_graphs. A link runs two communicators at once (one each way) and
+// NCCL's kernels wait on the device for their peers; with NCCL's own count
+// beside graph replays, W1 over two H100s deadlocked at every step (each
+// stage's receive waiting for a send the other GPU never ran), with 2 CTAs it
+// trained (bench/RESULTS.md, "Two H100s", 2026-11-25).
 inline int NcclCtas(const v1::JobSpec& spec) {
   return spec.nccl_ctas() == 0 && CudaGraphsFor(spec, false).on ? kDefaultNcclCtas : spec.nccl_ctas();
 }
