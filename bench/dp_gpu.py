@@ -9,10 +9,14 @@ and each against one GPU of its own kind:
   pytorch-ddp-R          torch.nn.parallel.DistributedDataParallel, R processes, NCCL, batch / R each
   conveyor-1dev          `conveyor train --reference` on one GPU
   conveyor-Rx1           `conveyor local` with replicas: R, one stage each on its own GPU; the gradients
-                         are all-reduced by c10d's Gloo group (the build needs gloo's headers:
-                         -DCONVEYOR_GLOO_INCLUDE_DIR with the PyTorch wheel)
+                         summed by NCCL on the devices (collectives: auto chooses it there)
+  conveyor-Rx1-gloo      the same with collectives: gloo, c10d's Gloo group through host memory (what
+                         replicas used before NCCL). Replicas need gloo's headers to build against the
+                         PyTorch wheel (-DCONVEYOR_GLOO_INCLUDE_DIR): the NCCL group's id travels through
+                         the Gloo group's store
 
 usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
+                                             [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-gloo]
 """
 import argparse
 import csv
@@ -72,18 +76,18 @@ def run_torch_single(batch, steps):
     return r["ms_per_iter"]
 
 
-def job_text(batch, steps, replicas):
+def job_text(batch, steps, replicas, collectives="auto"):
     base = open(os.path.join(os.path.dirname(HERE), "examples", "resnet50-w1.yaml")).read()
     lines = [l for l in base.splitlines() if not l.startswith(("batch_size:", "steps:", "partition:", "replicas:",
                                                                "micro_batches:", "epochs:", "split_size:", "data:"))]
     lines += ["data: {name: synthetic, train_samples: %d, test_samples: 0}" % batch, "batch_size: %d" % batch, "steps: %d" % (steps + WARMUP), "partition: {stages: 1}",
-              "replicas: %d" % replicas, "micro_batches: 1"]
+              "replicas: %d" % replicas, "micro_batches: 1", "collectives: %s" % collectives]
     return "\n".join(lines) + "\n"
 
 
-def run_conveyor(args, replicas):
+def run_conveyor(args, replicas, collectives="auto"):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(args.batch, args.steps, max(1, replicas)))
+        f.write(job_text(args.batch, args.steps, max(1, replicas), collectives))
         path = f.name
     exe = os.path.join(args.bin, "conveyor")
     if replicas == 0:
@@ -106,14 +110,20 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", default="dp-gpu")
+    ap.add_argument("--variants", default="pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-gloo",
+                    help="comma-separated subset (rx1: R replicas of one stage)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     r = args.replicas
     rows = []
-    for name, fn in (("pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
-                     ("pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
-                     ("conveyor-1dev", lambda: run_conveyor(args, 0)),
-                     ("conveyor-%dx1" % r, lambda: run_conveyor(args, r))):
+    chosen = set(v.strip() for v in args.variants.split(","))
+    for key, name, fn in (("pytorch-1gpu-cl", "pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
+                          ("pytorch-ddp", "pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
+                          ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
+                          ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),
+                          ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
+        if key not in chosen:
+            continue
         try:
             ms = fn()
         except Exception as e:  # one variant failing leaves the others' figures
@@ -122,7 +132,8 @@ def main(argv=None):
         rows.append({"variant": name, "ms_per_step": round(ms, 2) if ms else "",
                      "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else ""})
         print("%-18s %s" % (name, "%.2f ms" % ms if ms else "failed"), flush=True)
-    single = {"pytorch": rows[0]["ms_per_step"], "conveyor": rows[2]["ms_per_step"]}
+    by_name = {row["variant"]: row["ms_per_step"] for row in rows}
+    single = {"pytorch": by_name.get("pytorch-1gpu-cl"), "conveyor": by_name.get("conveyor-1dev")}
     print("\nW1, global batch %d over %d GPUs, %d steps after %d warm-up" % (args.batch, r, args.steps, WARMUP))
     print("| variant | ms / step | images / s | speed-up over one GPU of its kind |")
     print("| --- | ---: | ---: | ---: |")

@@ -158,6 +158,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
                       {"layers", {st.layer_begin(), st.layer_end()}},
                       {"device", st.device()},
                       {"transport", LinkName(st.transport())},
+                      {"collectives", CollectiveName(st.collectives())},
                       {"num_parameters", st.num_parameters()},
                       {"peak_activations", st.peak_activations()},
                       {"peak_activation_bytes", st.peak_activation_bytes()},
@@ -223,6 +224,8 @@ std::string Summary(const v1::JobStatus& s) {
         << "% (schedule's bubble " << 100 * s.theoretical_idle_fraction() << "%), peak "
         << Plural(st.peak_activations(), "micro-batch") << " held (" << FormatBytes(st.peak_activation_bytes()) << ")";
     if (st.transport() != v1::LINK_NONE) out << ", " << LinkName(st.transport()) << " to next";
+    if (st.collectives() != v1::COLLECTIVES_UNSPECIFIED)
+      out << ", gradients summed by " << CollectiveName(st.collectives());
     if (st.graphed_steps() > 0) out << ", " << Plural(st.graphed_steps(), "step") << " as CUDA graphs";
     out << "\n";
     if (st.parameter_bytes() > 0) {

@@ -156,6 +156,33 @@ StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const 
   return upstream;
 }
 
+StatusOr<std::vector<v1::CollectiveKind>> PlanCollectives(const v1::JobSpec& spec, std::vector<v1::StageInfo> infos,
+                                                          const std::vector<std::string>& addresses, int p) {
+  const v1::CollectiveKind want =
+      spec.collectives() == v1::COLLECTIVES_UNSPECIFIED ? v1::COLLECTIVES_AUTO : spec.collectives();
+  std::vector<v1::CollectiveKind> kinds(static_cast<std::size_t>(p), v1::COLLECTIVES_GLOO);
+  if (want == v1::COLLECTIVES_GLOO) return kinds;
+  const int n = static_cast<int>(std::min(infos.size(), addresses.size()));
+  for (int s = 0; s < p; ++s) {
+    std::string why;
+    for (int a = s; a < n && why.empty(); a += p) {
+      for (int b = a + p; b < n && why.empty(); b += p) {
+        infos[a].set_stage_index(s);
+        infos[b].set_stage_index(s);
+        why = WhyNotNccl(infos[a], addresses[a], infos[b], addresses[b]);
+        if (!why.empty()) why = "replicas " + std::to_string(a / p) + " and " + std::to_string(b / p) + ": " + why;
+      }
+    }
+    if (why.empty()) {
+      kinds[static_cast<std::size_t>(s)] = v1::COLLECTIVES_NCCL;
+    } else if (want == v1::COLLECTIVES_NCCL) {
+      return absl::FailedPreconditionError("collectives nccl: the copies of stage " + std::to_string(s) +
+                                           " cannot sum their gradients with NCCL (" + why + ")");
+    }
+  }
+  return kinds;
+}
+
 std::string WhyNotNccl(const v1::StageInfo& a, const std::string& address_a, const v1::StageInfo& b,
                        const std::string& address_b) {
   for (const v1::StageInfo* e : {&a, &b}) {

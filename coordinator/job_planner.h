@@ -39,6 +39,14 @@ StatusOr<std::vector<v1::StageInfo>> InfoAll(const std::vector<StageClient*>& st
 StatusOr<std::vector<v1::LinkSetup>> PlanLinks(const std::string& job_id, const v1::JobSpec& spec,
                                                const std::vector<StageClient*>& stages, bool ring);
 
+// replicas: what the copies of each stage sum their gradients with, from
+// spec.collectives and the servers: `infos` and `addresses` hold replica k's
+// stage s at k * p + s. NCCL where every pair of a stage's copies could be
+// linked by NCCL (WhyNotNccl), else Gloo; FAILED_PRECONDITION naming the
+// stage for collectives: nccl where they cannot. One kind per stage index.
+StatusOr<std::vector<v1::CollectiveKind>> PlanCollectives(const v1::JobSpec& spec, std::vector<v1::StageInfo> infos,
+                                                          const std::vector<std::string>& addresses, int p);
+
 // Why the link between stages `a` and `b` (their infos and addresses) cannot
 // use NCCL, or "" when it can: both must be CUDA devices of servers built
 // with NCCL, on different GPUs. Two stages are on one GPU when their GPU

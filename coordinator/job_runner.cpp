@@ -94,9 +94,14 @@ Status JobRunner::Setup() {
     }
   }
   if (r > 1) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll(stages_, spec_.stage_timeout_s()));
+    std::vector<std::string> addresses;
+    for (StageClient* stage : stages_) addresses.push_back(stage->address());
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::CollectiveKind> kinds, PlanCollectives(spec_, infos, addresses, p));
     for (std::size_t i = 0; i < assignments_.size(); ++i) {
       assignments_[i].set_num_replicas(r);
       assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
+      assignments_[i].set_replica_collectives(kinds[i % static_cast<std::size_t>(p)]);
     }
   }
   return absl::OkStatus();
@@ -165,6 +170,7 @@ Status JobRunner::ConfigureAll() {
     r->set_layer_end(a.chunks(0).layer_end());
     r->set_device(reply->device());
     r->set_num_parameters(reply->num_parameters());
+    r->set_collectives(a.replica_collectives());
   }
   for (int k = 0; k * p < n; ++k) {
     CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::LinkSetup> links,

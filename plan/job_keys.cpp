@@ -568,6 +568,16 @@ std::vector<JobKey> MakeTable() {
       .Range(0.001, 1e6)
       .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
       .Get([](const S& s) { return BucketCapMb(s); });
+  add("collectives", kChoice,
+      "replicas: how the copies of each stage sum their gradients: `auto` (NCCL on the devices where every copy of "
+      "the stage is on a GPU of its own in a stage server built with NCCL, else Gloo), `nccl` (a stage whose copies "
+      "cannot use NCCL fails the job with FAILED_PRECONDITION naming it) or `gloo` (c10d's Gloo group, through host "
+      "memory). `conveyor status --json` names each stage's (see [parallelism.md](parallelism.md))")
+      .Choices(Names<v1::CollectiveKind>(
+          {{"auto", v1::COLLECTIVES_AUTO}, {"nccl", v1::COLLECTIVES_NCCL}, {"gloo", v1::COLLECTIVES_GLOO}}))
+      .Expect("auto, nccl or gloo")
+      .Default("auto")
+      .Set([](const V& v, S* s) { s->set_collectives(static_cast<v1::CollectiveKind>(v.integer)); });
   add("micro_batches", kInt, "micro-batches per step (near-equal sizes, as `torch.tensor_split`)")
       .DefaultDoc("1")
       .Range(1, 1000000)

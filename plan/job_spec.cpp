@@ -526,6 +526,14 @@ std::string LinkName(v1::LinkKind kind) {
   }
 }
 
+std::string CollectiveName(v1::CollectiveKind kind) {
+  switch (kind) {
+    case v1::COLLECTIVES_GLOO: return "gloo";
+    case v1::COLLECTIVES_NCCL: return "nccl";
+    default: return "";
+  }
+}
+
 std::string ModelName(v1::ModelKind kind) {
   if (kind == v1::MODEL_TORCHSCRIPT) return "torchscript";
   for (const auto& [n, k] : KeyChoices("model.name"))

@@ -86,6 +86,8 @@ Status ValidateJobSpec(const v1::JobSpec& spec);
 std::string ScheduleName(v1::ScheduleKind kind);
 // "grpc", "nccl", "inproc"; "" for none.
 std::string LinkName(v1::LinkKind kind);
+// "nccl", "gloo"; "" for none (one replica).
+std::string CollectiveName(v1::CollectiveKind kind);
 std::string ModelName(v1::ModelKind kind);
 std::string JobStateName(v1::JobState state);
 // Succeeded, failed or cancelled: the job will not change again.

@@ -19,6 +19,11 @@
 #   scripts/two-gpus.sh quickstart  the Quick start job over the two GPUs, with its last step's timeline
 #   scripts/two-gpus.sh sendrecv    PyTorch's NCCL send/recv at 1 MB and 64 MB, as transport_bench measures
 #   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
+#   (issue 32, "Replicas at GPU speed")
+#   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
+#                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
+#   scripts/two-gpus.sh overhead    W1 on one stage server at batch 120 against the reference, and 2 x 1 at 240:
+#                                   each one's timeline and the stage's profile of step 8
 #
 # Several parts may follow each other in one call (scripts/two-gpus.sh build tests transport).
 # Results (CSV, logs, timelines) go to $OUT (default ./gpu-out); bench/RESULTS.md has what they gave.
@@ -89,6 +94,32 @@ for part in "$@"; do
         --only 'pytorch-1gpu,conveyor-1dev,conveyor-1dev-eager' | grep -A6 '^| variant'
       timeout 200 python3 bench/bench.py w1 --bin "$bin" --steps 10 --timeout 90 --out "$out/clocks" \
         --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
-    *) sed -n '2,26p' "$0" >&2; exit 2 ;;
+    replicas)
+      timeout 150 "$bin/stage_server_test" --gtest_filter='*Nccl*:ReplicaGroup.*:GradientReducer.*' \
+        > "$out/replicas-unit.log" 2>&1
+      echo "stage_server_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-unit.log" | tr '\n' ' ')"
+      timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*' > "$out/replicas-gpu.log" 2>&1
+      echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
+      for b in 240 480; do
+        timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 20 --out "$out/dp-w1-b$b" | grep '^|'
+      done ;;
+    overhead)
+      mkdir -p "$out/overhead"
+      for v in "ref 120 1" "stage 120 1" "replicas 240 2"; do
+        set -- $v
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import dp_gpu; print(dp_gpu.job_text($2, 12, $3) + 'profile_step: 8\n')" \
+          > "$out/overhead/$1.yaml"
+        if [ "$1" = ref ]; then
+          timeout 120 "$bin/conveyor" train "$out/overhead/$1.yaml" --reference --device cuda:0 --json \
+            --profile-dir "$out/overhead" > "$out/overhead/$1.json" 2> "$out/overhead/$1.log"
+        else
+          timeout 150 "$bin/conveyor" local "$out/overhead/$1.yaml" --stages "$3" --json --trace "$out/overhead/$1-timeline" \
+            --profile-dir "$out/overhead" > "$out/overhead/$1.json" 2> "$out/overhead/$1.log"
+        fi
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'ms/step', round(1000*$2/j['steady_samples_per_second'],2), [(s.get('replica'), round(s.get('busy_fraction',0),3)) for s in j.get('stages',[])])" \
+          "$out/overhead/$1.json" "$1" 2>&1 | tail -1
+      done
+      tar -czf "$out/overhead.tgz" -C "$out" overhead && rm -rf "$out/overhead" && ls -la "$out/overhead.tgz" ;;
+    *) sed -n '2,32p' "$0" >&2; exit 2 ;;
   esac
 done

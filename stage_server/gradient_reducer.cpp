@@ -110,13 +110,10 @@ Status GradientReducer::Finish() {
   StartReady();
   Status st = error_;
   lock.unlock();
-  spans_.clear();
-  for (std::size_t k = 0; k < buckets_.size(); ++k) {
-    Bucket& b = buckets_[k];
+  for (Bucket& b : buckets_) {
     if (!b.work) continue;
     Status waited = b.work->Wait();
     if (st.ok()) st = waited;
-    spans_.push_back({static_cast<int>(k), b.work->start_us(), b.work->end_us()});
   }
   if (st.ok()) {
     for (const Bucket& b : buckets_) {
@@ -130,6 +127,12 @@ Status GradientReducer::Finish() {
         }
       }
     }
+  }
+  // Sums on the device: the copies above wait for them there, the host here.
+  if (st.ok()) st = group_->Confirm();
+  spans_.clear();
+  for (std::size_t k = 0; k < buckets_.size(); ++k) {
+    if (buckets_[k].work) spans_.push_back({static_cast<int>(k), buckets_[k].work->start_us(), buckets_[k].work->end_us()});
   }
   Reset();
   return st;

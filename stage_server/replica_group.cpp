@@ -13,6 +13,8 @@
 #endif
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -21,6 +23,9 @@
 #include <functional>
 #include <map>
 #include <utility>
+
+#include "transport/nccl/nccl_channel.h"
+#include "transport/nccl/nccl_group.h"
 
 namespace conveyor {
 
@@ -56,7 +61,11 @@ StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Serve(std::chrono::millise
 }
 
 struct ReplicaGroup::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  std::unique_ptr<NcclGroup> nccl;  // options.nccl: CUDA tensors
+  // The end times of the device collectives that Confirm has not seen done.
+  std::vector<std::shared_ptr<std::atomic<int64_t>>> pending_ends;
 };
 
 namespace {
@@ -125,10 +134,41 @@ Status ReplicaGroup::Join() {
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.host));
     auto impl = std::make_unique<Impl>();
     impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(tcp, options_.rank, options_.size, gloo_options);
+    impl->store = tcp;
     impl_ = std::move(impl);
   } catch (const std::exception& e) {
     return Failure("joining the group", e);
   }
+  if (options_.nccl) {
+    Status joined = JoinNccl();
+    if (!joined.ok()) {
+      impl_.reset();
+      return joined;
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status ReplicaGroup::JoinNccl() {
+  // Replica 0 makes the communicator's id and leaves it in the store; each
+  // join of this group object takes a key of its own.
+  const std::string key = "conveyor/nccl/" + std::to_string(nccl_joins_++);
+  std::string id;
+  try {
+    if (options_.rank == 0) {
+      CONVEYOR_ASSIGN_OR_RETURN(id, NewNcclUniqueId());
+      impl_->store->set(key, std::vector<uint8_t>(id.begin(), id.end()));
+    } else {
+      const std::vector<uint8_t> bytes = impl_->store->get(key);
+      id.assign(bytes.begin(), bytes.end());
+    }
+  } catch (const std::exception& e) {
+    return Failure("sharing the NCCL group's id", e);
+  }
+  auto nccl = NcclGroup::Join(id, options_.rank, options_.size, options_.device, options_.timeout,
+                              options_.who + " (NCCL over " + std::to_string(options_.size) + " replicas)");
+  if (!nccl.ok()) return nccl.status();
+  impl_->nccl = std::move(*nccl);
   return absl::OkStatus();
 }
 
@@ -166,10 +206,53 @@ class GlooWork : public ReplicaGroup::Work {
   std::shared_ptr<std::atomic<int64_t>> end_us_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
+// A sum on the device (NCCL): Wait makes the caller's stream wait for it;
+// its end is when ReplicaGroup::Confirm saw it done.
+class DeviceWork : public ReplicaGroup::Work {
+ public:
+  DeviceWork(c10::Event done, std::shared_ptr<std::atomic<int64_t>> end_us)
+      : done_(std::move(done)), start_us_(NowUs()), end_us_(std::move(end_us)) {}
+  Status Wait() override {
+    const c10::Device device(c10::DeviceType::CUDA, done_.device_index());
+    done_.block(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(device));
+    return absl::OkStatus();
+  }
+  int64_t start_us() const override { return start_us_; }
+  int64_t end_us() const override { return end_us_->load(); }
+
+ private:
+  c10::Event done_;
+  int64_t start_us_;
+  std::shared_ptr<std::atomic<int64_t>> end_us_;
+};
+
 }  // namespace
+
+Status ReplicaGroup::Confirm() {
+  if (!impl_ || !impl_->nccl) return absl::OkStatus();
+  Status st = impl_->nccl->Synchronize(options_.interrupted);
+  if (!st.ok()) {
+    impl_.reset();  // the next collective joins anew
+    return st;
+  }
+  const int64_t now = NowUs();
+  for (auto& end : impl_->pending_ends) end->store(now);
+  impl_->pending_ends.clear();
+  return absl::OkStatus();
+}
 
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor flat) {
   CONVEYOR_RETURN_IF_ERROR(Join());
+  if (impl_->nccl && flat.is_cuda()) {
+    auto done = impl_->nccl->AllReduce(std::move(flat));
+    if (!done.ok()) {
+      impl_.reset();
+      return done.status();
+    }
+    auto end = std::make_shared<std::atomic<int64_t>>(0);
+    impl_->pending_ends.push_back(end);
+    return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
+  }
   try {
     std::vector<at::Tensor> one{std::move(flat)};
     C10dWork work = impl_->group->allreduce(one);
@@ -182,13 +265,14 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
 
 Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
   try {
-    return OnFlatBuffers(grads, [&](const at::Tensor& flat) -> Status {
+    CONVEYOR_RETURN_IF_ERROR(OnFlatBuffers(grads, [&](const at::Tensor& flat) -> Status {
       CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, StartAllReduce(flat));
       return work->Wait();
-    });
+    }));
   } catch (const std::exception& e) {  // flattening or copying back
     return Failure("all-reduce", e);
   }
+  return Confirm();
 }
 
 Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
@@ -196,14 +280,19 @@ Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
   try {
     c10d::BroadcastOptions o;
     o.rootRank = 0;
-    return OnFlatBuffers(tensors, [&](const at::Tensor& flat) {
+    CONVEYOR_RETURN_IF_ERROR(OnFlatBuffers(tensors, [&](const at::Tensor& flat) -> Status {
+      if (impl_->nccl && flat.is_cuda()) {  // on the device; the copies back wait for it there
+        CONVEYOR_ASSIGN_OR_RETURN(c10::Event done, impl_->nccl->Broadcast(flat, 0));
+        return DeviceWork(std::move(done), std::make_shared<std::atomic<int64_t>>(0)).Wait();
+      }
       std::vector<at::Tensor> one{flat};
       impl_->group->broadcast(one, o)->wait(options_.timeout);
       return absl::OkStatus();
-    });
+    }));
   } catch (const std::exception& e) {
     return Failure("broadcast", e);
   }
+  return Confirm();
 }
 
 Status ReplicaGroup::BroadcastBytes(std::string* bytes) {
@@ -247,6 +336,8 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
 Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
 Status ReplicaGroup::BroadcastBytes(std::string*) { return NoGloo(options_.who); }
 Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }
+Status ReplicaGroup::Confirm() { return absl::OkStatus(); }
+Status ReplicaGroup::JoinNccl() { return NoGloo(options_.who); }
 
 #endif
 

@@ -1,6 +1,9 @@
 // The copies of one stage across a job's replicas (docs/parallelism.md): a
 // c10d process group (ProcessGroupGloo, PyTorch DDP's CPU engine) that
-// averages their gradients before the optimizer step.
+// averages their gradients before the optimizer step, and, where the
+// coordinator chose NCCL for the stage (GPUs of their own), an NcclGroup
+// that sums CUDA tensors on the devices instead (Gloo then carries only the
+// bytes of checkpoints).
 //
 // Replica 0's stage serves the group's store (c10d's TCPStore) from
 // Configure on; every member joins the group at its first all-reduce, which
@@ -11,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +45,13 @@ class ReplicaGroup {
     int size = 1;       // replicas
     std::chrono::milliseconds timeout{10000};  // joining, and each collective
     std::string who;    // "stage 1 of replica 0", for errors
+    // Sum CUDA tensors with NCCL (every member on a GPU of its own) on
+    // `device`, the stage's.
+    bool nccl = false;
+    at::Device device{at::kCPU};
+    // Polled while the host waits for NCCL (Confirm): not OK ends the wait
+    // with its status (the step was aborted). Any thread's; may be empty.
+    std::function<Status()> interrupted;
   };
   // Only records the options: the group is joined at the first collective
   // (or Join).
@@ -56,7 +67,8 @@ class ReplicaGroup {
   Status Join();
 
   // Sums `grads` (undefined ones count as zeros and come back defined) over
-  // the group, in place, as one flat buffer per dtype and device.
+  // the group, in place, as one flat buffer per dtype and device; on the
+  // host's return the sums are there (Confirm included).
   // DEADLINE_EXCEEDED or UNAVAILABLE naming the group when a member does not
   // take part within the timeout (a dead peer ends in an error, not a hang).
   Status AllReduce(std::vector<at::Tensor>& grads);
@@ -66,8 +78,10 @@ class ReplicaGroup {
   class Work {
    public:
     virtual ~Work() = default;
-    // Until the sum is in place, at most the group's timeout; the errors of
-    // AllReduce.
+    // Until the sum is in place for the caller, at most the group's timeout;
+    // the errors of AllReduce. On the host (Gloo), or, for a sum on the
+    // device (NCCL), by making the calling thread's current CUDA stream wait
+    // for it: the host returns at once, and Confirm says whether it worked.
     virtual Status Wait() = 0;
     // Host times, microseconds since the epoch: started, and done (0 until
     // it is).
@@ -78,6 +92,13 @@ class ReplicaGroup {
   // must start the same all-reduces in the same order (c10d matches them by
   // their sequence). Joins first if it has not.
   StatusOr<std::unique_ptr<Work>> StartAllReduce(at::Tensor flat);
+  // Waits on the host until every collective on the device is done (a Work's
+  // end time is then known): call after the work that uses their results is
+  // enqueued and before those results leave the device. The errors of
+  // AllReduce. OK at once where nothing runs on the device.
+  Status Confirm();
+  // Whether CUDA tensors are summed on the device (NCCL).
+  bool on_device() const { return options_.nccl; }
 
   // Replica 0's `tensors` to every member, in place (same shapes and dtypes
   // everywhere).
@@ -90,7 +111,10 @@ class ReplicaGroup {
   // The status of a collective that threw `e`; forgets the group, so the
   // next collective joins anew.
   Status Failure(const std::string& what, const std::exception& e);
+  // Joins the NCCL group (options_.nccl), its id shared through the store.
+  Status JoinNccl();
   Options options_;
+  int nccl_joins_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

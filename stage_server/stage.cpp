@@ -1,6 +1,7 @@
 #include "stage_server/stage.h"
 
 #include "stage_server/stage_impl.h"
+#include "transport/nccl/nccl_channel.h"
 
 namespace conveyor {
 namespace {
@@ -458,6 +459,14 @@ Status Stage::Impl::JoinReplicas(Job& job) {
   o.timeout = timeout;
   o.who = who;
   o.host = a.replica_host().empty() ? "127.0.0.1" : a.replica_host();
+  if (a.replica_collectives() == v1::COLLECTIVES_NCCL) {
+    if (!device_.is_cuda() || !NcclBuilt())
+      return absl::FailedPreconditionError(who + ": collectives nccl, but this stage is on " + device_.str() +
+                                           (device_.is_cuda() ? " in a server built without NCCL" : ""));
+    o.nccl = true;
+    o.device = device_;
+    o.interrupted = [this] { return inbox_.failure(); };
+  }
   if (a.replica() == 0) {  // serves its group's store; joins it on its own host
     auto store = ReplicaStore::Serve(timeout);
     if (!store.ok()) return Annotate(store.status(), who);

@@ -217,6 +217,11 @@ void Inbox::Fail(const Status& status) {
   cv_.notify_all();
 }
 
+Status Inbox::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
 std::size_t Inbox::held() const {
   std::lock_guard<std::mutex> lock(mu_);
   return frames_.size();

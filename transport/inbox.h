@@ -109,6 +109,8 @@ class Inbox {
 
   // Wakes every Take() with `status` until the next BeginStep().
   void Fail(const Status& status);
+  // What Fail() gave for the current step; OK when it was not failed.
+  Status failure() const;
 
   std::size_t held() const;
 

@@ -398,5 +398,110 @@ TEST_F(GpuTest, TwoReplicasOnOneGpuEqualTheGpuReference) {
     EXPECT_NEAR(run.losses(i), ref.status.losses(i), 1e-4 + 1e-4 * std::abs(ref.status.losses(i))) << "step " << i + 1;
 }
 
+// Data parallelism over two GPUs (issue 32): one stage server per GPU, two
+// replicas of a one-stage GPT, their gradients summed by NCCL on the devices
+// in several buckets (collectives auto takes NCCL: each copy has a GPU of
+// its own), equal the GPU reference on the whole batch, in fp32 and in
+// bf16-mixed (autocast rounds the two halves' activations as the whole
+// batch's: the same matmuls row by row, so a looser bound than fp32's only
+// for cuBLAS's choice of kernels by batch size). The coordinator checks that
+// both copies end bit for bit the same. Needs two GPUs.
+TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = {"cuda:0", "cuda:1"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const std::string precision : {"fp32", "bf16-mixed"}) {
+    const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\nmicro_batches: 2\n"
+                             "schedule: 1f1b\nbucket_cap_mb: 0.01\nprecision: " + precision + "\n";
+    const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
+    if (run.state() == v1::JOB_STATE_FAILED && run.error_code() == "UNIMPLEMENTED")
+      GTEST_SKIP() << "this build has no c10d Gloo group (the NCCL group's id travels through its store): "
+                   << run.error();
+    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+    ASSERT_EQ(run.stages_size(), 2);
+    for (const auto& stage : run.stages()) EXPECT_EQ(stage.collectives(), v1::COLLECTIVES_NCCL) << precision;
+    EXPECT_EQ(run.stages(1).device(), "cuda:1");
+    const cli::ReferenceResult ref = testing::Reference(yaml, "cuda:0");
+    const double rel = precision == "fp32" ? 1e-4 : 2e-2;
+    ASSERT_EQ(run.losses_size(), ref.status.losses_size());
+    for (int i = 0; i < run.losses_size(); ++i)
+      EXPECT_NEAR(run.losses(i), ref.status.losses(i), 1e-4 + rel * std::abs(ref.status.losses(i)))
+          << precision << " step " << i + 1;
+  }
+}
+
+// collectives: nccl where the copies of a stage share a GPU is refused before
+// the job starts, naming the stage; collectives: gloo on two GPUs is taken
+// as asked.
+TEST_F(GpuTest, NcclCollectivesOnOneGpuAreRefusedNamingTheStage) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = {"cuda:0", "cuda:0"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\n";
+  const v1::JobStatus refused = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml + "collectives: nccl\n");
+  ASSERT_EQ(refused.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(refused.error_code(), "FAILED_PRECONDITION") << refused.error();
+  EXPECT_THAT(refused.error(), ::testing::HasSubstr("the copies of stage 0 cannot sum their gradients with NCCL"));
+  const v1::JobStatus gloo = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
+  if (gloo.state() == v1::JOB_STATE_FAILED && gloo.error_code() == "UNIMPLEMENTED")
+    GTEST_SKIP() << "this build has no c10d Gloo group: " << gloo.error();
+  ASSERT_EQ(gloo.state(), v1::JOB_STATE_SUCCEEDED) << gloo.error();
+  EXPECT_EQ(gloo.stages(0).collectives(), v1::COLLECTIVES_GLOO);
+}
+
+// Recovery with NCCL collectives: replica 1's stage server on cuda:1 is
+// killed (SIGKILL) in the middle of a step while replica 0's waits for their
+// all-reduce; the coordinator aborts the step (the survivor's wait ends at
+// once, its communicator aborted), the server is restarted at its address,
+// and the job resumes from its last checkpoint over a new NCCL group to the
+// digest of the uninterrupted run (an MLP with AdamW: bit-reproducible).
+TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDigest) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = {"cuda:0", "cuda:1"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.restart_stages = true;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->coordinator_address();
+  const std::string yaml =
+      "model: {name: mlp, input_dim: 64, hidden: [256, 256, 128]}\npartition: {stages: 1}\nreplicas: 2\n"
+      "data: {name: synthetic, train_samples: 4096}\nbatch_size: 64\nmicro_batches: 2\n"
+      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\ncollectives: nccl\nbucket_cap_mb: 0.05\nseed: 3\n"
+      "steps: 120\ncheckpoint_every: 10\nstage_timeout: 10\nrecovery_timeout: 60\n";
+  const v1::JobStatus clean = testing::SubmitAndWait(address, yaml);
+  if (clean.state() == v1::JOB_STATE_FAILED && clean.error_code() == "UNIMPLEMENTED")
+    GTEST_SKIP() << "this build has no c10d Gloo group: " << clean.error();
+  ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  bool killed = false, recovered = false;
+  const v1::JobStatus run = testing::SubmitAndWait(address, yaml, [&](const v1::JobStatus& s) {
+    recovered |= s.state() == v1::JOB_STATE_RECOVERING;
+    if (!killed && s.state() == v1::JOB_STATE_RUNNING && s.step() >= 45) {
+      killed = true;
+      (*cluster)->Signal(1, SIGKILL);
+    }
+  });
+  ASSERT_TRUE(killed) << "the job ended before the kill";
+  EXPECT_TRUE(recovered);
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  EXPECT_EQ((*cluster)->stage_restarts(), 1);
+  EXPECT_EQ(run.stages(1).collectives(), v1::COLLECTIVES_NCCL);
+  EXPECT_EQ(run.param_digest(), clean.param_digest());
+  std::string events;
+  for (const auto& e : run.events()) events += e.text() + "\n";
+  std::printf("events of the recovered run:\n%s", events.c_str());
+}
+
 }  // namespace
 }  // namespace conveyor

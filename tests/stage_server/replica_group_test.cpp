@@ -2,12 +2,16 @@
 // sum in place, and a member that never comes is an error, not a hang.
 #include "stage_server/gradient_reducer.h"
 #include "stage_server/replica_group.h"
+#include "model/device.h"
+#include "transport/nccl/nccl_channel.h"
 
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 
 namespace conveyor {
@@ -67,15 +71,23 @@ TEST(ReplicaGroup, AReplicaThatNeverComesIsAnErrorNamingTheGroup) {
   EXPECT_THAT(std::string(st.message()), ::testing::Not(HasSubstr("trying to connect"))) << st;
 }
 
-// Both members run `body(group)` at once; returns their statuses.
+// Both members run `body(group)` at once; returns their statuses. `nccl`:
+// each sums CUDA tensors with NCCL on cuda:RANK.
 template <typename Body>
-std::pair<Status, Status> BothMembers(std::chrono::milliseconds timeout, Body body) {
+std::pair<Status, Status> BothMembers(std::chrono::milliseconds timeout, Body body, bool nccl = false,
+                                      std::function<Status()> interrupted = nullptr) {
   auto store = ReplicaStore::Serve(10s);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return {store.status(), store.status()};
   const int port = (*store)->port();
   auto run = [&, port](int rank) {
-    ReplicaGroup group(Member(port, rank, timeout));
+    ReplicaGroup::Options o = Member(port, rank, timeout);
+    if (nccl) {
+      o.nccl = true;
+      o.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(rank));
+      o.interrupted = interrupted;
+    }
+    ReplicaGroup group(o);
     return body(group);
   };
   auto other = std::async(std::launch::async, run, 1);
@@ -151,12 +163,15 @@ TEST(ReplicaGroup, AMemberThatDiesMidJobFailsTheOtherNotAHang) {
 // A replica's stage: two linear layers (and one parameter the pass never
 // uses), trained on two micro-batches of its own rows.
 struct TinyStage {
-  at::Tensor w1 = at::arange(12, at::kFloat).reshape({4, 3}).div(10).requires_grad_();
-  at::Tensor b1 = at::zeros({4}).requires_grad_();
-  at::Tensor w2 = at::arange(8, at::kFloat).reshape({2, 4}).div(-10).requires_grad_();
-  at::Tensor unused = at::ones({5}).requires_grad_();
+  explicit TinyStage(at::Device device = at::kCPU) : device(device) {}
+  at::Device device;
+  at::Tensor w1 = at::arange(12, at::kFloat).reshape({4, 3}).div(10).to(device).requires_grad_();
+  at::Tensor b1 = at::zeros({4}).to(device).requires_grad_();
+  at::Tensor w2 = at::arange(8, at::kFloat).reshape({2, 4}).div(-10).to(device).requires_grad_();
+  at::Tensor unused = at::ones({5}).to(device).requires_grad_();
   std::vector<at::Tensor> params() const { return {unused, w1, b1, w2}; }
-  void Backward(const at::Tensor& x) {
+  void Backward(const at::Tensor& rows) {
+    const at::Tensor x = rows.to(device);
     at::Tensor h = at::relu(at::matmul(x, w1.t()) + b1);
     at::matmul(h, w2.t()).pow(2).sum().backward();
   }
@@ -166,8 +181,8 @@ at::Tensor Rows(int replica, int micro_batch) {
   return at::arange(6, at::kFloat).reshape({2, 3}).add(replica * 10 + micro_batch).div(7);
 }
 
-TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients) {
-  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+// Two replicas of TinyStage (on cuda:RANK with `nccl`) through a reducer.
+void ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(bool nccl) {
   // What the sum must be: both replicas' two micro-batches in one process.
   TinyStage whole;
   for (int r = 0; r < 2; ++r)
@@ -176,7 +191,7 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
   int buckets[2] = {0, 0};
   bool started_in_backward[2] = {false, false};
   auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
-    TinyStage stage;
+    TinyStage stage(nccl ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.rank())) : at::Device(at::kCPU));
     // 16 floats a bucket at most, in reverse: w2 and b1 (8 + 4), w1 (12), `unused` (5).
     GradientReducer reducer(&g, stage.params(), 16 * 4);
     buckets[g.rank()] = reducer.num_buckets();
@@ -193,20 +208,84 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
     started_in_backward[g.rank()] =
         reducer.spans().size() == 3 && reducer.spans()[0].start_us <= before_finish &&
         reducer.spans()[1].start_us <= before_finish;
-    got[g.rank()] = stage.params();
+    for (const at::Tensor& p : stage.params()) got[g.rank()].push_back(p.grad().cpu());
     return st;
-  });
+  }, nccl);
   ASSERT_TRUE(st0.ok()) << st0;
   ASSERT_TRUE(st1.ok()) << st1;
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(buckets[r], 3);
     EXPECT_TRUE(started_in_backward[r]) << "replica " << r;
     for (std::size_t i = 1; i < 4; ++i)
-      EXPECT_TRUE(at::allclose(got[r][i].grad(), whole.params()[i].grad(), 1e-5, 1e-6)) << "replica " << r << " parameter " << i;
-    ASSERT_TRUE(got[r][0].grad().defined()) << "a parameter without gradients gets the (zero) sum";
-    EXPECT_TRUE(at::equal(got[r][0].grad(), at::zeros({5})));
+      EXPECT_TRUE(at::allclose(got[r][i], whole.params()[i].grad(), 1e-5, 1e-6)) << "replica " << r << " parameter " << i;
+    ASSERT_TRUE(got[r][0].defined()) << "a parameter without gradients gets the (zero) sum";
+    EXPECT_TRUE(at::equal(got[r][0], at::zeros({5})));
   }
-  EXPECT_TRUE(at::equal(got[0][1].grad(), got[1][1].grad())) << "the replicas' sums are bit for bit the same";
+  EXPECT_TRUE(at::equal(got[0][1], got[1][1])) << "the replicas' sums are bit for bit the same";
+}
+
+TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/false);
+}
+
+bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaDeviceCount() >= 2; }
+
+// The same over NCCL on two GPUs: the buckets' sums on the devices, each
+// started by the backward pass on the group's stream.
+TEST(GradientReducer, OverNcclOnTwoGpusTheBucketsSumEveryReplicasGradients) {
+  if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
+  ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/true);
+}
+
+// NCCL collectives on two GPUs: sums (fp32 and bf16) and a broadcast on the
+// devices; bytes still travel through Gloo.
+TEST(ReplicaGroup, NcclSumsAndBroadcastsOnTheDevicesOfTwoGpus) {
+  if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
+  std::vector<at::Tensor> got[2];
+  std::string bytes[2] = {"replica 0's checkpoint", ""};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    const auto on = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.rank())));
+    std::vector<at::Tensor> grads{at::full({1000}, g.rank() + 1.0, on), at::full({7}, g.rank() + 1.0, on.dtype(at::kBFloat16))};
+    Status st = g.AllReduce(grads);
+    std::vector<at::Tensor> buffers{at::full({3}, 5.0 * (g.rank() + 1), on)};
+    if (st.ok()) st = g.Broadcast(buffers);
+    if (st.ok()) st = g.BroadcastBytes(&bytes[g.rank()]);
+    got[g.rank()] = {grads[0].cpu(), grads[1].cpu().to(at::kFloat), buffers[0].cpu()};
+    return st;
+  }, /*nccl=*/true);
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(at::equal(got[r][0], at::full({1000}, 3.0))) << "replica " << r;
+    EXPECT_TRUE(at::equal(got[r][1], at::full({7}, 3.0))) << "replica " << r;
+    EXPECT_TRUE(at::equal(got[r][2], at::full({3}, 5.0))) << "replica " << r;
+    EXPECT_EQ(bytes[r], "replica 0's checkpoint");
+  }
+}
+
+// A step aborted (the coordinator's Abort, which fails the stage's inbox)
+// ends replica 0's wait for an all-reduce that replica 1 never joins, with
+// the abort's status, well before the group's timeout (60 s: a wait that
+// ignored the abort would end DEADLINE_EXCEEDED).
+TEST(ReplicaGroup, AnAbortedStepEndsTheWaitForAnNcclSumThatAReplicaNeverJoins) {
+  if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
+  std::atomic<bool> aborted{false};
+  Status second;
+  auto [st0, st1] = BothMembers(60s, [&](ReplicaGroup& g) {
+    const auto on = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.rank())));
+    std::vector<at::Tensor> grads{at::ones({16}, on)};
+    Status st = g.AllReduce(grads);
+    if (!st.ok() || g.rank() == 1) return st;  // replica 1 takes part once
+    aborted = true;  // as the coordinator's Abort would, while replica 0 waits
+    second = g.AllReduce(grads);
+    return Status();
+  }, /*nccl=*/true, [&]() -> Status {
+    return aborted ? absl::AbortedError("stage 0: step aborted: stage 1 failed") : Status();
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  EXPECT_TRUE(absl::IsAborted(second)) << second;
 }
 
 // On a CUDA device, Gloo sums CUDA tensors (through host copies): what two
