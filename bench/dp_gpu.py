@@ -8,6 +8,8 @@ and each against one GPU of its own kind:
   pytorch-1gpu-cl        one GPU, the whole batch (bench/torch_single.py's channels-last variant)
   pytorch-ddp-R          torch.nn.parallel.DistributedDataParallel, R processes, NCCL, batch / R each
   conveyor-1dev          `conveyor train --reference` on one GPU
+  conveyor-1x1           one stage server on one GPU (`conveyor local`, replicas: 1): what a replica costs
+                         before any all-reduce
   conveyor-Rx1           `conveyor local` with replicas: R, one stage each on its own GPU; the gradients
                          summed by NCCL on the devices (collectives: auto chooses it there)
   conveyor-Rx1-gloo      the same with collectives: gloo, c10d's Gloo group through host memory (what
@@ -110,7 +112,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", default="dp-gpu")
-    ap.add_argument("--variants", default="pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-gloo",
+    ap.add_argument("--variants", default="pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-1x1,conveyor-rx1,conveyor-rx1-gloo",
                     help="comma-separated subset (rx1: R replicas of one stage)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -120,6 +122,7 @@ def main(argv=None):
     for key, name, fn in (("pytorch-1gpu-cl", "pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
                           ("pytorch-ddp", "pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
                           ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
+                          ("conveyor-1x1", "conveyor-1x1", lambda: run_conveyor(args, 1)),
                           ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),
                           ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
         if key not in chosen:

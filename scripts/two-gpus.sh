@@ -22,8 +22,8 @@
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
-#   scripts/two-gpus.sh overhead    W1 on one stage server at batch 120 against the reference, and 2 x 1 at 240:
-#                                   each one's timeline and the stage's profile of step 8
+#   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
+#                                   each one's timeline and the profile of its last step
 #
 # Several parts may follow each other in one call (scripts/two-gpus.sh build tests transport).
 # Results (CSV, logs, timelines) go to $OUT (default ./gpu-out); bench/RESULTS.md has what they gave.
@@ -105,9 +105,9 @@ for part in "$@"; do
       done ;;
     overhead)
       mkdir -p "$out/overhead"
-      for v in "ref 120 1" "stage 120 1" "replicas 240 2"; do
+      for v in "ref 240 1" "stage 240 1" "replicas 480 2"; do
         set -- $v
-        python3 -c "import sys; sys.path.insert(0, 'bench'); import dp_gpu; print(dp_gpu.job_text($2, 12, $3) + 'profile_step: 8\n')" \
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import dp_gpu; print(dp_gpu.job_text($2, 20, $3) + 'profile_step: 21\n')" \
           > "$out/overhead/$1.yaml"
         if [ "$1" = ref ]; then
           timeout 120 "$bin/conveyor" train "$out/overhead/$1.yaml" --reference --device cuda:0 --json \

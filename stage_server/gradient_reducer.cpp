@@ -1,6 +1,9 @@
 #include "stage_server/gradient_reducer.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <map>
 #include <utility>
@@ -8,7 +11,7 @@
 namespace conveyor {
 
 GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes)
-    : group_(group), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), filled_(params_.size()) {
+    : group_(group), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), ready_(params_.size()) {
   // Reverse order, one open bucket per (dtype, device); a bucket closes when
   // the next parameter would take it past bucket_bytes.
   std::map<std::pair<int, std::string>, std::size_t> open;
@@ -32,18 +35,60 @@ GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> pa
     const at::Tensor& last = params_[b.members.back()];
     b.flat = at::zeros({b.offsets.back() + last.numel()}, last.options().requires_grad(false));
   }
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    hooks_.push_back(params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) view_data_.push_back(View(i).data_ptr());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Attach(i);
+    // After the accumulator has added a gradient (DDP's Reducer hooks the
+    // same place): the view then holds it.
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));
+    hooks_.push_back(accumulators_.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          OnAccumulated(i);
+          return outputs;
+        })));
+  }
 }
 
 GradientReducer::~GradientReducer() {
-  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hooks_[i]);
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hooks_[i]);
+}
+
+at::Tensor GradientReducer::View(std::size_t i) const {
+  const at::Tensor& p = params_[i];
+  const auto [b, m] = slot_[i];
+  at::Tensor part = buckets_[b].flat.narrow(0, buckets_[b].offsets[m], p.numel());
+  // The parameter's own layout where it is dense (channels-last weights
+  // too), so that autograd's gradients add without a strided copy.
+  if (p.is_non_overlapping_and_dense()) return part.as_strided(p.sizes(), p.strides());
+  return part.view(p.sizes());
+}
+
+void GradientReducer::Attach(std::size_t i) {
+  at::Tensor& p = params_[i];
+  const at::Tensor& held = p.grad();
+  // The hooks' path on every gradient: a pointer compared, no tensor made.
+  if (held.defined() && held.data_ptr() == view_data_[i]) return;
+  at::Tensor view = View(i);
+  if (held.defined()) {
+    view.copy_(held);
+  } else {
+    view.zero_();
+  }
+  p.mutable_grad() = view;
+}
+
+void GradientReducer::ZeroGrads() {
+  std::lock_guard<std::mutex> lock(mu_);
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) Attach(i);
+  for (Bucket& b : buckets_) b.flat.zero_();
 }
 
 void GradientReducer::Reset() {
   std::lock_guard<std::mutex> lock(mu_);
   std::fill(armed_.begin(), armed_.end(), false);
-  std::fill(filled_.begin(), filled_.end(), false);
+  std::fill(ready_.begin(), ready_.end(), false);
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.work.reset();
@@ -55,39 +100,33 @@ void GradientReducer::Reset() {
 Status GradientReducer::Arm(std::size_t first, std::size_t last) {
   CONVEYOR_RETURN_IF_ERROR(group_->Join());
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::size_t i = first; i < last && i < params_.size(); ++i) armed_[i] = true;
+  at::NoGradGuard no_grad;
+  for (std::size_t i = first; i < last && i < params_.size(); ++i) {
+    Attach(i);
+    armed_[i] = true;
+  }
   return absl::OkStatus();
 }
 
-void GradientReducer::OnGradient(std::size_t i, const at::Tensor& grad) {
+void GradientReducer::OnAccumulated(std::size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!armed_[i]) return;
-  if (filled_[i]) {  // a second gradient in the armed pass: added, if its bucket has not started
-    const auto [b, m] = slot_[i];
-    if (b < next_) {
-      if (error_.ok())
-        error_ = absl::InternalError("a gradient of parameter " + std::to_string(i) + " came after its bucket's all-reduce");
-      return;
-    }
-    buckets_[b].flat.narrow(0, buckets_[b].offsets[m], params_[i].numel()).add_(grad.reshape({-1}));
+  if (ready_[i]) {  // a second gradient in the armed pass
+    if (slot_[i].first < next_ && error_.ok())
+      error_ = absl::InternalError("a gradient of parameter " + std::to_string(i) + " came after its bucket's all-reduce");
     return;
   }
-  const at::Tensor& held = params_[i].grad();
-  Fill(i, held.defined() ? held + grad : grad);
+  // The accumulator replaced the gradient (it was not the view): back into
+  // the bucket.
+  at::NoGradGuard no_grad;
+  Attach(i);
+  MarkReady(i);
   StartReady();
 }
 
-void GradientReducer::Fill(std::size_t i, const at::Tensor& final_grad) {
-  const auto [b, m] = slot_[i];
-  Bucket& bucket = buckets_[b];
-  at::Tensor slice = bucket.flat.narrow(0, bucket.offsets[m], params_[i].numel());
-  if (final_grad.defined()) {
-    slice.copy_(final_grad.reshape({-1}));
-  } else {
-    slice.zero_();
-  }
-  filled_[i] = true;
-  ++bucket.ready;
+void GradientReducer::MarkReady(std::size_t i) {
+  ready_[i] = true;
+  ++buckets_[slot_[i].first].ready;
 }
 
 void GradientReducer::StartReady() {
@@ -105,8 +144,14 @@ void GradientReducer::StartReady() {
 
 Status GradientReducer::Finish() {
   std::unique_lock<std::mutex> lock(mu_);
-  for (std::size_t i = 0; i < params_.size(); ++i)
-    if (!filled_[i]) Fill(i, params_[i].grad());
+  {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (ready_[i]) continue;
+      Attach(i);
+      MarkReady(i);
+    }
+  }
   StartReady();
   Status st = error_;
   lock.unlock();
@@ -115,20 +160,7 @@ Status GradientReducer::Finish() {
     Status waited = b.work->Wait();
     if (st.ok()) st = waited;
   }
-  if (st.ok()) {
-    for (const Bucket& b : buckets_) {
-      for (std::size_t m = 0; m < b.members.size(); ++m) {
-        at::Tensor& p = params_[b.members[m]];
-        at::Tensor sum = b.flat.narrow(0, b.offsets[m], p.numel()).view_as(p);
-        if (p.grad().defined()) {
-          p.mutable_grad().copy_(sum);
-        } else {
-          p.mutable_grad() = sum.clone();
-        }
-      }
-    }
-  }
-  // Sums on the device: the copies above wait for them there, the host here.
+  // Sums on the device: the host waits for them here.
   if (st.ok()) st = group_->Confirm();
   spans_.clear();
   for (std::size_t k = 0; k < buckets_.size(); ++k) {

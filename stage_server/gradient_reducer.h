@@ -3,15 +3,20 @@
 // every gradient in it is final during the optimizer step's last backward
 // pass, so that the sums travel while the backward work that remains runs.
 //
+// Each parameter's gradient is a view into its bucket's flat buffer, with the
+// parameter's own strides (DDP's gradient_as_bucket_view): autograd
+// accumulates into the bucket in place, the all-reduce sums the bucket in
+// place, and no gradient is copied in or out. The gradients are zeroed with
+// the buckets (ZeroGrads), never set to none.
+//
 // Buckets hold the parameters in reverse order (the last layers' gradients
 // are final first) and start strictly in bucket order on every replica, as
 // c10d matches collectives by their sequence: a bucket whose gradients are
-// ready waits for the ones before it. A gradient is final when autograd
-// hands it to the parameter for the last time (a hook on the parameter, with
-// the gradient accumulated from the step's earlier micro-batches added); one
-// that never comes (a parameter unused in this pass) is taken as it stands at
-// Finish. Not thread-safe beyond the hooks: Arm and Finish on the stage's
-// executor thread.
+// ready waits for the ones before it. A gradient is final when autograd has
+// accumulated into the parameter for the last time (a hook after the
+// parameter's gradient accumulator); one that never comes (a parameter unused
+// in this pass) is taken as it stands at Finish. Not thread-safe beyond the
+// hooks: the rest on the stage's executor thread.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,17 +30,27 @@
 #include "common/status.h"
 #include "stage_server/replica_group.h"
 
+namespace torch {
+namespace autograd {
+struct Node;
+}  // namespace autograd
+}  // namespace torch
+
 namespace conveyor {
 
 class GradientReducer {
  public:
   // `params`: the stage's trainable parameters, in the order they are
-  // created (forward order); `group` outlives the reducer.
+  // created (forward order); their gradients become views of the buckets
+  // (holding what they held). `group` outlives the reducer.
   GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // Zeroes every gradient (a few kernels: the buckets), in place; a
+  // gradient that something replaced is made the bucket's view again.
+  void ZeroGrads();
   // Forgets a step that ended without Finish (it failed): call before each
   // training step.
   void Reset();
@@ -44,8 +59,8 @@ class GradientReducer {
   // group.
   Status Arm(std::size_t first, std::size_t last);
   // Starts the buckets not started yet, waits for all of them, and leaves
-  // each parameter's gradient summed over the replicas (defined even where
-  // this replica had none). Disarms. The errors of ReplicaGroup.
+  // each parameter's gradient summed over the replicas. Disarms. The errors
+  // of ReplicaGroup.
   Status Finish();
 
   struct Span {
@@ -64,22 +79,28 @@ class GradientReducer {
     std::size_t ready = 0;
     std::unique_ptr<ReplicaGroup::Work> work;
   };
-  // Hook: parameter i's gradient `grad` is about to be accumulated.
-  void OnGradient(std::size_t i, const at::Tensor& grad);
-  // Copies parameter i's final gradient into its bucket (mu_ held).
-  void Fill(std::size_t i, const at::Tensor& final_grad);
+  // Parameter i's view of its bucket.
+  at::Tensor View(std::size_t i) const;
+  // Makes parameter i's gradient its view again where it is not (mu_ held).
+  void Attach(std::size_t i);
+  // Hook: autograd has accumulated parameter i's gradient.
+  void OnAccumulated(std::size_t i);
+  // Counts parameter i's gradient as final (mu_ held).
+  void MarkReady(std::size_t i);
   // Starts every ready bucket whose predecessors have started (mu_ held).
   void StartReady();
 
   ReplicaGroup* group_;
   std::vector<at::Tensor> params_;
-  std::vector<unsigned> hooks_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept: a new one would lack the hook
+  std::vector<uintptr_t> hooks_;
   std::vector<std::pair<std::size_t, std::size_t>> slot_;  // parameter -> (bucket, member)
   std::vector<Bucket> buckets_;
+  std::vector<const void*> view_data_;  // where each parameter's view starts: a cheap test of Attach's
   std::vector<Span> spans_;
 
   std::mutex mu_;  // guards what the hooks touch below
-  std::vector<bool> armed_, filled_;
+  std::vector<bool> armed_, ready_;
   std::size_t next_ = 0;  // the next bucket to start
   Status error_;
 };

@@ -87,11 +87,15 @@ std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtype(const st
 }
 
 // Runs `collective` (a Status of the flat tensor) on one flat copy of each
-// dtype's tensors, then copies the result back into them; stops at the first
-// error.
+// dtype's tensors, then copies the result back into them (on a dtype's only
+// tensor, where it is flat, in place); stops at the first error.
 template <typename Collective>
 Status OnFlatBuffers(std::vector<at::Tensor>& tensors, Collective collective) {
   for (auto& [key, members] : ByDtype(tensors)) {
+    if (members.size() == 1 && tensors[members[0]].dim() == 1 && tensors[members[0]].is_contiguous()) {
+      CONVEYOR_RETURN_IF_ERROR(collective(tensors[members[0]]));  // flat already: in place
+      continue;
+    }
     std::vector<at::Tensor> parts;
     for (std::size_t i : members) parts.push_back(tensors[i].reshape({-1}));
     at::Tensor flat = at::cat(parts);

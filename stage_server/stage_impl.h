@@ -165,6 +165,12 @@ class Stage::Impl {
     // count last.
     std::unique_ptr<GradientReducer> reducer;
     std::vector<std::size_t> chunk_params;
+    // The buffers (BatchNorm's statistics) that replica 0 broadcasts after
+    // each step, made views of one flat tensor per dtype (FlattenBuffers):
+    // one collective each, no copies; buffer_data: where each buffer's data
+    // then lies (a buffer replaced since is flattened again).
+    std::vector<at::Tensor> buffer_flats;
+    std::vector<const void*> buffer_data;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -284,6 +290,8 @@ class Stage::Impl {
   // replicas: replica 0's buffers (BatchNorm's running statistics) to every
   // copy after the step, so that the copies stay equal.
   Status BroadcastBuffers();
+  // Rebinds `buffers` to views of job_->buffer_flats, holding their values.
+  void FlattenBuffers(const std::vector<at::Tensor>& buffers);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   // Out of memory (stage_memory.cpp). What this stage holds, in words:

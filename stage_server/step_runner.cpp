@@ -2,7 +2,9 @@
 #include "stage_server/stage.h"
 #include "stage_server/stage_impl.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <limits>
 
 namespace conveyor {
@@ -435,7 +437,35 @@ Status Stage::Impl::BroadcastBuffers() {
       if (b.defined() && b.numel() > 0) buffers.push_back(b);
   if (buffers.empty()) return absl::OkStatus();
   at::NoGradGuard no_grad;
-  return job_->replica_group->Broadcast(buffers);
+  bool flat = buffers.size() == job_->buffer_data.size();
+  for (std::size_t i = 0; flat && i < buffers.size(); ++i) flat = buffers[i].data_ptr() == job_->buffer_data[i];
+  if (!flat) FlattenBuffers(buffers);
+  return job_->replica_group->Broadcast(job_->buffer_flats);
+}
+
+void Stage::Impl::FlattenBuffers(const std::vector<at::Tensor>& buffers) {
+  std::map<std::pair<int, std::string>, std::vector<std::size_t>> groups;  // (dtype, device) -> buffers
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    groups[{static_cast<int>(buffers[i].scalar_type()), buffers[i].device().str()}].push_back(i);
+  job_->buffer_flats.clear();
+  job_->buffer_data.assign(buffers.size(), nullptr);
+  for (const auto& [key, members] : groups) {
+    int64_t total = 0;
+    for (std::size_t i : members) total += buffers[i].numel();
+    at::Tensor flat = at::empty({total}, buffers[members.front()].options());
+    int64_t offset = 0;
+    for (std::size_t i : members) {
+      at::Tensor b = buffers[i];  // the module's own tensor (shared)
+      const int64_t n = b.numel();
+      flat.narrow(0, offset, n).view(b.sizes()).copy_(b);
+      std::vector<int64_t> strides(static_cast<std::size_t>(b.dim()), 1);
+      for (int64_t d = b.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(1, b.size(d + 1));
+      b.set_(flat.storage(), flat.storage_offset() + offset, b.sizes(), strides);
+      job_->buffer_data[i] = b.data_ptr();
+      offset += n;
+    }
+    job_->buffer_flats.push_back(flat);
+  }
 }
 
 Status Stage::Impl::FinishOnDevice(StepState& st) {
@@ -496,8 +526,12 @@ std::unique_ptr<OpProfile> Stage::Impl::MaybeStartProfile(const v1::RunStepReque
 
 // A profile is a diagnosis: failing to write it is logged, and the step goes on.
 void Stage::Impl::FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step) {
-  const std::string path = ProfilePath(ProfileDir(), job_->assignment.job_id(), step,
-                                       "stage" + std::to_string(job_->assignment.stage_index()));
+  // Replicas: one file per copy of the stage (they share the folder).
+  const v1::StageAssignment& a = job_->assignment;
+  const std::string path =
+      ProfilePath(ProfileDir(), a.job_id(), step,
+                  "stage" + std::to_string(a.stage_index()) +
+                      (a.num_replicas() > 1 ? "-replica" + std::to_string(a.replica()) : std::string()));
   Status st = profile->Finish(path);
   if (st.ok()) {
     LOG_INFO("job ", job_->assignment.job_id(), " ", Who(), ": profile of step ", step, " written to ", path);
@@ -555,6 +589,8 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       // Recorded graphs accumulate into the gradients they saw: zeroed in place.
       if (job_->graphs) {
         for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
+      } else if (job_->reducer) {
+        job_->reducer->ZeroGrads();  // the gradients are views of its buckets
       } else if (job_->optimizer) {
         job_->optimizer->zero_grad();
       }
