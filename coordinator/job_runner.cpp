@@ -589,9 +589,15 @@ Status JobRunner::AwaitStages(const Status& failure) {
     }
   }
   Event("every stage answers again");
-  // Drop what the survivors hold of the job; Deploy configures it anew.
+  // Drop what the survivors hold of the job; Deploy configures it anew. All
+  // at once: a survivor may still wait in its replicas' all-reduce for a
+  // copy whose step was aborted, and is freed when that copy's Release drops
+  // its group (its connections close). One at a time, a survivor asked first
+  // held its Release until its deadline (5 s after a replica-1 server died).
   v1::JobRef ref = Ref();
-  for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
+  std::vector<std::function<void()>> releases;
+  for (StageClient* s : stages_) releases.push_back([s, &ref] { s->Release(ref, kAbortDeadlineS).IgnoreError(); });
+  pool_.RunAll(releases);
   return absl::OkStatus();
 }
 

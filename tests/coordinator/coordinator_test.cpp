@@ -369,6 +369,78 @@ TEST(FakeClock, AWaitEndsWhenTheTimeIsAdvancedPastItsDeadlineOrItsConditionHolds
   woken.join();
 }
 
+// Clients of two in-process stages for the order of Release after a failure:
+// stage 1's third step call fails once after the stage ran it (its reply
+// lost: a server that died and came straight back), and stage 0's Release holds until stage 1's Release has been called,
+// as a survivor waiting in its replicas' all-reduce is freed only when the
+// copy it waits for drops its group.
+struct ReleaseOrder {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool released[2] = {false, false};
+  bool freed_by_partner = false;
+};
+
+class ReleaseOrderClient : public StageClient {
+ public:
+  ReleaseOrderClient(Stage* stage, std::string address, int index, ReleaseOrder* order)
+      : stage_(stage), address_(std::move(address)), index_(index), order_(order) {}
+  const std::string& address() const override { return address_; }
+#define CONVEYOR_STAGE_RELEASE_ORDER(Name, Request, Reply, Thread, How)                   \
+  StatusOr<Reply> Name(const Request& request, double) override {                         \
+    if (std::string_view(#Name) == "Release") BeforeRelease();                            \
+    auto reply = stage_->Name(request);                                                   \
+    if (std::string_view(#Name) == "Release") AfterRelease();                             \
+    if (Fails(#Name)) return absl::UnavailableError(address_ + ": connection reset");     \
+    return reply;                                                                         \
+  }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_RELEASE_ORDER)
+#undef CONVEYOR_STAGE_RELEASE_ORDER
+
+ private:
+  bool Fails(std::string_view name) { return index_ == 1 && name == "RunStep" && ++step_calls_ == 3; }
+  void BeforeRelease() {
+    if (index_ != 0) return;
+    std::unique_lock<std::mutex> lock(order_->mu);
+    order_->freed_by_partner = order_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return order_->released[1]; });
+  }
+  void AfterRelease() {
+    std::lock_guard<std::mutex> lock(order_->mu);
+    order_->released[index_] = true;
+    order_->cv.notify_all();
+  }
+
+  Stage* stage_;
+  std::string address_;
+  int index_;
+  ReleaseOrder* order_;
+  std::atomic<int> step_calls_{0};
+};
+
+// After a stage fails, the coordinator releases the survivors all at once: a
+// survivor whose Release can only end after another stage's (it waits for
+// that stage in a collective) is freed by it. One at a time, in stage order,
+// stage 0's Release held until its deadline (5 s: the recovery wait of a
+// replica-1 server's death, issue 32).
+TEST(Coordinator, AfterAFailureTheSurvivorsAreReleasedTogether) {
+  InProcessCluster cluster(2);
+  ReleaseOrder order;
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
+    const int i = address == cluster.addresses()[1] ? 1 : 0;
+    return std::make_unique<ReleaseOrderClient>(&cluster.stage(i), address, i, &order);
+  };
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::JobStatus s = RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\n");
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(s.recoveries(), 1);
+  std::lock_guard<std::mutex> lock(order.mu);
+  EXPECT_TRUE(order.released[0] && order.released[1]);
+  EXPECT_TRUE(order.freed_by_partner) << "stage 0's Release waited for its deadline: the releases were not concurrent";
+}
+
 // recovery_timeout is decided by the coordinator's clock: a stage that goes
 // away and never comes back fails the job with UNAVAILABLE naming it once the
 // (fake) time passes recovery_timeout, in milliseconds of real time.
