@@ -142,6 +142,7 @@ void Stage::Impl::DropJob() {
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_.clear();
   stage_index_ = -1;
+  aborted_.clear();
 }
 
 StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
@@ -538,7 +539,10 @@ StatusOr<v1::StageInfo> Stage::Impl::GetInfo(const v1::Empty&) { return Info(); 
 StatusOr<v1::Empty> Stage::Impl::Abort(const v1::AbortRequest& req) {
   std::lock_guard<std::mutex> lock(info_mu_);
   if (job_id_ != req.job_id()) return v1::Empty();  // nothing of that job runs here
-  inbox_.Fail(absl::AbortedError("stage " + std::to_string(stage_index_) + ": step aborted: " + req.reason()));
+  // Also a step that has not begun yet: the coordinator configures the job
+  // anew (or ends it) before it steps it again.
+  aborted_ = "stage " + std::to_string(stage_index_) + ": step aborted: " + req.reason();
+  inbox_.Fail(absl::AbortedError(aborted_));
   return v1::Empty();
 }
 

@@ -328,9 +328,12 @@ class Stage::Impl {
   Inbox inbox_;
   std::unique_ptr<Job> job_;
 
-  mutable std::mutex info_mu_;  // guards the two fields below, read by Info() and Abort()
+  mutable std::mutex info_mu_;  // guards the fields below, read by Info() and Abort()
   std::string job_id_;
   int stage_index_ = -1;
+  // Why the coordinator aborted the job's step (Abort), until the job is
+  // dropped: a step that begins after it fails at its first wait.
+  std::string aborted_;
 };
 
 }  // namespace conveyor

@@ -559,6 +559,11 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
 
   const int accumulate = req.phase() == v1::PHASE_TRAIN ? AccumulateSteps(spec) : 1;
   inbox_.BeginStep(req.phase(), req.step() * accumulate);
+  {
+    // An Abort that came before this step began (BeginStep forgot it).
+    std::lock_guard<std::mutex> lock(info_mu_);
+    if (!aborted_.empty()) inbox_.Fail(absl::AbortedError(aborted_));
+  }
   job_->pending_step = -1;  // a deferred update not applied is dropped
   if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
   auto start = SteadyClock::now();

@@ -441,6 +441,76 @@ TEST(Coordinator, AfterAFailureTheSurvivorsAreReleasedTogether) {
   EXPECT_TRUE(order.freed_by_partner) << "stage 0's Release waited for its deadline: the releases were not concurrent";
 }
 
+// Clients of two in-process stages where the coordinator's Abort reaches
+// stage 0 before the step it aborts: stage 1's third step call fails without
+// running, and stage 0's third waits until stage 0 has been aborted.
+struct AbortFirst {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool aborted = false;
+  Status late_step;  // stage 0's third step, begun after the abort
+};
+
+class AbortFirstClient : public StageClient {
+ public:
+  AbortFirstClient(Stage* stage, std::string address, int index, AbortFirst* shared)
+      : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
+  const std::string& address() const override { return address_; }
+#define CONVEYOR_STAGE_ABORT_FIRST(Name, Request, Reply, Thread, How)                               \
+  StatusOr<Reply> Name(const Request& request, double) override {                                   \
+    const bool third = std::string_view(#Name) == "RunStep" && ++step_calls_ == 3;                 \
+    if (third && index_ == 1) return absl::UnavailableError(address_ + ": connection reset");       \
+    if (third && index_ == 0) AwaitAbort();                                                         \
+    auto reply = stage_->Name(request);                                                             \
+    if (third && index_ == 0) shared_->late_step = reply.status();                                  \
+    if (std::string_view(#Name) == "Abort" && index_ == 0) NoteAbort();                             \
+    return reply;                                                                                   \
+  }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_ABORT_FIRST)
+#undef CONVEYOR_STAGE_ABORT_FIRST
+
+ private:
+  void AwaitAbort() {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->aborted; });
+  }
+  void NoteAbort() {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->aborted = true;
+    shared_->cv.notify_all();
+  }
+
+  Stage* stage_;
+  std::string address_;
+  int index_;
+  AbortFirst* shared_;
+  std::atomic<int> step_calls_{0};
+};
+
+// An Abort that reaches a stage before the step it aborts has begun still
+// aborts it: the step fails ABORTED at its first wait. Before, the step
+// forgot it and waited for its neighbour until stage_timeout
+// (DEADLINE_EXCEEDED), delaying the recovery by that much.
+TEST(Coordinator, AnAbortThatComesBeforeItsStepAbortsIt) {
+  InProcessCluster cluster(2);
+  AbortFirst shared;
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
+    const int i = address == cluster.addresses()[1] ? 1 : 0;
+    return std::make_unique<AbortFirstClient>(&cluster.stage(i), address, i, &shared);
+  };
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::JobStatus s =
+      RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nstage_timeout: 5\n");
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(s.recoveries(), 1);
+  std::lock_guard<std::mutex> lock(shared.mu);
+  ASSERT_TRUE(shared.aborted);
+  EXPECT_TRUE(absl::IsAborted(shared.late_step)) << shared.late_step;
+}
+
 // recovery_timeout is decided by the coordinator's clock: a stage that goes
 // away and never comes back fails the job with UNAVAILABLE naming it once the
 // (fake) time passes recovery_timeout, in milliseconds of real time.
