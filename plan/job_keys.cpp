@@ -568,6 +568,14 @@ std::vector<JobKey> MakeTable() {
       .Range(0.001, 1e6)
       .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
       .Get([](const S& s) { return BucketCapMb(s); });
+  add("zero", kInt,
+      "replicas: the ZeRO stage. `1` shards each stage's optimizer state over its R copies (each copy updates the "
+      "parameters it owns with its share of the state and sends them to the others, as PyTorch's "
+      "ZeroRedundancyOptimizer): the state takes 1/R of the memory; `0` keeps all of it on every copy. No effect "
+      "with one replica (see [parallelism.md](parallelism.md))")
+      .Default("0")
+      .Range(0, 1)
+      .Set([](const V& v, S* s) { s->set_zero_stage(static_cast<int32_t>(v.integer)); });
   add("collectives", kChoice,
       "replicas: how the copies of each stage sum their gradients: `auto` (NCCL on the devices where every copy of "
       "the stage is on a GPU of its own in a stage server built with NCCL, else Gloo), `nccl` (a stage whose copies "

@@ -279,14 +279,14 @@ Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
   return Confirm();
 }
 
-Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
+Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors, int root) {
   CONVEYOR_RETURN_IF_ERROR(Join());
   try {
     c10d::BroadcastOptions o;
-    o.rootRank = 0;
+    o.rootRank = root;
     CONVEYOR_RETURN_IF_ERROR(OnFlatBuffers(tensors, [&](const at::Tensor& flat) -> Status {
       if (impl_->nccl && flat.is_cuda()) {  // on the device; the copies back wait for it there
-        CONVEYOR_ASSIGN_OR_RETURN(c10::Event done, impl_->nccl->Broadcast(flat, 0));
+        CONVEYOR_ASSIGN_OR_RETURN(c10::Event done, impl_->nccl->Broadcast(flat, root));
         return DeviceWork(std::move(done), std::make_shared<std::atomic<int64_t>>(0)).Wait();
       }
       std::vector<at::Tensor> one{flat};
@@ -299,19 +299,23 @@ Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors) {
   return Confirm();
 }
 
-Status ReplicaGroup::BroadcastBytes(std::string* bytes) {
+Status ReplicaGroup::BroadcastBytes(std::string* bytes, int root) {
   CONVEYOR_RETURN_IF_ERROR(Join());
   try {
     c10d::BroadcastOptions o;
-    o.rootRank = 0;
-    std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(options_.rank == 0 ? bytes->size() : 0), at::kLong)};
+    o.rootRank = root;
+    const bool sender = options_.rank == root;
+    std::vector<at::Tensor> size{at::full({1}, static_cast<int64_t>(sender ? bytes->size() : 0), at::kLong)};
     impl_->group->broadcast(size, o)->wait(options_.timeout);
     const int64_t n = size[0].item<int64_t>();
-    if (n < 0) return absl::DataLossError(options_.who + ": replica 0 sent " + std::to_string(n) + " bytes");
+    if (n < 0) {
+      return absl::DataLossError(options_.who + ": replica " + std::to_string(root) + " sent " + std::to_string(n) +
+                                 " bytes");
+    }
     std::vector<at::Tensor> data{at::empty({n}, at::kByte)};
-    if (options_.rank == 0 && n > 0) std::memcpy(data[0].data_ptr(), bytes->data(), static_cast<std::size_t>(n));
+    if (sender && n > 0) std::memcpy(data[0].data_ptr(), bytes->data(), static_cast<std::size_t>(n));
     if (n > 0) impl_->group->broadcast(data, o)->wait(options_.timeout);
-    if (options_.rank != 0) bytes->assign(static_cast<const char*>(data[0].data_ptr()), static_cast<std::size_t>(n));
+    if (!sender) bytes->assign(static_cast<const char*>(data[0].data_ptr()), static_cast<std::size_t>(n));
   } catch (const std::exception& e) {
     return Failure("broadcast", e);
   }
@@ -337,8 +341,8 @@ Status NoGloo(const std::string& who) {
 Status ReplicaGroup::Join() { return NoGloo(options_.who); }
 Status ReplicaGroup::AllReduce(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor) { return NoGloo(options_.who); }
-Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
-Status ReplicaGroup::BroadcastBytes(std::string*) { return NoGloo(options_.who); }
+Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&, int) { return NoGloo(options_.who); }
+Status ReplicaGroup::BroadcastBytes(std::string*, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }
 Status ReplicaGroup::Confirm() { return absl::OkStatus(); }
 Status ReplicaGroup::JoinNccl() { return NoGloo(options_.who); }

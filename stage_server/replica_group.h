@@ -100,11 +100,11 @@ class ReplicaGroup {
   // Whether CUDA tensors are summed on the device (NCCL).
   bool on_device() const { return options_.nccl; }
 
-  // Replica 0's `tensors` to every member, in place (same shapes and dtypes
-  // everywhere).
-  Status Broadcast(std::vector<at::Tensor>& tensors);
-  // Replica 0's `*bytes` to every member.
-  Status BroadcastBytes(std::string* bytes);
+  // Replica `root`'s `tensors` to every member, in place (same shapes and
+  // dtypes everywhere).
+  Status Broadcast(std::vector<at::Tensor>& tensors, int root = 0);
+  // Replica `root`'s `*bytes` to every member.
+  Status BroadcastBytes(std::string* bytes, int root = 0);
 
  private:
   struct Impl;

@@ -369,7 +369,21 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   }
   CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
   ParameterGroups groups;
-  if (!all_params.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), all_params, &groups);
+  NamedTensors updated = all_params;  // by this stage's optimizer
+  if (a.spec().zero_stage() >= 1 && a.num_replicas() > 1 && !all_params.empty()) {
+    if (static_cast<int>(all_params.size()) < a.num_replicas()) {
+      return absl::FailedPreconditionError(who + ": zero 1 shards the optimizer by parameter tensor, and this stage has " +
+                                           std::to_string(all_params.size()) + " for " +
+                                           std::to_string(a.num_replicas()) + " replicas");
+    }
+    job->owner = ShardOwners(all_params, a.num_replicas());
+    updated.clear();
+    for (std::size_t i = 0; i < all_params.size(); ++i) {
+      job->sharded_params.push_back(all_params[i].second);
+      if (job->owner[i] == a.replica()) updated.push_back(all_params[i]);
+    }
+  }
+  if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);
   const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
     return c.inputs.size() == 1 && c.outputs.size() == 1;
   });

@@ -171,6 +171,13 @@ class Stage::Impl {
     // then lies (a buffer replaced since is flattened again).
     std::vector<at::Tensor> buffer_flats;
     std::vector<const void*> buffer_data;
+    // zero: 1 (ZeRO-1): the stage's trainable parameters and the replica
+    // that updates each (the optimizer holds this replica's alone); empty
+    // otherwise. optimizer_shards: replica 0's copy of every replica's
+    // serialised optimizer, gathered for a checkpoint.
+    std::vector<at::Tensor> sharded_params;
+    std::vector<int> owner;
+    std::vector<std::string> optimizer_shards;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -283,6 +290,11 @@ class Stage::Impl {
   Status PrepareUpdate(StepState& st);
   // Writes the checkpoint of the state after `step` (0-based) was applied.
   StatusOr<v1::CheckpointRecord> CheckpointAfter(int64_t step);
+  // ZeRO-1: each replica's updated parameters to the other copies.
+  Status ShareShardedParameters();
+  // ZeRO-1: every replica's optimizer, serialised, to replica 0
+  // (job_->optimizer_shards).
+  Status GatherOptimizerShards();
   // replicas: sums the step's gradients over the copies of this stage (each
   // replica's losses are scaled by their share of the whole batch, so the
   // sum is the whole batch's gradient); just before the optimizer step.

@@ -3,6 +3,8 @@
 #include "stage_server/stage_impl.h"
 #include "stage_server/stage_metrics.h"
 
+#include <cstring>
+
 #include "common/wire.h"
 #include "model/torchscript_export.h"
 
@@ -37,7 +39,15 @@ std::string Stage::Impl::SerializeState() {
     for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
     for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
   }
-  if (job_->optimizer) {
+  if (!job_->owner.empty()) {
+    // zero 1: every replica's share, as each serialised it (GatherOptimizerShards).
+    for (std::size_t k = 0; k < job_->optimizer_shards.size(); ++k) {
+      const std::string& bytes = job_->optimizer_shards[k];
+      at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+      if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+      archive.write("optimizer_shard" + std::to_string(k), t, /*is_buffer=*/true);
+    }
+  } else if (job_->optimizer) {
     torch::serialize::OutputArchive opt;
     job_->optimizer->save(opt);
     archive.write("optimizer", opt);
@@ -72,7 +82,21 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
       for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
       for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
     }
-    if (job_->optimizer) {
+    if (!job_->owner.empty() && job_->optimizer) {
+      // zero 1: this replica's share (the spec, and so the replica count,
+      // is the checkpoint's: the header's digest says so).
+      const std::string key = "optimizer_shard" + std::to_string(job_->assignment.replica());
+      at::Tensor bytes;
+      if (!archive.try_read(key, bytes, /*is_buffer=*/true)) {
+        return absl::FailedPreconditionError("checkpoint " + path + " holds no " + key +
+                                             " (it was written without zero 1, or for other replicas)");
+      }
+      bytes = bytes.to(at::kCPU).contiguous();
+      std::istringstream shard(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())));
+      torch::serialize::InputArchive opt;
+      opt.load_from(shard, device_);
+      job_->optimizer->load(opt);
+    } else if (job_->optimizer) {
       torch::serialize::InputArchive opt;
       archive.read("optimizer", opt);
       job_->optimizer->load(opt);

@@ -347,6 +347,39 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
   // Alone (one stage), the stage clips its own gradients: they are all of them.
   if (spec.clip_grad_norm() > 0) ScaleGrads(params, ClipFactor(spec.clip_grad_norm(), std::sqrt(sq)));
   job_->optimizer->step();
+  return ShareShardedParameters();
+}
+
+Status Stage::Impl::ShareShardedParameters() {
+  if (job_->owner.empty()) return absl::OkStatus();
+  at::NoGradGuard no_grad;
+  // One broadcast per replica, of the parameters it updated.
+  for (int k = 0; k < job_->assignment.num_replicas(); ++k) {
+    std::vector<at::Tensor> updated;
+    for (std::size_t i = 0; i < job_->owner.size(); ++i)
+      if (job_->owner[i] == k) updated.push_back(job_->sharded_params[i]);
+    if (updated.empty()) continue;
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(updated, k),
+                                      Who() + " sharing the parameters replica " + std::to_string(k) + " updated"));
+  }
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::GatherOptimizerShards() {
+  job_->optimizer_shards.clear();
+  for (int k = 0; k < job_->assignment.num_replicas(); ++k) {
+    std::string bytes;
+    if (k == job_->assignment.replica() && job_->optimizer) {
+      torch::serialize::OutputArchive archive;
+      job_->optimizer->save(archive);
+      std::ostringstream out;
+      archive.save_to(out);
+      bytes = out.str();
+    }
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&bytes, k),
+                                      Who() + " gathering replica " + std::to_string(k) + "'s optimizer state"));
+    if (job_->assignment.replica() == 0) job_->optimizer_shards.push_back(std::move(bytes));
+  }
   return absl::OkStatus();
 }
 
@@ -370,6 +403,7 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
         ScaleGrads(params, req.grad_scale());
       }
       job_->optimizer->step();
+      CONVEYOR_RETURN_IF_ERROR(ShareShardedParameters());
     }
   } catch (const std::exception& e) {
     return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
@@ -383,7 +417,9 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
 
 StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
   // The replicas hold the same state: replica 0 writes it for all of them
-  // (a restored copy gets it from there, LoadCheckpoint).
+  // (a restored copy gets it from there, LoadCheckpoint). Under zero 1 each
+  // holds a share of the optimizer's: replica 0 gathers them first.
+  if (!job_->owner.empty()) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
   if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
   if (!record.ok()) {

@@ -503,5 +503,38 @@ TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDig
   std::printf("events of the recovered run:\n%s", events.c_str());
 }
 
+// ZeRO-1 over NCCL on two GPUs: a 2 x 1 GPT with AdamW whose optimizer state
+// is split between the two copies (each updates its parameters and
+// broadcasts them on the devices) ends bit for bit where the unsharded run
+// does, each copy holding part of the state. Needs two GPUs.
+TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = {"cuda:0", "cuda:1"};
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string yaml =
+      "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"
+      "data: {name: synthetic, train_samples: 128}\nbatch_size: 16\nsteps: 12\n"
+      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\npartition: {stages: 1}\nreplicas: 2\n"
+      "micro_batches: 2\n";
+  v1::JobStatus runs[2];
+  for (int zero : {0, 1}) {
+    runs[zero] = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml + "zero: " + std::to_string(zero) + "\n");
+    if (runs[zero].state() == v1::JOB_STATE_FAILED && runs[zero].error_code() == "UNIMPLEMENTED")
+      GTEST_SKIP() << "this build has no c10d Gloo group: " << runs[zero].error();
+    ASSERT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
+    ASSERT_EQ(runs[zero].stages_size(), 2);
+    EXPECT_EQ(runs[zero].stages(0).collectives(), v1::COLLECTIVES_NCCL);
+  }
+  EXPECT_EQ(runs[1].param_digest(), runs[0].param_digest());
+  const int64_t whole = runs[0].stages(0).optimizer_state_bytes();
+  EXPECT_EQ(runs[1].stages(0).optimizer_state_bytes() + runs[1].stages(1).optimizer_state_bytes(), whole);
+  EXPECT_LT(runs[1].stages(0).optimizer_state_bytes(), whole);
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -18,6 +18,7 @@
 #include "coordinator/coordinator.h"
 #include "model/device.h"
 #include "plan/job_spec.h"
+#include "stage_server/replica_group.h"
 #include "stage_server/stage_server.h"
 #include "tests/support/in_process.h"
 #include "tests/support/test_util.h"
@@ -563,6 +564,38 @@ TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.steady_steps(), 4);
   EXPECT_DOUBLE_EQ(run.steady_samples_per_second(), 4 * 16 / run.steady_seconds());
+}
+
+// ZeRO-1 (zero: 1) on a 2 x 2 grid with AdamW: each replica updates its half
+// of each stage's parameters with its half of the moments and sends them to
+// the other; the run equals the unsharded one bit for bit (losses and
+// digest), and each stage's optimizer state is split between its two copies
+// (the memory report's shares add up to the unsharded state).
+TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  const std::string job =
+      "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 2}\nreplicas: 2\n"
+      "data: {name: synthetic, train_samples: 512}\nbatch_size: 32\nmicro_batches: 2\nsteps: 10\n"
+      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\n";
+  v1::JobStatus runs[2];
+  for (int zero : {0, 1}) {
+    InProcessCluster cluster(4);
+    auto coordinator = cluster.StartCoordinator();
+    runs[zero] = RunToEnd(*coordinator, job + "zero: " + std::to_string(zero) + "\n");
+    ASSERT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
+    ASSERT_EQ(runs[zero].stages_size(), 4);
+  }
+  EXPECT_EQ(runs[1].param_digest(), runs[0].param_digest());
+  ASSERT_EQ(runs[1].losses_size(), runs[0].losses_size());
+  for (int i = 0; i < runs[0].losses_size(); ++i) EXPECT_EQ(runs[1].losses(i), runs[0].losses(i)) << "step " << i + 1;
+  for (int s = 0; s < 2; ++s) {  // replica k's stage s is report k * 2 + s
+    const int64_t whole = runs[0].stages(s).optimizer_state_bytes();
+    const int64_t r0 = runs[1].stages(s).optimizer_state_bytes(), r1 = runs[1].stages(s + 2).optimizer_state_bytes();
+    EXPECT_GT(whole, 0);
+    EXPECT_EQ(r0 + r1, whole) << "stage " << s;
+    EXPECT_LT(r0, whole) << "stage " << s;
+    EXPECT_LT(r1, whole) << "stage " << s;
+  }
 }
 
 }  // namespace

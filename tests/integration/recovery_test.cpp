@@ -36,7 +36,7 @@ using Clock = std::chrono::steady_clock;
 // with overflows injected on three stages), so that optimizer state, the
 // schedule's position and the loss scale must come back too; past an epoch,
 // so the data order does.
-std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60, int replicas = 1) {
+std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60, int replicas = 1, int zero = 0) {
   // 4 stage servers either way: one pipeline of 4 stages, or 2 replicas of 2.
   const bool grid = replicas > 1;
   return std::string("name: chaos\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\n") +
@@ -50,7 +50,7 @@ std::string Job(int steps, int checkpoint_every, double recovery_timeout = 60, i
                : "inject_inf_gradients: [{stage: 3, step: 12}, {stage: 0, step: 13}, {stage: 2, step: 47}]\n") +
          "seed: 5\nstage_timeout: 10\nsteps: " + std::to_string(steps) +
          "\ncheckpoint_every: " + std::to_string(checkpoint_every) +
-         "\nrecovery_timeout: " + std::to_string(recovery_timeout) + "\n";
+         "\nrecovery_timeout: " + std::to_string(recovery_timeout) + "\n" + (zero > 0 ? "zero: 1\n" : "");
 }
 
 std::unique_ptr<cli::LocalCluster> StartCluster(bool restart_stages,
@@ -266,7 +266,9 @@ TEST(Recovery, ACorruptCheckpointIsSkippedForThePreviousOne) {
 // `replicas` 2: the job is 2 replicas of 2 stages on the 4 servers; only
 // replica 0's servers write checkpoints, so one of them kills itself in a
 // write, and a restored replica 1 gets its state from replica 0.
-void Chaos(int replicas) {
+// `zero` 1: the job shards its optimizer state (ZeRO-1) and must still end
+// at the unsharded uninterrupted run's digest.
+void Chaos(int replicas, int zero = 0) {
   const int steps = 300, every = 10;
   const v1::JobStatus& clean = Uninterrupted(steps, every, replicas);
   uint64_t seed = std::random_device{}();
@@ -294,7 +296,7 @@ void Chaos(int replicas) {
 
   auto cluster = StartCluster(true, {{self_victim, "CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=" + std::to_string(self_write)}});
   ASSERT_TRUE(cluster);
-  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every, 60, replicas));
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every, 60, replicas, zero));
   std::size_t next = 0;
   Clock::time_point killed_at{}, recovering_at{};
   int64_t failed_step = 0;
@@ -362,6 +364,16 @@ TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) { Chaos(1); }
 TEST(Recovery, ChaosKillsStagesOfTwoReplicasOfTwoStagesAndTheCoordinator) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
   Chaos(2);
+}
+
+// The same with zero: 1: each replica updates half of each stage's parameters
+// with half of the optimizer state (AdamW's moments, with clipping and loss
+// scaling's skipped steps through ApplyStep); replica 0 gathers the shards
+// into each checkpoint, and every restore hands each replica its own. The job
+// ends at the digest of the uninterrupted run without sharding.
+TEST(Recovery, ChaosWithTheOptimizerShardedOverTwoReplicasEndsAtTheUnshardedDigest) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  Chaos(2, /*zero=*/1);
 }
 
 // `conveyor submit --wait` follows its job across a coordinator restart: it
