@@ -22,6 +22,7 @@
 #include "common/command_line.h"
 #include "common/files.h"
 #include "plan/job_keys.h"
+#include "plan/job_overrides.h"
 #include "plan/job_spec.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -57,22 +58,35 @@ std::vector<std::string> JobDataRoots(const std::string& job_file) {
   return {dir, kDatasetsRoot};
 }
 
-// The job file, checked here as the coordinator will check it: a binary
-// file, a folder or a typo is named before anything is sent.
-StatusOr<std::string> ReadCheckedJobFile(const std::string& path) {
-  CONVEYOR_ASSIGN_OR_RETURN(std::string yaml, ReadJobFile(path));
-  auto spec = ParseJobYaml(yaml);
-  if (!spec.ok()) return Annotate(spec.status(), path);
-  return yaml;
-}
-
 struct Common {
   std::string coordinator;
   std::string log_level = "warn";
   bool json = false;
   TlsFiles tls;
   std::string token_file;
+  // submit, local and train: --set KEY=VALUE overrides, and --dry-run (print
+  // the effective job file, run nothing).
+  std::vector<std::string> sets;
+  bool dry_run = false;
 };
+
+// The job file with the command line's overrides applied (the effective job,
+// what is sent and stored), checked here as the coordinator will check it: a
+// binary file, a folder or a typo is named before anything is sent.
+StatusOr<std::string> ReadCheckedJobFile(const Common& c, const std::string& path) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::string yaml, ReadJobFile(path));
+  std::string where = path;
+  if (!c.sets.empty()) {
+    auto applied = ApplyJobOverrides(yaml, c.sets);
+    if (!applied.ok()) return Annotate(applied.status(), path);
+    yaml = std::move(*applied);
+    where += " with --set";
+    for (const std::string& s : c.sets) where += " " + s;
+  }
+  auto spec = ParseJobYaml(yaml);
+  if (!spec.ok()) return Annotate(spec.status(), where);
+  return yaml;
+}
 
 // The token every call to the coordinator carries (empty: none). Set once in
 // Main() from --token-file or $CONVEYOR_TOKEN, before any call.
@@ -207,8 +221,12 @@ StatusOr<std::string> SubmitText(v1::Coordinator::Stub& stub, const std::string&
 // ------------------------------------------------------------- commands --
 
 int CmdSubmit(const Common& c, const std::string& file, bool wait) {
-  auto yaml = ReadCheckedJobFile(file);
+  auto yaml = ReadCheckedJobFile(c, file);
   if (!yaml.ok()) return Fail(yaml.status());
+  if (c.dry_run) {
+    std::cout << *yaml;
+    return 0;
+  }
   auto stub = Connect(CoordinatorAddress(c));
   auto id = SubmitText(*stub, *yaml);
   if (!id.ok()) return Fail(Annotate(id.status(), file));
@@ -306,8 +324,14 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
     return Fail(absl::InvalidArgumentError(
         "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
   }
-  auto spec = LoadJobFile(file);
-  if (!spec.ok()) return Fail(spec.status());
+  auto yaml = ReadCheckedJobFile(c, file);
+  if (!yaml.ok()) return Fail(yaml.status());
+  if (c.dry_run) {
+    std::cout << *yaml;
+    return 0;
+  }
+  auto spec = ParseJobYaml(*yaml);
+  if (!spec.ok()) return Fail(Annotate(spec.status(), file));
   if (Status files = ResolveJobPaths(&*spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
   ProgressPrinter progress(true);
   ReferenceOptions options;
@@ -466,8 +490,12 @@ class InterruptWatcher {
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
              const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
-  auto yaml = ReadCheckedJobFile(file);
+  auto yaml = ReadCheckedJobFile(c, file);
   if (!yaml.ok()) return Fail(yaml.status());
+  if (c.dry_run) {
+    std::cout << *yaml;
+    return 0;
+  }
   auto spec = ParseJobYaml(*yaml);
   if (!spec.ok()) return Fail(Annotate(spec.status(), file));
   LocalClusterOptions options;
@@ -550,6 +578,14 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   submit->add_option("job", file, "job file (YAML)")->required();
   submit->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
   submit->add_flag("--json", common.json, "print the result as one JSON object on stdout");
+  // --set and --dry-run on every command that reads a job file.
+  auto add_overrides = [&common](CLI::App* cmd) {
+    cmd->add_option("--set", common.sets,
+                    "KEY=VALUE: set a job key (dotted, as `conveyor keys` lists them) over the job file's; repeatable, "
+                    "e.g. --set optimizer.lr=0.01 --set 'model.hidden=[64, 64]'");
+    cmd->add_flag("--dry-run", common.dry_run, "print the effective job file (the file with --set applied) and run nothing");
+  };
+  add_overrides(submit);
 
   auto* status = app.add_subcommand("status", "show a job");
   status->add_option("job_id", job_id, "job id")->required();
@@ -573,6 +609,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   train->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
   train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)");
   train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
+  add_overrides(train);
 
   std::string local_device = "auto";
   auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
@@ -590,6 +627,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
       ->capture_default_str();
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();
+  add_overrides(local);
 
   int64_t step = -1;
   auto* trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");

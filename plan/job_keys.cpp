@@ -1116,6 +1116,14 @@ const std::vector<JobKey>& JobKeys() {
   return *table;
 }
 
+std::string NearestJobKeyHint(const std::string& dotted) {
+  const std::string section = Parent(dotted);
+  const std::string name = dotted.substr(section.empty() ? 0 : section.size() + 1);
+  std::string hint = DidYouMean(section, name);
+  if (!section.empty() && !hint.empty()) hint.insert(hint.find("mean ") + 5, section + ".");
+  return hint;
+}
+
 const JobKey* FindJobKey(const std::string& dotted) {
   const auto& index = Index();
   const auto it = index.find(dotted);

@@ -90,6 +90,9 @@ struct JobKey {
 const std::vector<JobKey>& JobKeys();
 // nullptr for an unknown key.
 const JobKey* FindJobKey(const std::string& dotted);
+// " (did you mean optimizer.lr?)" for the known key nearest an unknown
+// dotted one, where one is near enough; "" otherwise.
+std::string NearestJobKeyHint(const std::string& dotted);
 
 // Reads a job file's root mapping into `spec` (defaults first, then every
 // key by the table). `present` receives the dotted keys the file gave.

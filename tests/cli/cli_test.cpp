@@ -246,5 +246,30 @@ TEST(Cli, ReferenceNamesABadJobFile) {
   EXPECT_THAT(r.err, HasSubstr("epoch: unknown key"));
 }
 
+// --set on the command line: `train --dry-run` prints the effective job (the
+// file with the overrides applied) and runs nothing; without it the job runs
+// with them; a bad override is named with the nearest key, and a bad value as
+// in a file.
+TEST(Cli, SetOverridesTheJobFileAndDryRunPrintsTheEffectiveJob) {
+  const std::string job = ::testing::TempDir() + "/overrides.yaml";
+  std::ofstream(job) << "model: toy\nbatch_size: 8\nsteps: 5\noptimizer: {name: sgd, lr: 0.1}\n";
+  auto dry = RunCommand({Binary("conveyor"), "train", job, "--reference", "--set", "steps=2", "--set",
+                         "optimizer.lr=0.05", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_THAT(dry.out, HasSubstr("steps: 2"));
+  EXPECT_THAT(dry.out, HasSubstr("lr: 0.05"));
+  EXPECT_THAT(dry.out, ::testing::Not(HasSubstr("loss")));  // nothing ran
+  auto run = RunCommand({Binary("conveyor"), "train", job, "--reference", "--set", "steps=2", "--json"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.out, HasSubstr("\"total_steps\":2"));
+  auto typo = RunCommand({Binary("conveyor"), "train", job, "--reference", "--set", "optimizer.lrr=0.1"});
+  EXPECT_NE(typo.exit_code, 0);
+  EXPECT_THAT(typo.err, HasSubstr("did you mean optimizer.lr?"));
+  auto bad = RunCommand({Binary("conveyor"), "submit", job, "--set", "batch_size=-3", "--dry-run"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("with --set batch_size=-3"));
+  EXPECT_THAT(bad.err, HasSubstr("batch_size"));
+}
+
 }  // namespace
 }  // namespace conveyor
