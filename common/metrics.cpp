@@ -27,6 +27,11 @@ const std::vector<Definition>& Definitions() {
   return table;
 }
 
+void RecordProcess(const std::string& role) {
+  Set(Id::kUp, {{"role", role}}, 1);
+  Set(Id::kBuildInfo, {{"role", role}, {"version", CONVEYOR_VERSION}}, 1);
+}
+
 void CountRpcError(const std::string& method, const Status& status) {
   if (!status.ok()) Add(Id::kRpcErrors, {{"method", method}, {"code", absl::StatusCodeToString(status.code())}});
 }

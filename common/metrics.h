@@ -22,6 +22,9 @@ namespace conveyor::metrics {
 // conventions: _seconds, _bytes, _total for counters. docs/operations.md
 // lists the same table (a test checks every name appears there).
 #define CONVEYOR_METRICS(X)                                                                                         \
+  /* Both processes, from their start */                                                                          \
+  X(kUp, kGauge, "conveyor_up", "role", "1 while this process serves (role: coordinator or stage)")                 \
+  X(kBuildInfo, kGauge, "conveyor_build_info", "role,version", "1, labelled with this process's Conveyor version")   \
   /* The coordinator */                                                                                            \
   X(kJobs, kGauge, "conveyor_jobs", "state", "Jobs in the coordinator's database, by state")                       \
   X(kSteps, kCounter, "conveyor_steps_total", "job_id", "Training steps done (steps run again after a recovery count again)") \
@@ -79,6 +82,10 @@ void Observe(Id id, const Labels& labels, double value);
 // Drops the series of `id` whose labels include every pair in `match` (a job's
 // gauges once it ended, say).
 void Forget(Id id, const Labels& match);
+
+// conveyor_up and conveyor_build_info of a server of `role` ("coordinator",
+// "stage"): what an idle server serves before its first job.
+void RecordProcess(const std::string& role);
 
 // Counts an RPC served as `method` ("Service/Method") that ended in `status`
 // (nothing when OK).

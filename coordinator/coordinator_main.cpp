@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
   }
   auto metrics = conveyor::metrics::MetricsEndpoint::Start(metrics_flags.listen, metrics_flags.port_file);
   if (!metrics.ok()) return conveyor::StartError(app, metrics.status());
+  conveyor::metrics::RecordProcess("coordinator");
   options.defer_scheduling = true;
   auto coordinator = conveyor::Coordinator::Start(options);
   if (!coordinator.ok()) {

@@ -1,6 +1,7 @@
 #include "stage_server/stage.h"
 
 #include "stage_server/stage_impl.h"
+#include "stage_server/stage_metrics.h"
 #include "transport/nccl/nccl_channel.h"
 
 namespace conveyor {
@@ -142,7 +143,9 @@ void Stage::Impl::DropJob() {
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_.clear();
   stage_index_ = -1;
+  replica_ = 0;
   aborted_.clear();
+  RecordIdleStage(device_.str());
 }
 
 StatusOr<v1::ProbeReply> Stage::Impl::Probe(const v1::ProbeRequest& req) {
@@ -407,6 +410,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   InboxExpectations expect;
   expect.job_id = a.job_id();
   expect.stage_index = a.stage_index();
+  expect.replica = a.replica();
   expect.num_stages = a.num_stages();
   expect.dtype = ActivationDType(spec);
   if (spec.precision() == v1::PRECISION_BF16_MIXED) expect.other_dtype = v1::DTYPE_BFLOAT16;
@@ -456,6 +460,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_ = a.job_id();
   stage_index_ = a.stage_index();
+  replica_ = a.replica();
   return reply;
 }
 
@@ -570,6 +575,7 @@ v1::StageInfo Stage::Impl::Info() const {
   std::lock_guard<std::mutex> lock(info_mu_);
   info.set_job_id(job_id_);
   info.set_stage_index(stage_index_);
+  info.set_replica(replica_);
   return info;
 }
 
@@ -591,7 +597,9 @@ StatusOr<std::unique_ptr<Stage>> Stage::Create(const StageOptions& options) {
     return absl::InvalidArgumentError("device " + options.device + " is not supported (cpu, cuda or cuda:N)");
   }
   SetComputeThreads(options.threads > 0 ? options.threads : DefaultComputeThreads(options.device));
-  return std::unique_ptr<Stage>(new Stage(std::make_unique<Impl>(options, *device)));
+  auto impl = std::make_unique<Impl>(options, *device);
+  RecordIdleStage(impl->Info().device());  // what a server without a job serves
+  return std::unique_ptr<Stage>(new Stage(std::move(impl)));
 }
 
 Stage::Stage(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

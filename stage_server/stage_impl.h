@@ -343,6 +343,7 @@ class Stage::Impl {
   mutable std::mutex info_mu_;  // guards the fields below, read by Info() and Abort()
   std::string job_id_;
   int stage_index_ = -1;
+  int replica_ = 0;
   // Why the coordinator aborted the job's step (Abort), until the job is
   // dropped: a step that begins after it fails at its first wait.
   std::string aborted_;

@@ -28,7 +28,7 @@ std::string TransportName(v1::LinkKind kind) {
 class CountingTransport final : public Transport {
  public:
   CountingTransport(std::unique_ptr<Transport> inner, const v1::StageAssignment& a)
-      : inner_(std::move(inner)), labels_(StageLabels(a.job_id(), a.stage_index())) {}
+      : inner_(std::move(inner)), labels_(StageLabels(a.job_id(), a.stage_index(), a.replica())) {}
 
   Status Send(Peer peer, Frame frame) override {
     const int64_t bytes = frame.payload ? frame.payload->bytes() : 0;
@@ -76,8 +76,17 @@ int64_t ResidentBytes() {
 
 }  // namespace
 
-metrics::Labels StageLabels(const std::string& job_id, int stage_index) {
-  return {{"job_id", job_id}, {"stage", std::to_string(stage_index)}, {"replica", "0"}};
+metrics::Labels StageLabels(const std::string& job_id, int stage_index, int replica) {
+  return {{"job_id", job_id}, {"stage", std::to_string(stage_index)}, {"replica", std::to_string(replica)}};
+}
+
+void RecordIdleStage(const std::string& device) {
+  metrics::RecordProcess("stage");
+  const int64_t memory = DeviceMemoryBytes(device);
+  if (memory >= 0) {
+    metrics::Set(metrics::Id::kStageDeviceMemoryBytes, {{"stage", ""}, {"replica", ""}, {"device", device}},
+                 static_cast<double>(memory));
+  }
 }
 
 int64_t DeviceMemoryBytes(const std::string& device) {
@@ -85,9 +94,9 @@ int64_t DeviceMemoryBytes(const std::string& device) {
   return ResidentBytes();
 }
 
-void RecordStageStep(int stage_index, const std::string& device, const v1::RunStepRequest& req,
+void RecordStageStep(int stage_index, int replica, const std::string& device, const v1::RunStepRequest& req,
                      const v1::RunStepReply& reply) {
-  const metrics::Labels labels = StageLabels(req.job_id(), stage_index);
+  const metrics::Labels labels = StageLabels(req.job_id(), stage_index, replica);
   metrics::Labels phase = labels;
   phase["phase"] = req.phase() == v1::PHASE_EVAL ? "eval" : "train";
   metrics::Add(metrics::Id::kStageSteps, phase);
@@ -103,8 +112,9 @@ void RecordStageStep(int stage_index, const std::string& device, const v1::RunSt
   }
   const int64_t memory = DeviceMemoryBytes(device);
   if (memory >= 0) {
+    metrics::Forget(metrics::Id::kStageDeviceMemoryBytes, {{"stage", ""}});  // the idle server's
     metrics::Set(metrics::Id::kStageDeviceMemoryBytes,
-                 {{"stage", std::to_string(stage_index)}, {"replica", "0"}, {"device", device}},
+                 {{"stage", std::to_string(stage_index)}, {"replica", std::to_string(replica)}, {"device", device}},
                  static_cast<double>(memory));
   }
 }

@@ -15,13 +15,19 @@
 
 namespace conveyor {
 
-// The labels of a stage's series: job, stage, replica (always "0": a job has
-// one pipeline).
-metrics::Labels StageLabels(const std::string& job_id, int stage_index);
+// The labels of a stage's series: job, stage, replica (the copy of the
+// pipeline; 0 without replicas).
+metrics::Labels StageLabels(const std::string& job_id, int stage_index, int replica);
 
-// After a step that succeeded on stage `stage_index` of `device`.
-void RecordStageStep(int stage_index, const std::string& device, const v1::RunStepRequest& req,
+// After a step that succeeded on stage `stage_index` of copy `replica`, on
+// `device`.
+void RecordStageStep(int stage_index, int replica, const std::string& device, const v1::RunStepRequest& req,
                      const v1::RunStepReply& reply);
+
+// A stage server without a job (started, or its job released): conveyor_up
+// and conveyor_build_info, and the device's memory in use with empty stage
+// and replica labels (replaced by the job's series at its first step).
+void RecordIdleStage(const std::string& device);
 
 // Bytes of memory in use on `device`: on a GPU what LibTorch's caching
 // allocator reserved, on the CPU this process's resident set. -1: unknown.

@@ -24,7 +24,7 @@ StatusOr<Reply> Observed(Stage*, const Request&, StatusOr<Reply> reply) {
 StatusOr<v1::RunStepReply> Observed(Stage* stage, const v1::RunStepRequest& req, StatusOr<v1::RunStepReply> reply) {
   if (reply.ok()) {
     const v1::StageInfo info = stage->Info();
-    RecordStageStep(info.stage_index(), info.device(), req, *reply);
+    RecordStageStep(info.stage_index(), info.replica(), info.device(), req, *reply);
   }
   return reply;
 }

@@ -124,7 +124,8 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
                             checkpoints_.Save(CheckpointHeaderFor(step), payload, job_->spec().keep_checkpoints()));
   const double seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
   metrics::Observe(metrics::Id::kStageCheckpointSeconds,
-                   StageLabels(job_->assignment.job_id(), job_->assignment.stage_index()), seconds);
+                   StageLabels(job_->assignment.job_id(), job_->assignment.stage_index(), job_->assignment.replica()),
+                   seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
             " bytes) in ", seconds, " s");
   return record;

@@ -155,7 +155,7 @@ Status Inbox::Deliver(Frame frame) {
   metrics::Add(metrics::Id::kStageReceivedBytes,
                {{"job_id", expect_.job_id},
                 {"stage", std::to_string(expect_.stage_index)},
-                {"replica", "0"},
+                {"replica", std::to_string(expect_.replica)},
                 {"peer", h.kind() == v1::FRAME_ACTIVATION ? "upstream" : "downstream"},
                 {"transport", h.carrier() == v1::CARRIER_NCCL ? "nccl" : "grpc"}},
                static_cast<double>(frame.payload->bytes()));

@@ -35,6 +35,7 @@ struct ExpectedTensor {
 struct InboxExpectations {
   std::string job_id;
   int stage_index = 0;
+  int replica = 0;  // which copy of the pipeline (replicas), for metrics
   int num_stages = 1;
   v1::DType dtype = v1::DTYPE_FLOAT32;
   // Also accepted where set: under autocast (bf16-mixed) a chunk's output is

@@ -214,6 +214,32 @@ TEST(Prometheus, ScrapesTheClusterDuringAJob) {
   EXPECT_EQ(Follow(coordinator, job_id).state(), v1::JOB_STATE_CANCELLED);
 }
 
+// A server serves its series from its start, before any job (Prometheus'
+// guidelines): conveyor_up and conveyor_build_info on both, and a stage
+// server's memory in use with empty stage and replica labels. Before, an
+// idle stage server's /metrics was empty.
+TEST(Prometheus, IdleServersServeUpBuildInfoAndMemory) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 1;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.metrics = true;
+  auto cluster = cli::LocalCluster::Start(options);
+  if (!cluster.ok() && absl::IsFailedPrecondition(cluster.status()))
+    GTEST_SKIP() << "built without prometheus-cpp: " << cluster.status();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const auto& metrics = (*cluster)->metrics_addresses();
+  ASSERT_EQ(metrics.size(), 2u);  // the stage server's, then the coordinator's
+  auto stage = HttpGet(metrics[0], "/metrics");
+  ASSERT_TRUE(stage.has_value());
+  EXPECT_THAT(stage->body, HasSubstr("conveyor_up{role=\"stage\"} 1"));
+  EXPECT_THAT(stage->body, HasSubstr("conveyor_build_info{role=\"stage\",version=\""));
+  EXPECT_THAT(stage->body, HasSubstr("conveyor_stage_device_memory_bytes{device=\"cpu\",replica=\"\",stage=\"\"}"));
+  auto coordinator = HttpGet(metrics[1], "/metrics");
+  ASSERT_TRUE(coordinator.has_value());
+  EXPECT_THAT(coordinator->body, HasSubstr("conveyor_up{role=\"coordinator\"} 1"));
+}
+
 TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
