@@ -333,6 +333,7 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   auto spec = ParseJobYaml(*yaml);
   if (!spec.ok()) return Fail(Annotate(spec.status(), file));
   if (Status files = ResolveJobPaths(&*spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
+  if (Status save = CheckSavePath(spec->save_path()); !save.ok()) return Fail(Annotate(save, file));
   ProgressPrinter progress(true);
   ReferenceOptions options;
   options.device = device;

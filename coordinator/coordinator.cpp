@@ -81,6 +81,7 @@ void Coordinator::Shutdown() {
 StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(job_yaml));
   CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, data_roots_));
+  CONVEYOR_RETURN_IF_ERROR(CheckSavePath(spec.save_path()));  // this process writes it
   if (Replicas(spec) > 1 && Replicas(spec) * spec.partition().stages() > static_cast<int>(clients_.size())) {
     return absl::InvalidArgumentError("replicas: " + std::to_string(Replicas(spec)) + " copies of " +
                                       std::to_string(spec.partition().stages()) + " stages need " +
@@ -90,6 +91,21 @@ StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   if (spec.partition().stages() > static_cast<int>(clients_.size())) {
     return absl::FailedPreconditionError("the job needs " + std::to_string(spec.partition().stages()) +
                                          " stages, this coordinator has " + std::to_string(clients_.size()));
+  }
+  std::lock_guard<std::mutex> submitting(submit_mu_);
+  if (!spec.save_path().empty()) {
+    // Two jobs writing one file would overwrite each other's weights. The
+    // running jobs' states as they are now (the store lags their end).
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> jobs, List(/*with_losses=*/false));
+    for (const v1::JobStatus& other : jobs) {
+      if (IsTerminal(other.state())) continue;
+      auto stored = store_->Get(other.job_id());
+      if (stored.ok() && stored->spec.save_path() == spec.save_path()) {
+        return absl::FailedPreconditionError("save.path: " + other.job_id() + " (" + JobStateName(other.state()) +
+                                             ") writes " + spec.save_path() +
+                                             " too; give this job another path, or wait for that one to end");
+      }
+    }
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::string id, store_->Insert(spec, job_yaml, v1::JobStatus()));
   store_->AddEvent(id, "submitted").IgnoreError();

@@ -131,6 +131,8 @@ class Coordinator {
   std::vector<std::unique_ptr<StageClient>> clients_;
   Clock* clock_ = &RealClock();
 
+  std::mutex submit_mu_;  // one Submit at a time: its save.path check and its insert
+
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   bool stop_ = false;

@@ -1,6 +1,7 @@
 #include "coordinator/job_runner.h"
 
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 
 #include "common/files.h"
@@ -481,6 +482,14 @@ Status JobRunner::Evaluate() {
 
 Status JobRunner::SaveWeights() {
   if (spec_.save_path().empty()) return absl::OkStatus();
+  // Folders missing under the path are made, as `conveyor export` does.
+  const std::filesystem::path folder = std::filesystem::path(spec_.save_path()).parent_path();
+  std::error_code made;
+  if (!folder.empty()) std::filesystem::create_directories(folder, made);
+  if (made) {
+    return absl::FailedPreconditionError("save.path: cannot make the folder " + folder.string() + ": " +
+                                         made.message());
+  }
   std::vector<v1::ParametersReply> parts;
   const std::vector<StageClient*> stages = ReplicaStages(0);  // the replicas hold the same parameters
   for (std::size_t s = 0; s < stages.size(); ++s) {
@@ -618,6 +627,7 @@ v1::JobStatus JobRunner::Run() {
   // A job that resumes after a coordinator restart recovers from the start.
   started_ = status_.step() > 0 || status_.checkpoint_step() > 0;
   bool assigned = false;
+  bool weights_kept = false;  // trained, but the save failed: the stages keep the job
   Status st;
   for (;;) {
     if (!assigned) {
@@ -637,7 +647,18 @@ v1::JobStatus JobRunner::Run() {
     // Jobs given in epochs were evaluated after each (the last included).
     if (st.ok() && spec_.eval() && !ByEpochs()) st = Evaluate();
     if (st.ok()) st = CollectDigest();
-    if (st.ok()) st = SaveWeights();
+    if (st.ok()) {
+      // Trained: a failure to write the file fails the job, but the weights
+      // stay on the stages for `conveyor export` (no recovery trains again).
+      st = SaveWeights();
+      if (!st.ok()) {
+        weights_kept = true;
+        st = Status(st.code(), std::string(st.message()) +
+                                   "; the job trained to its end and its weights stay on the stage servers until "
+                                   "their next job: `conveyor export " + status_.job_id() + " --out FILE` writes them");
+        break;
+      }
+    }
     if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
     st = AwaitStages(st);
     if (!st.ok()) break;
@@ -657,7 +678,7 @@ v1::JobStatus JobRunner::Run() {
   }
   // A finished job's parameters stay on the stages (GetParameters reads them)
   // until the next job; a failed or cancelled one is dropped at once.
-  if (status_.state() != v1::JOB_STATE_SUCCEEDED) {
+  if (status_.state() != v1::JOB_STATE_SUCCEEDED && !weights_kept) {
     for (StageClient* s : stages_) s->Release(ref, kAbortDeadlineS).IgnoreError();
   }
   metrics_.Flush(/*now=*/true);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <torch/script.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -56,6 +57,12 @@ StatusOr<std::string> TorchScriptWithWeights(const std::string& path, const Name
 
 Status WriteWeights(const std::string& path, const NamedTensors& weights, const v1::ModelSpec& model,
                     bool torchscript, const std::string& key) {
+  // Folders missing under the path are made (the coordinator's save and
+  // `conveyor export` do the same).
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  std::error_code made;
+  if (!folder.empty()) std::filesystem::create_directories(folder, made);
+  if (made) return absl::FailedPreconditionError(key + ": cannot make the folder " + folder.string() + ": " + made.message());
   if (!torchscript) return Annotate(WriteStateDict(path, weights), key);
   if (model.kind() != v1::MODEL_TORCHSCRIPT)
     return absl::InvalidArgumentError(key + ": format torchscript needs a model from a TorchScript archive (model: "

@@ -861,7 +861,10 @@ std::vector<JobKey> MakeTable() {
       "(required in `save`) when the job succeeds, the coordinator gathers every stage's parameters and buffers and "
       "writes them to this file (on its host, under a data root, atomically) as one state_dict that "
       "`torch.load(FILE, weights_only=True)` reads and `load_state_dict(..., strict=True)` takes; `conveyor train "
-      "--reference` writes it too")
+      "--reference` writes it too. Checked at submission: not a folder, the nearest folder of it that exists writable "
+      "(missing ones are made when it is written), and no other queued or running job writing the same file "
+      "(`FAILED_PRECONDITION` naming it). A write that fails after training fails the job but leaves the weights on "
+      "the stage servers: `conveyor export JOB --out FILE` writes them")
       .Set([](const V& v, S* s) { s->set_save_path(v.text); });
   add("save.format", kChoice,
       "`state_dict`, or `torchscript`: the job's TorchScript archive with the trained weights, loadable by "

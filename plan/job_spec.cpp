@@ -204,6 +204,29 @@ StatusOr<int64_t> TokenSamples(const v1::DataSpec& data, const std::string& key,
   return tokens > 0 ? (tokens - 1) / data.seq_len() : 0;
 }
 
+Status CheckSavePath(const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode))
+      return Invalid("save.path: " + path + " is a folder; name the file to write in it (e.g. " + path + "/weights.pt)");
+    if (!S_ISREG(st.st_mode)) return Invalid("save.path: " + path + " is not a regular file");
+  }
+  // The nearest folder that exists must be one this host may write in (the
+  // ones missing are made when the weights are written).
+  std::string dir = path;
+  for (;;) {
+    const auto slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    if (::stat(dir.c_str(), &st) == 0) break;
+    if (dir == "." || dir == "/") break;
+  }
+  if (!S_ISDIR(st.st_mode)) return Invalid("save.path: " + dir + " is a file, not a folder, in " + path);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return absl::PermissionDeniedError("save.path: this host may not write in " + dir + " (" + path + ")");
+  return absl::OkStatus();
+}
+
 Status CheckJobFiles(const v1::JobSpec& spec) {
   if (spec.data().kind() == v1::DATA_TOKENS) {
     for (const auto& [key, path] : {std::pair<std::string, std::string>{"data.train", spec.data().train()},
@@ -234,15 +257,25 @@ Status CheckJobFiles(const v1::JobSpec& spec) {
 namespace {
 
 // `path` with `..` and symbolic links resolved; a file that does not exist
-// yet keeps its name under its resolved folder. "" when the folder is missing.
-std::string RealPath(const std::string& path, bool* exists) {
+// yet keeps its name under its resolved folder. "" when the folder is missing
+// (with `missing_folders`, folders that do not exist yet keep their names
+// under the nearest one that does, unless they hold `..`).
+std::string RealPath(const std::string& path, bool* exists, bool missing_folders = false) {
   char buf[PATH_MAX];
   *exists = ::realpath(path.c_str(), buf) != nullptr;
   if (*exists) return buf;
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::realpath(dir.c_str(), buf) == nullptr) return "";
-  return std::string(buf) + "/" + path.substr(slash == std::string::npos ? 0 : slash + 1);
+  std::string dir = path, rest;
+  for (;;) {
+    const auto slash = dir.rfind('/');
+    const std::string name = dir.substr(slash == std::string::npos ? 0 : slash + 1);
+    if (name == "..") return "";
+    rest = rest.empty() ? name : name + "/" + rest;
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    if (::realpath(dir.c_str(), buf) != nullptr) break;
+    if (!missing_folders || dir == "." || dir == "/") return "";
+  }
+  const std::string real = buf;
+  return (real == "/" ? "" : real) + "/" + rest;
 }
 
 bool Under(const std::string& path, const std::string& root) {
@@ -267,7 +300,8 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
     std::string joined = *path;
     if (joined[0] != '/' && !roots.empty()) joined = roots.front() + "/" + joined;
     bool exists = false;
-    const std::string real = RealPath(joined, &exists);
+    // A file to write may be in folders made when it is written.
+    const std::string real = RealPath(joined, &exists, /*missing_folders=*/!must_exist);
     if (real.empty() || (must_exist && !exists))
       return absl::NotFoundError(std::string(key) + ": " + joined + " does not exist");
     if (!roots.empty()) {

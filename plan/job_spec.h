@@ -51,6 +51,12 @@ StatusOr<v1::JobSpec> LoadJobFile(const std::string& path);
 // is not a whole number of token ids. The coordinator checks them at submission (so
 // it must see the same files as the stages that read them: see docs/jobs.md).
 Status CheckJobFiles(const v1::JobSpec& spec);
+// save.path, before a job is queued: not a folder, and the nearest folder of
+// it that exists is one this host may write in (the missing ones are made
+// when the weights are written). INVALID_ARGUMENT or PERMISSION_DENIED
+// naming the path. Where the file is written: the coordinator at submission,
+// `conveyor train` (the stages never write it).
+Status CheckSavePath(const std::string& path);
 
 // data: {format: tokens}: bytes per token id of `dtype` (2 or 4; 0: none).
 int TokenWidth(v1::TokenDType dtype);

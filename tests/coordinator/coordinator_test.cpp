@@ -8,6 +8,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "common/clock.h"
 #include "plan/job_spec.h"
 #include "tests/support/in_process.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -25,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::InProcessCluster;
 using testing::RunToEnd;
+using testing::WaitForEnd;
 
 const char* kToy = "name: toy\nmodel: toy\npartition: {stages: 3}\nbatch_size: 8\nmicro_batches: 2\nsteps: 5\n";
 const char* kEndless = "name: endless\nmodel: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100000000\n";
@@ -509,6 +512,51 @@ TEST(Coordinator, AnAbortThatComesBeforeItsStepAbortsIt) {
   std::lock_guard<std::mutex> lock(shared.mu);
   ASSERT_TRUE(shared.aborted);
   EXPECT_TRUE(absl::IsAborted(shared.late_step)) << shared.late_step;
+}
+
+// save.path: a second job that writes the file a queued or running job
+// writes is refused at submission naming that job (they overwrote each
+// other silently); once that job ended, the path is free again.
+TEST(Coordinator, TwoJobsWritingOneSavePathAreRefusedAtSubmission) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  const std::string dir = std::filesystem::canonical(testing::MakeTempDir("save-twice")).string();
+  const std::string job = "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsave: {path: " + dir + "/w.pt}\n";
+  auto first = c->Submit(job + "steps: 1000000\n");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = c->Submit(job + "steps: 2\n");
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("save.path: " + *first));
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr(dir + "/w.pt too"));
+  ASSERT_TRUE(c->Cancel(*first).ok());
+  EXPECT_EQ(WaitForEnd(*c, *first).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(RunToEnd(*c, job + "steps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
+  std::filesystem::remove_all(dir);
+}
+
+// A save that fails after training (here a file put where its folder was to
+// be made) fails the job saying so, and the weights stay on the stages: the
+// job's parameters can still be read, as `conveyor export` reads them. The
+// job is queued behind a running one so that the file comes between its
+// submission (whose check it passes) and its end.
+TEST(Coordinator, ASaveThatFailsAfterTrainingKeepsTheWeightsOnTheStages) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  const std::string dir = std::filesystem::canonical(testing::MakeTempDir("save-fails")).string();
+  auto blocker = c->Submit("model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 1000000\n");
+  ASSERT_TRUE(blocker.ok()) << blocker.status();
+  auto id = c->Submit("model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 3\nsave: {path: " + dir +
+                      "/runs/w.pt}\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  std::ofstream(dir + "/runs") << "a file where the folder was to be";
+  ASSERT_TRUE(c->Cancel(*blocker).ok());
+  const v1::JobStatus s = WaitForEnd(*c, *id);
+  ASSERT_EQ(s.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(s.error(), HasSubstr("save.path: cannot make the folder " + dir + "/runs"));
+  EXPECT_THAT(s.error(), HasSubstr("its weights stay on the stage servers"));
+  EXPECT_THAT(s.error(), HasSubstr("conveyor export " + *id));
+  EXPECT_FALSE(cluster.Parameters(*id, 2).empty()) << "the stages still hold the trained job";
+  std::filesystem::remove_all(dir);
 }
 
 // recovery_timeout is decided by the coordinator's clock: a stage that goes

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "plan/job_keys.h"
 #include "plan/model_catalog.h"
 #include "plan/schedule.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -519,6 +521,30 @@ TEST(JobKeys, RangesComeFromTheTable) {
   // An unknown key lists the keys of its mapping.
   EXPECT_THAT(std::string(ParseJobYaml("model: toy\nsave: {paht: x.pt}\n").status().message()),
               HasSubstr("save.paht: unknown key (did you mean path?)"));
+}
+
+// save.path is checked before a job is queued: a folder is refused naming it,
+// folders missing under it are made when the weights are written (as
+// `conveyor export` does), and a file where a folder must be is refused.
+TEST(SavePath, AFolderIsRefusedAndMissingFoldersAreMadeLater) {
+  const std::string dir = testing::MakeTempDir("save-path");
+  Status st = CheckSavePath(dir);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr(dir + " is a folder; name the file to write in it"));
+  EXPECT_TRUE(CheckSavePath(dir + "/weights.pt").ok());
+  EXPECT_TRUE(CheckSavePath(dir + "/runs/3/weights.pt").ok()) << "missing folders are made when it is written";
+  std::ofstream(dir + "/plain") << "x";
+  st = CheckSavePath(dir + "/plain/weights.pt");
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr(dir + "/plain is a file, not a folder"));
+  // Resolved under the data roots with its missing folders (it said "does not exist").
+  v1::JobSpec spec;
+  spec.set_save_path("runs/3/weights.pt");
+  ASSERT_TRUE(ResolveJobPaths(&spec, {dir}).ok());
+  EXPECT_EQ(spec.save_path(), std::filesystem::canonical(dir).string() + "/runs/3/weights.pt");
+  spec.set_save_path("runs/../../outside.pt");
+  EXPECT_FALSE(ResolveJobPaths(&spec, {dir}).ok());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

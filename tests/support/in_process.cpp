@@ -86,6 +86,11 @@ v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double
   auto id = coordinator.Submit(yaml);
   EXPECT_TRUE(id.ok()) << id.status();
   if (!id.ok()) return v1::JobStatus();
+  return WaitForEnd(coordinator, *id, timeout_s);
+}
+
+v1::JobStatus WaitForEnd(Coordinator& coordinator, const std::string& job_id, double timeout_s) {
+  const std::string* id = &job_id;
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
   uint64_t version = 0;

@@ -49,5 +49,7 @@ void SortByLayer(std::vector<std::pair<std::string, at::Tensor>>* params);
 // Submits `yaml` and waits, on the coordinator's change notifications, until
 // the job ends (or `timeout_s` passes: the status then is still RUNNING).
 v1::JobStatus RunToEnd(Coordinator& coordinator, const std::string& yaml, double timeout_s = 300);
+// Job `job_id`'s status once it ended (or at the timeout).
+v1::JobStatus WaitForEnd(Coordinator& coordinator, const std::string& job_id, double timeout_s = 300);
 
 }  // namespace conveyor::testing
