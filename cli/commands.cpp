@@ -88,6 +88,21 @@ StatusOr<std::string> ReadCheckedJobFile(const Common& c, const std::string& pat
   return yaml;
 }
 
+// The effective job of `file` as text and spec; with --dry-run it is printed
+// instead, and `*printed` says so (the command then ends).
+Status ReadJob(const Common& c, const std::string& file, std::string* yaml, v1::JobSpec* spec, bool* printed) {
+  CONVEYOR_ASSIGN_OR_RETURN(*yaml, ReadCheckedJobFile(c, file));
+  *printed = c.dry_run;
+  if (c.dry_run) {
+    std::cout << *yaml;
+    return absl::OkStatus();
+  }
+  auto parsed = ParseJobYaml(*yaml);
+  if (!parsed.ok()) return Annotate(parsed.status(), file);
+  *spec = std::move(*parsed);
+  return absl::OkStatus();
+}
+
 // The token every call to the coordinator carries (empty: none). Set once in
 // Main() from --token-file or $CONVEYOR_TOKEN, before any call.
 std::string& BearerToken() {
@@ -221,14 +236,13 @@ StatusOr<std::string> SubmitText(v1::Coordinator::Stub& stub, const std::string&
 // ------------------------------------------------------------- commands --
 
 int CmdSubmit(const Common& c, const std::string& file, bool wait) {
-  auto yaml = ReadCheckedJobFile(c, file);
-  if (!yaml.ok()) return Fail(yaml.status());
-  if (c.dry_run) {
-    std::cout << *yaml;
-    return 0;
-  }
+  std::string yaml;
+  v1::JobSpec spec;
+  bool printed = false;
+  if (Status st = ReadJob(c, file, &yaml, &spec, &printed); !st.ok()) return Fail(st);
+  if (printed) return 0;
   auto stub = Connect(CoordinatorAddress(c));
-  auto id = SubmitText(*stub, *yaml);
+  auto id = SubmitText(*stub, yaml);
   if (!id.ok()) return Fail(Annotate(id.status(), file));
   if (!wait) {
     if (c.json) std::cout << nlohmann::json{{"job_id", *id}}.dump() << std::endl;
@@ -236,8 +250,8 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
     return 0;
   }
   std::cerr << "submitted " << *id << std::endl;
-  auto spec = ParseJobYaml(*yaml);  // checked above: its recovery_timeout bounds a wait for the coordinator
-  return WatchUntilDone(*stub, *id, c.json, spec.ok() ? spec->recovery_timeout_s() : kDefaultRecoveryTimeoutS);
+  // Its recovery_timeout bounds a wait for the coordinator.
+  return WatchUntilDone(*stub, *id, c.json, spec.recovery_timeout_s() > 0 ? spec.recovery_timeout_s() : kDefaultRecoveryTimeoutS);
 }
 
 StatusOr<v1::Curves> FetchCurves(v1::Coordinator::Stub& stub, const std::string& job_id) {
@@ -324,15 +338,13 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
     return Fail(absl::InvalidArgumentError(
         "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
   }
-  auto yaml = ReadCheckedJobFile(c, file);
-  if (!yaml.ok()) return Fail(yaml.status());
-  if (c.dry_run) {
-    std::cout << *yaml;
-    return 0;
-  }
-  auto spec = ParseJobYaml(*yaml);
-  if (!spec.ok()) return Fail(Annotate(spec.status(), file));
-  if (Status files = ResolveJobPaths(&*spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
+  std::string yaml;
+  v1::JobSpec job;
+  bool printed = false;
+  if (Status st = ReadJob(c, file, &yaml, &job, &printed); !st.ok()) return Fail(st);
+  if (printed) return 0;
+  v1::JobSpec* spec = &job;
+  if (Status files = ResolveJobPaths(spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
   if (Status save = CheckSavePath(spec->save_path()); !save.ok()) return Fail(Annotate(save, file));
   ProgressPrinter progress(true);
   ReferenceOptions options;
@@ -491,17 +503,15 @@ class InterruptWatcher {
 
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
              const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
-  auto yaml = ReadCheckedJobFile(c, file);
-  if (!yaml.ok()) return Fail(yaml.status());
-  if (c.dry_run) {
-    std::cout << *yaml;
-    return 0;
-  }
-  auto spec = ParseJobYaml(*yaml);
-  if (!spec.ok()) return Fail(Annotate(spec.status(), file));
+  std::string yaml;
+  v1::JobSpec job;
+  bool printed = false;
+  if (Status st = ReadJob(c, file, &yaml, &job, &printed); !st.ok()) return Fail(st);
+  if (printed) return 0;
+  v1::JobSpec* spec = &job;
   LocalClusterOptions options;
   options.data_roots = JobDataRoots(file);
-  if (Status files = ResolveJobPaths(&*spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
+  if (Status files = ResolveJobPaths(spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
   options.stages = stages > 0 ? stages : Replicas(*spec) * spec->partition().stages();
   options.bin_dir = ExecutableDir();
   options.log_level = c.log_level == "warn" ? "info" : c.log_level;
@@ -527,7 +537,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
             << (*cluster)->run_dir() << std::endl;
   if (interrupts.interrupted()) return interrupts.exit_code();
   auto stub = Connect((*cluster)->coordinator_address());
-  auto id = SubmitText(*stub, *yaml);
+  auto id = SubmitText(*stub, yaml);
   if (!id.ok()) return Fail(Annotate(id.status(), file));
   interrupts.SetJob(stub.get(), *id);
   std::cerr << "submitted " << *id << std::endl;

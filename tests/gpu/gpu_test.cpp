@@ -47,6 +47,19 @@ class GpuTest : public ::testing::Test {
   int gpus_ = 0;
 };
 
+// Two stage server processes (and a coordinator) on `devices`, their folder
+// removed when they stop; `restart_stages`: a killed server is started again.
+StatusOr<std::unique_ptr<cli::LocalCluster>> TwoServers(const std::vector<std::string>& devices,
+                                                        bool restart_stages = false) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.devices = devices;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.restart_stages = restart_stages;
+  return cli::LocalCluster::Start(options);
+}
+
 // cuDNN's autotuning off: the tests compare runs that must choose the same
 // algorithms (memory_format auto: channels-last on the GPU, stages and
 // reference alike).
@@ -195,13 +208,7 @@ TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
 // GPU, so the digests must be equal, not close. Needs two GPUs.
 TEST_F(GpuTest, AStageKilledOnAnNcclLinkResumesToTheUninterruptedDigest) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:1"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.restart_stages = true;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
   const std::string yaml =
@@ -376,12 +383,7 @@ TEST_F(GpuTest, GptFusedQkvAndBf16NormOnCudaMatchThePlainOnes) {
 // reference on the whole batch; the coordinator checks that both copies end
 // bit for bit the same. Skips where the build has no Gloo group.
 TEST_F(GpuTest, TwoReplicasOnOneGpuEqualTheGpuReference) {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:0"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:0"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\nmicro_batches: 2\n"
                            "schedule: 1f1b\nbucket_cap_mb: 0.01\n";
@@ -408,12 +410,7 @@ TEST_F(GpuTest, TwoReplicasOnOneGpuEqualTheGpuReference) {
 // both copies end bit for bit the same. Needs two GPUs.
 TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:1"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:1"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   for (const std::string precision : {"fp32", "bf16-mixed"}) {
     const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\nmicro_batches: 2\n"
@@ -439,12 +436,7 @@ TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
 // the job starts, naming the stage; collectives: gloo on two GPUs is taken
 // as asked.
 TEST_F(GpuTest, NcclCollectivesOnOneGpuAreRefusedNamingTheStage) {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:0"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:0"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\n";
   const v1::JobStatus refused = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml + "collectives: nccl\n");
@@ -466,13 +458,7 @@ TEST_F(GpuTest, NcclCollectivesOnOneGpuAreRefusedNamingTheStage) {
 // digest of the uninterrupted run (an MLP with AdamW: bit-reproducible).
 TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDigest) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:1"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.restart_stages = true;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
   const std::string yaml =
@@ -509,12 +495,7 @@ TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDig
 // does, each copy holding part of the state. Needs two GPUs.
 TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.devices = {"cuda:0", "cuda:1"};
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = TwoServers({"cuda:0", "cuda:1"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml =
       "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"

@@ -136,15 +136,21 @@ std::string JobFile(const std::string& name, int stages, int64_t steps, bool eva
 
 std::string ReadWhole(const std::string& path) { return ReadText(path); }
 
+// `stages` stage servers and a coordinator, each serving /metrics on a free
+// port; FAILED_PRECONDITION in a build without prometheus-cpp.
+StatusOr<std::unique_ptr<cli::LocalCluster>> MetricsCluster(int stages) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = stages;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.metrics = true;
+  return cli::LocalCluster::Start(options);
+}
+
 TEST(Prometheus, ScrapesTheClusterDuringAJob) {
   const std::string binary = FindPrometheus();
   if (binary.empty()) GTEST_SKIP() << "no prometheus binary (apt-get install prometheus; scripts/setup.sh does)";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.metrics = true;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = MetricsCluster(2);
   if (!cluster.ok() && absl::IsFailedPrecondition(cluster.status()))
     GTEST_SKIP() << "built without prometheus-cpp: " << cluster.status();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -219,12 +225,7 @@ TEST(Prometheus, ScrapesTheClusterDuringAJob) {
 // server's memory in use with empty stage and replica labels. Before, an
 // idle stage server's /metrics was empty.
 TEST(Prometheus, IdleServersServeUpBuildInfoAndMemory) {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 1;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.metrics = true;
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = MetricsCluster(1);
   if (!cluster.ok() && absl::IsFailedPrecondition(cluster.status()))
     GTEST_SKIP() << "built without prometheus-cpp: " << cluster.status();
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "transport/nccl/nccl_channel.h"
+#include "transport/nccl/nccl_join_cuda.h"
 
 namespace conveyor {
 namespace {
@@ -56,20 +57,7 @@ class NcclChannelImpl final : public NcclChannel {
       config.minCTAs = 1;
       config.maxCTAs = max_ctas;
     }
-    std::thread([joining = joining_, uid, config, rank = rank_, device = device_.index()]() mutable {
-      c10::cuda::CUDAGuard guard(device);
-      ncclComm_t comm = nullptr;
-      const ncclResult_t r = ncclCommInitRankConfig(&comm, 2, uid, rank, &config);
-      std::lock_guard<std::mutex> lock(joining->mu);
-      if (joining->abandoned) {  // the channel was given up meanwhile: nobody will use it
-        if (r == ncclSuccess && comm) ncclCommAbort(comm);
-      } else {
-        joining->comm = r == ncclSuccess ? comm : nullptr;
-      }
-      joining->result = r;
-      joining->done = true;
-      joining->cv.notify_all();
-    }).detach();
+    joining_ = StartNcclJoin(uid, /*nranks=*/2, rank_, device_.index(), config);
     return absl::OkStatus();
   }
 
@@ -271,15 +259,7 @@ class NcclChannelImpl final : public NcclChannel {
   std::mutex abort_mu_;  // guards comm_ against two aborts
   ncclComm_t comm_ = nullptr;  // once joined (Joined)
   // The joining thread's result, shared with it: it may outlive the channel.
-  struct Joining {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    bool abandoned = false;  // AbortComm ran: the thread aborts what it joins
-    ncclResult_t result = ncclSuccess;
-    ncclComm_t comm = nullptr;  // joined and not yet taken by Joined
-  };
-  std::shared_ptr<Joining> joining_ = std::make_shared<Joining>();
+  std::shared_ptr<NcclJoining> joining_ = std::make_shared<NcclJoining>();
   bool joined_ = false;  // owner thread only
   std::atomic<bool> blocked_{false};  // the owner is in an NCCL call that may wait for the peer
 };

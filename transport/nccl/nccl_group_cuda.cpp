@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "transport/nccl/nccl_group.h"
+#include "transport/nccl/nccl_join_cuda.h"
 
 namespace conveyor {
 namespace {
@@ -39,16 +40,6 @@ StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
     default: return absl::InvalidArgumentError(std::string("NCCL has no collective for ") + c10::toString(t));
   }
 }
-
-// What the joining thread leaves; it may outlive the group.
-struct Joining {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  bool abandoned = false;  // the caller gave up: the thread aborts what it joins
-  ncclResult_t result = ncclSuccess;
-  ncclComm_t comm = nullptr;
-};
 
 class NcclGroupImpl final : public NcclGroup {
  public:
@@ -194,23 +185,9 @@ StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Join(const std::string& id, int 
   setenv("NCCL_NVLS_ENABLE", "0", 0);     // never NVLink multicast (see shared/gpu)
   setenv("NCCL_RUNTIME_CONNECT", "0", 0);  // connect when joining, not at the first collective
   const int index = device.has_index() ? device.index() : 0;
-  auto joining = std::make_shared<Joining>();
-  std::thread([joining, uid, rank, size, index]() mutable {
-    c10::cuda::CUDAGuard guard(index);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
-    ncclComm_t comm = nullptr;
-    const ncclResult_t r = ncclCommInitRankConfig(&comm, size, uid, rank, &config);
-    std::lock_guard<std::mutex> lock(joining->mu);
-    if (joining->abandoned) {
-      if (r == ncclSuccess && comm) ncclCommAbort(comm);
-    } else {
-      joining->comm = r == ncclSuccess ? comm : nullptr;
-    }
-    joining->result = r;
-    joining->done = true;
-    joining->cv.notify_all();
-  }).detach();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  auto joining = StartNcclJoin(uid, size, rank, index, config);
   std::unique_lock<std::mutex> lock(joining->mu);
   if (!joining->cv.wait_for(lock, timeout, [&] { return joining->done; })) {
     joining->abandoned = true;
