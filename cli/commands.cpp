@@ -1,6 +1,7 @@
 #include "cli/commands.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -86,6 +87,26 @@ StatusOr<std::string> ReadCheckedJobFile(const Common& c, const std::string& pat
   auto spec = ParseJobYaml(yaml);
   if (!spec.ok()) return Annotate(spec.status(), where);
   return yaml;
+}
+
+// A coordinator's NOT_FOUND for a relative path of `spec` (it takes them
+// under its first data root) says where that path leads from the job file's
+// folder on this host when a file is there: what the user most likely meant.
+Status WithLocalPathHint(const Status& st, const v1::JobSpec& spec, const std::string& file) {
+  if (!absl::IsNotFound(st)) return st;
+  const std::string folder = JobDataRoots(file).front();
+  for (const auto& [key, path] : std::vector<std::pair<std::string, std::string>>{
+           {"model.torchscript", spec.model().torchscript()}, {"data.path", spec.data().path()},
+           {"data.train", spec.data().train()}, {"data.test", spec.data().test()},
+           {"loss.torchscript", spec.loss_torchscript()}, {"init_from", spec.init_from()}}) {
+    if (path.empty() || path[0] == '/' || st.message().find(key + ": ") == std::string::npos) continue;
+    const std::string local = folder + "/" + path;
+    if (::access(local.c_str(), F_OK) != 0) continue;
+    return Status(st.code(), std::string(st.message()) + "; on this host it is " + local +
+                                 ", next to the job file: where the coordinator sees this host's files, --set " + key +
+                                 "=" + local + " names it");
+  }
+  return st;
 }
 
 // The effective job of `file` as text and spec; with --dry-run it is printed
@@ -243,7 +264,7 @@ int CmdSubmit(const Common& c, const std::string& file, bool wait) {
   if (printed) return 0;
   auto stub = Connect(CoordinatorAddress(c));
   auto id = SubmitText(*stub, yaml);
-  if (!id.ok()) return Fail(Annotate(id.status(), file));
+  if (!id.ok()) return Fail(Annotate(WithLocalPathHint(id.status(), spec, file), file));
   if (!wait) {
     if (c.json) std::cout << nlohmann::json{{"job_id", *id}}.dump() << std::endl;
     else std::cout << *id << std::endl;

@@ -302,8 +302,15 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
     bool exists = false;
     // A file to write may be in folders made when it is written.
     const std::string real = RealPath(joined, &exists, /*missing_folders=*/!must_exist);
-    if (real.empty() || (must_exist && !exists))
-      return absl::NotFoundError(std::string(key) + ": " + joined + " does not exist");
+    if (real.empty() || (must_exist && !exists)) {
+      // Say which rule made the path, so that the user can give the right one.
+      const bool relative = (*path)[0] != '/' && !roots.empty();
+      return absl::NotFoundError(std::string(key) + ": " + joined + " does not exist" +
+                                 (relative ? " (" + *path + " is relative: it is taken under the first data root, " +
+                                                 roots.front() + "; give it relative to that folder, or absolute "
+                                                 "under one of the data roots: " + listed + ")"
+                                           : ""));
+    }
     if (!roots.empty()) {
       bool inside = false;
       for (const auto& r : real_roots) inside |= Under(real, r);

@@ -271,5 +271,32 @@ TEST(Cli, SetOverridesTheJobFileAndDryRunPrintsTheEffectiveJob) {
   EXPECT_THAT(bad.err, HasSubstr("batch_size"));
 }
 
+// A relative path in a submitted job is taken under the coordinator's first
+// data root, not the job file's folder: the refusal says so, names the root,
+// and (the CLI knows the job file's folder) where the path leads on this host.
+TEST(Cli, ARelativePathTheCoordinatorCannotFindIsExplained) {
+  const std::string root = testing::MakeTempDir("coordinator-root");
+  const std::string here = testing::MakeTempDir("job-folder");
+  std::filesystem::create_directories(here + "/data");
+  std::ofstream(here + "/data/train.pt") << "not read: the coordinator never finds it";
+  std::ofstream(here + "/job.yaml") << "model: toy\nbatch_size: 8\ndata: {format: tensors, train: data/train.pt}\n";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 1;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.data_roots = {root};
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto r = RunCommand({Binary("conveyor"), "--coordinator", (*cluster)->coordinator_address(), "submit",
+                       here + "/job.yaml"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("data.train: " + root + "/data/train.pt does not exist"));
+  EXPECT_THAT(r.err, HasSubstr("data/train.pt is relative: it is taken under the first data root, " + root));
+  EXPECT_THAT(r.err, HasSubstr("on this host it is "));
+  EXPECT_THAT(r.err, HasSubstr("/data/train.pt, next to the job file"));
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(here);
+}
+
 }  // namespace
 }  // namespace conveyor
