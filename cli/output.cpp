@@ -134,7 +134,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["eval_accuracy"] = s.has_eval() ? nlohmann::json(s.eval_accuracy()) : nlohmann::json(nullptr);
   j["eval_loss"] = s.has_eval() ? nlohmann::json(s.eval_loss()) : nlohmann::json(nullptr);
   // exp of the mean loss: a language model's perplexity (per token).
-  j["eval_perplexity"] = s.has_eval() ? nlohmann::json(std::exp(s.eval_loss())) : nlohmann::json(nullptr);
+  j["eval_perplexity"] = s.has_eval() && s.tokens() ? nlohmann::json(std::exp(s.eval_loss())) : nlohmann::json(nullptr);
   nlohmann::json epochs = nlohmann::json::array();
   for (const auto& e : s.epochs()) {
     nlohmann::json je = {{"epoch", e.epoch()},
@@ -210,8 +210,10 @@ std::string Summary(const v1::JobStatus& s) {
   }
   if (s.has_eval()) {
     out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "
-        << std::setprecision(4) << s.eval_loss() << " (perplexity " << std::defaultfloat << std::setprecision(4)
-        << std::exp(s.eval_loss()) << ")\n";
+        << std::setprecision(4) << s.eval_loss();
+    // A language model's perplexity (its loss is per token); a classifier has none.
+    if (s.tokens()) out << " (perplexity " << std::defaultfloat << std::setprecision(4) << std::exp(s.eval_loss()) << ")";
+    out << "\n";
   }
   for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
   // With replicas, the grid: replica x stage -> server.

@@ -67,6 +67,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
   s.set_state(v1::JOB_STATE_RUNNING);
   s.set_schedule(v1::SCHEDULE_REFERENCE);
   s.set_batch_size(spec.batch_size());
+  s.set_tokens(TokensPerSample(spec) > 0);
   s.set_micro_batches(1);
   const int accumulate = AccumulateSteps(spec);  // batches per optimizer step
   const int64_t per_epoch = data->StepsPerEpoch() / accumulate;

@@ -8,12 +8,6 @@
 
 namespace conveyor {
 
-int64_t TokensPerSample(const v1::JobSpec& spec) {
-  if (spec.data().kind() == v1::DATA_TOKENS && spec.data().seq_len() > 0) return spec.data().seq_len();
-  if (spec.model().kind() == v1::MODEL_GPT) return spec.model().seq_len();
-  return 0;
-}
-
 void PublishJobCounts(const std::vector<v1::JobStatus>& jobs) {
   std::map<v1::JobState, int> counts;
   for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {

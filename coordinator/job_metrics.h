@@ -18,9 +18,6 @@
 
 namespace conveyor {
 
-// Tokens in one sample (gpt models and token data), 0 otherwise.
-int64_t TokensPerSample(const v1::JobSpec& spec);
-
 // Sets conveyor_jobs{state} from every job in the database.
 void PublishJobCounts(const std::vector<v1::JobStatus>& jobs);
 

@@ -833,7 +833,7 @@ std::vector<JobKey> MakeTable() {
       .Range(1, 1e9)
       .Set([](const V& v, S* s) { s->set_steps(v.integer); });
   add("eval", kBool,
-      "accuracy and mean loss (per token for token data; `--json` adds its exp, the perplexity) on the whole test "
+      "accuracy and mean loss (per token for token data; for gpt models and token data the summary and `--json` add its exp, the perplexity) on the whole test "
       "split: after every epoch for a job given in `epochs` (each epoch's mean loss, time and accuracy are in "
       "`conveyor status`, the summary and `--json`'s `epochs`), at the end for one given in `steps`")
       .Default("false")

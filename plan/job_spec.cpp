@@ -567,6 +567,12 @@ std::string LinkName(v1::LinkKind kind) {
   }
 }
 
+int64_t TokensPerSample(const v1::JobSpec& spec) {
+  if (spec.data().kind() == v1::DATA_TOKENS && spec.data().seq_len() > 0) return spec.data().seq_len();
+  if (spec.model().kind() == v1::MODEL_GPT) return spec.model().seq_len();
+  return 0;
+}
+
 std::string CollectiveName(v1::CollectiveKind kind) {
   switch (kind) {
     case v1::COLLECTIVES_GLOO: return "gloo";

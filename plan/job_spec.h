@@ -92,6 +92,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec);
 std::string ScheduleName(v1::ScheduleKind kind);
 // "grpc", "nccl", "inproc"; "" for none.
 std::string LinkName(v1::LinkKind kind);
+// Tokens in one sample (gpt models and token data), 0 otherwise: a job that
+// counts tokens, whose eval loss is per token (its perplexity exp of it).
+int64_t TokensPerSample(const v1::JobSpec& spec);
 // "nccl", "gloo"; "" for none (one replica).
 std::string CollectiveName(v1::CollectiveKind kind);
 std::string ModelName(v1::ModelKind kind);

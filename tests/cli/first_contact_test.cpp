@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 
@@ -303,6 +304,24 @@ TEST(FirstContact, ARunningJobHasALossNotAFinalLoss) {
   queued.set_job_id("job-2");
   queued.set_state(v1::JOB_STATE_QUEUED);
   EXPECT_THAT(cli::ListLine(queued), Not(HasSubstr("step 0/0")));
+}
+
+// Perplexity is a language model's (its loss is per token): a classifier's
+// summary and --json give none (it printed exp of a cross-entropy, once with
+// 280 digits).
+TEST(FirstContact, OnlyAJobThatCountsTokensHasAPerplexity) {
+  v1::JobStatus s;
+  s.set_job_id("job-1");
+  s.set_state(v1::JOB_STATE_SUCCEEDED);
+  s.set_has_eval(true);
+  s.set_eval_accuracy(0.85);
+  s.set_eval_loss(0.4);
+  EXPECT_THAT(cli::Summary(s), HasSubstr("test accuracy 85.00%, test loss 0.4000\n"));
+  EXPECT_THAT(cli::Summary(s), Not(HasSubstr("perplexity")));
+  EXPECT_TRUE(cli::ToJson(s)["eval_perplexity"].is_null());
+  s.set_tokens(true);
+  EXPECT_THAT(cli::Summary(s), HasSubstr("test loss 0.4000 (perplexity 1.492)"));
+  EXPECT_NEAR(cli::ToJson(s)["eval_perplexity"].get<double>(), std::exp(0.4), 1e-12);
 }
 
 }  // namespace
