@@ -831,6 +831,11 @@ StatusOr<std::unique_ptr<TorchFile>> TorchFile::Parse(std::shared_ptr<FileBytes>
     return absl::InvalidArgumentError(name +
                                       ": PyTorch's legacy format (before 1.6, or "
                                       "_use_new_zipfile_serialization=False); save it again with torch.save");
+  if (size >= 6 && std::memcmp(p, "\x93NUMPY", 6) == 0) {
+    return absl::InvalidArgumentError(name + ": a NumPy .npy file, not torch.save's; write the arrays as tensors: "
+                                             "torch.save({\"inputs\": torch.from_numpy(X), \"targets\": "
+                                             "torch.from_numpy(Y)}, FILE)");
+  }
   std::map<std::string, ZipEntry> entries;
   CONVEYOR_RETURN_IF_ERROR(ReadZip(p, size, name, &entries));
 

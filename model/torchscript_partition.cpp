@@ -43,12 +43,15 @@ StatusOr<torch::jit::Module> LoadSequential(const std::string& path) {
   torch::jit::Module m;
   try {
     m = torch::jit::load(path, c10::Device(c10::kCPU));
-  } catch (const c10::Error& e) {
-    return absl::InvalidArgumentError("model.torchscript: " + path + " is not a TorchScript archive (" +
-                                      FirstLine(e.what_without_backtrace()) + ")");
   } catch (const std::exception& e) {
-    return absl::InvalidArgumentError("model.torchscript: " + path + " is not a TorchScript archive (" +
-                                      FirstLine(e.what()) + ")");
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    // torch.save(model) and torch.save(model.state_dict()) write pickles that
+    // torch.jit.load cannot read: the usual mistake, named with its fix.
+    return absl::InvalidArgumentError(
+        "model.torchscript: " + path + " is not a TorchScript archive (" +
+        FirstLine(c10_error ? c10_error->what_without_backtrace() : e.what()) +
+        "); torch.save(model) and torch.save(model.state_dict()) write pickles: save the model with "
+        "torch.jit.script(model).save(PATH), and give a state_dict as init_from");
   }
   const std::string type = m.type()->name() ? m.type()->name()->qualifiedName() : "?";
   const std::string last = type.substr(type.rfind('.') + 1);

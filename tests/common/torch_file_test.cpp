@@ -3,6 +3,7 @@
 // (tests/model/torch_fixtures.h).
 #include "common/torch_file.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -366,6 +367,19 @@ TEST(WriteTorchFile, ReadsBackItsOwnFiles) {
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(s.data), s.size), bytes[n]);
   }
   if (std::system(("rm -rf " + Quote(dir)).c_str()) != 0) ADD_FAILURE() << "cannot remove " << dir;
+}
+
+// A NumPy .npy file given as data is named as such, with the torch.save call
+// that writes what Conveyor reads (it said "not a zip file").
+TEST(TorchFile, ANumpyFileIsNamedWithTheFix) {
+  std::string npy("\x93NUMPY\x01\x00", 8);
+  npy += "v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }\n";
+  npy += std::string(8, '\0');
+  auto file = TorchFile::FromBytes(npy, "train.npy");
+  ASSERT_FALSE(file.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(file.status())) << file.status();
+  EXPECT_THAT(std::string(file.status().message()), ::testing::HasSubstr("train.npy: a NumPy .npy file"));
+  EXPECT_THAT(std::string(file.status().message()), ::testing::HasSubstr("torch.from_numpy(X)"));
 }
 
 }  // namespace

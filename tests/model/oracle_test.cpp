@@ -370,6 +370,8 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   };
   fails("model: {torchscript: bad/notscript.pt}\ndata: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n",
         "INVALID_ARGUMENT", "bad/notscript.pt is not a TorchScript archive");
+  fails("model: {torchscript: bad/notscript.pt}\ndata: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n",
+        "INVALID_ARGUMENT", "save the model with torch.jit.script(model).save(PATH)");
   fails("model: {torchscript: bad/module.pt}\ndata: {format: tensors, train: mlp/train.pt}\n", "INVALID_ARGUMENT",
         "not an nn.Sequential");
   fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: mlp/train.pt}\n"
