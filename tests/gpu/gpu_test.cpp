@@ -60,6 +60,28 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> TwoServers(const std::vector<std::s
   return cli::LocalCluster::Start(options);
 }
 
+// Runs `yaml` on `cluster` (restarting its servers) with server 1 killed
+// (SIGKILL) once the job is past step 45; checks that the kill happened, the
+// job recovered, once, and succeeded, and prints the run's events.
+v1::JobStatus RunKillingServerOne(cli::LocalCluster& cluster, const std::string& yaml) {
+  bool killed = false, recovered = false;
+  const v1::JobStatus run = testing::SubmitAndWait(cluster.coordinator_address(), yaml, [&](const v1::JobStatus& s) {
+    recovered |= s.state() == v1::JOB_STATE_RECOVERING;
+    if (!killed && s.state() == v1::JOB_STATE_RUNNING && s.step() >= 45) {
+      killed = true;
+      cluster.Signal(1, SIGKILL);
+    }
+  });
+  EXPECT_TRUE(killed) << "the job ended before the kill";
+  EXPECT_TRUE(recovered);
+  EXPECT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  EXPECT_EQ(cluster.stage_restarts(), 1);
+  std::string events;
+  for (const auto& e : run.events()) events += e.text() + "\n";
+  std::printf("events of the recovered run:\n%s", events.c_str());
+  return run;
+}
+
 // cuDNN's autotuning off: the tests compare runs that must choose the same
 // algorithms (memory_format auto: channels-last on the GPU, stages and
 // reference alike).
@@ -219,24 +241,11 @@ TEST_F(GpuTest, AStageKilledOnAnNcclLinkResumesToTheUninterruptedDigest) {
   const v1::JobStatus clean = testing::SubmitAndWait(address, yaml);
   ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
   ASSERT_EQ(clean.stages(0).transport(), v1::LINK_NCCL);
-  bool killed = false, recovered = false;
-  const v1::JobStatus run = testing::SubmitAndWait(address, yaml, [&](const v1::JobStatus& s) {
-    recovered |= s.state() == v1::JOB_STATE_RECOVERING;
-    if (!killed && s.state() == v1::JOB_STATE_RUNNING && s.step() >= 45) {
-      killed = true;
-      (*cluster)->Signal(1, SIGKILL);
-    }
-  });
-  ASSERT_TRUE(killed) << "the job ended before the kill";
-  EXPECT_TRUE(recovered);
-  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
-  EXPECT_EQ((*cluster)->stage_restarts(), 1);
+  const v1::JobStatus run = RunKillingServerOne(**cluster, yaml);
+  if (HasFailure()) return;  // the helper said why
   EXPECT_EQ(run.stages(0).transport(), v1::LINK_NCCL);
   EXPECT_EQ(run.stages(1).device(), "cuda:1");
   EXPECT_EQ(run.param_digest(), clean.param_digest());
-  std::string events;
-  for (const auto& e : run.events()) events += e.text() + "\n";
-  std::printf("events of the recovered run:\n%s", events.c_str());
 }
 
 // Stage server processes on two GPUs over NCCL and the gRPC stream: the Nccl
@@ -470,23 +479,10 @@ TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDig
   if (clean.state() == v1::JOB_STATE_FAILED && clean.error_code() == "UNIMPLEMENTED")
     GTEST_SKIP() << "this build has no c10d Gloo group: " << clean.error();
   ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
-  bool killed = false, recovered = false;
-  const v1::JobStatus run = testing::SubmitAndWait(address, yaml, [&](const v1::JobStatus& s) {
-    recovered |= s.state() == v1::JOB_STATE_RECOVERING;
-    if (!killed && s.state() == v1::JOB_STATE_RUNNING && s.step() >= 45) {
-      killed = true;
-      (*cluster)->Signal(1, SIGKILL);
-    }
-  });
-  ASSERT_TRUE(killed) << "the job ended before the kill";
-  EXPECT_TRUE(recovered);
-  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
-  EXPECT_EQ((*cluster)->stage_restarts(), 1);
+  const v1::JobStatus run = RunKillingServerOne(**cluster, yaml);
+  if (HasFailure()) return;  // the helper said why
   EXPECT_EQ(run.stages(1).collectives(), v1::COLLECTIVES_NCCL);
   EXPECT_EQ(run.param_digest(), clean.param_digest());
-  std::string events;
-  for (const auto& e : run.events()) events += e.text() + "\n";
-  std::printf("events of the recovered run:\n%s", events.c_str());
 }
 
 // ZeRO-1 over NCCL on two GPUs: a 2 x 1 GPT with AdamW whose optimizer state
