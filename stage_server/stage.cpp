@@ -379,11 +379,12 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
                                            std::to_string(all_params.size()) + " for " +
                                            std::to_string(a.num_replicas()) + " replicas");
     }
-    job->owner = ShardOwners(all_params, a.num_replicas());
+    const std::vector<int> owner = ShardOwners(all_params, a.num_replicas());
+    job->updated_by.resize(static_cast<std::size_t>(a.num_replicas()));
     updated.clear();
     for (std::size_t i = 0; i < all_params.size(); ++i) {
-      job->sharded_params.push_back(all_params[i].second);
-      if (job->owner[i] == a.replica()) updated.push_back(all_params[i]);
+      job->updated_by[static_cast<std::size_t>(owner[i])].push_back(all_params[i].second);
+      if (owner[i] == a.replica()) updated.push_back(all_params[i]);
     }
   }
   if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);

@@ -171,12 +171,11 @@ class Stage::Impl {
     // then lies (a buffer replaced since is flattened again).
     std::vector<at::Tensor> buffer_flats;
     std::vector<const void*> buffer_data;
-    // zero: 1 (ZeRO-1): the stage's trainable parameters and the replica
-    // that updates each (the optimizer holds this replica's alone); empty
-    // otherwise. optimizer_shards: replica 0's copy of every replica's
-    // serialised optimizer, gathered for a checkpoint.
-    std::vector<at::Tensor> sharded_params;
-    std::vector<int> owner;
+    // zero: 1 (ZeRO-1): the parameters each replica updates, by replica,
+    // made when the stage is configured (the optimizer holds this replica's
+    // alone); empty otherwise. optimizer_shards: replica 0's copy of every
+    // replica's serialised optimizer, gathered for a checkpoint.
+    std::vector<std::vector<at::Tensor>> updated_by;
     std::vector<std::string> optimizer_shards;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }

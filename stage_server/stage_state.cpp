@@ -39,7 +39,7 @@ std::string Stage::Impl::SerializeState() {
     for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
     for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
   }
-  if (!job_->owner.empty()) {
+  if (!job_->updated_by.empty()) {
     // zero 1: every replica's share, as each serialised it (GatherOptimizerShards).
     for (std::size_t k = 0; k < job_->optimizer_shards.size(); ++k) {
       const std::string& bytes = job_->optimizer_shards[k];
@@ -82,7 +82,7 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
       for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
       for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
     }
-    if (!job_->owner.empty() && job_->optimizer) {
+    if (!job_->updated_by.empty() && job_->optimizer) {
       // zero 1: this replica's share (the spec, and so the replica count,
       // is the checkpoint's: the header's digest says so).
       const std::string key = "optimizer_shard" + std::to_string(job_->assignment.replica());

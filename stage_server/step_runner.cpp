@@ -351,15 +351,12 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
 }
 
 Status Stage::Impl::ShareShardedParameters() {
-  if (job_->owner.empty()) return absl::OkStatus();
   at::NoGradGuard no_grad;
   // One broadcast per replica, of the parameters it updated.
-  for (int k = 0; k < job_->assignment.num_replicas(); ++k) {
-    std::vector<at::Tensor> updated;
-    for (std::size_t i = 0; i < job_->owner.size(); ++i)
-      if (job_->owner[i] == k) updated.push_back(job_->sharded_params[i]);
+  for (std::size_t k = 0; k < job_->updated_by.size(); ++k) {
+    std::vector<at::Tensor>& updated = job_->updated_by[k];
     if (updated.empty()) continue;
-    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(updated, k),
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(updated, static_cast<int>(k)),
                                       Who() + " sharing the parameters replica " + std::to_string(k) + " updated"));
   }
   return absl::OkStatus();
@@ -419,7 +416,7 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
   // The replicas hold the same state: replica 0 writes it for all of them
   // (a restored copy gets it from there, LoadCheckpoint). Under zero 1 each
   // holds a share of the optimizer's: replica 0 gathers them first.
-  if (!job_->owner.empty()) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
+  if (!job_->updated_by.empty()) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
   if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
   if (!record.ok()) {
