@@ -3,6 +3,8 @@
 #include <chrono>
 #include <filesystem>
 #include <cmath>
+#include <future>
+#include <memory>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -29,6 +31,7 @@ JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageCl
       sink_(std::move(sink)),
       clock_(clock ? clock : &RealClock()),
       pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
+      odd_pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
       metrics_(spec_, status_.job_id(), store_) {}
 
 void JobRunner::Cancel(const std::string& reason) {
@@ -249,7 +252,7 @@ Status JobRunner::Restore() {
   return absl::OkStatus();
 }
 
-Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies) {
+Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies, WorkerPool* pool) {
   // Evaluation runs on replica 0 alone (the replicas hold the same parameters).
   const std::size_t p = req.phase() == v1::PHASE_EVAL ? static_cast<std::size_t>(spec_.partition().stages())
                                                        : stages_.size();
@@ -287,18 +290,54 @@ Status JobRunner::StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStep
       }
     });
   }
-  pool_.RunAll(calls);
+  (pool ? *pool : pool_).RunAll(calls);
   if (first_failure >= 0) return OnStage(results[first_failure], static_cast<std::size_t>(first_failure));
   for (std::size_t s = 0; s < p; ++s)
     if (!results[s].ok()) return OnStage(results[s], s);
   return absl::OkStatus();
 }
 
+v1::RunStepRequest JobRunner::TrainRequest(int64_t step, bool* asked_by_signal) {
+  const int64_t total = status_.total_steps();
+  const int64_t every = spec_.checkpoint_every();
+  v1::RunStepRequest req;
+  req.set_job_id(status_.job_id());
+  req.set_phase(v1::PHASE_TRAIN);
+  req.set_step(step);
+  req.set_batch_size(spec_.batch_size());
+  const bool asked = checkpoint_requested_.exchange(false);
+  req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
+  *asked_by_signal = asked;
+  req.set_total_steps(total);
+  // Clipping over several stages, or loss scaling: every stage's share of
+  // the norm first (under loss scaling a share that is not finite skips
+  // the step on every stage).
+  req.set_defer_update((spec_.clip_grad_norm() > 0 && stages_.size() > 1) || LossScaling(spec_));
+  if (LossScaling(spec_)) req.set_loss_scale(loss_scale_.scale);
+  return req;
+}
+
+bool JobRunner::NextMayOverlap(const v1::RunStepRequest& req) const {
+  const int64_t done = req.step() + 1;
+  if (StepsInFlight(spec_) < 2 || done >= status_.total_steps()) return false;
+  // The coordinator decides between the two steps: the update (ApplyStep, or
+  // the loss scale the next step is sent with), or an evaluation of the
+  // weights at the epoch's end.
+  if (req.defer_update() || LossScaling(spec_)) return false;
+  if (ByEpochs() && spec_.eval() && done % steps_per_epoch_ == 0) return false;
+  return true;
+}
+
+// Two steps in flight: step N+1 is sent as soon as step N is, where nothing
+// the coordinator does between them changes N+1 (NextMayOverlap). A stage
+// server runs its steps in order, and launches N+1 while its device still
+// works on N, so the device does not wait for the host between steps (the
+// reply of N, the request of N+1). Each reply still comes when the device has
+// finished that step: the figures and the clock are those of finished steps.
 Status JobRunner::Train() {
   const int64_t total = status_.total_steps();
   const int64_t batch = spec_.batch_size();
   const int64_t samples = batch * AccumulateSteps(spec_);  // per optimizer step
-  const int64_t every = spec_.checkpoint_every();
   const int64_t first = status_.step();  // > 0 when resumed from a checkpoint
   // The loss scale where the run left it: replayed from the steps' norms.
   loss_scale_ = ReplayLossScale(spec_, status_.grad_norms().data(),
@@ -309,26 +348,36 @@ Status JobRunner::Train() {
   }
   progress_.StartEpoch(first);
   auto last_publish = SteadyClock::time_point();
-  std::vector<v1::RunStepReply> replies;
+  auto previous_end = SteadyClock::time_point();
+  struct InFlight {
+    v1::RunStepRequest req;
+    bool asked = false;  // its checkpoint was asked for (RequestCheckpoint)
+    SteadyClock::time_point sent;
+    std::vector<v1::RunStepReply> replies;
+    std::future<Status> done;  // last: destroyed first, it waits for the calls
+  };
+  auto send = [&](int64_t step) {
+    auto f = std::make_unique<InFlight>();
+    f->req = TrainRequest(step, &f->asked);
+    f->sent = SteadyClock::now();
+    InFlight* raw = f.get();
+    WorkerPool* pool = step % 2 == 0 ? &pool_ : &odd_pool_;
+    f->done = std::async(std::launch::async, [this, raw, pool] { return StepAll(raw->req, &raw->replies, pool); });
+    return f;
+  };
+  std::unique_ptr<InFlight> next;  // sent before the step in hand ended
   for (int64_t step = first; step < total; ++step) {
     if (cancelled_) return absl::CancelledError("cancelled");
-    v1::RunStepRequest req;
-    req.set_job_id(status_.job_id());
-    req.set_phase(v1::PHASE_TRAIN);
-    req.set_step(step);
-    req.set_batch_size(batch);
-    const bool asked = checkpoint_requested_.exchange(false);
-    req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
-    req.set_total_steps(total);
-    // Clipping over several stages, or loss scaling: every stage's share of
-    // the norm first (under loss scaling a share that is not finite skips
-    // the step on every stage).
-    req.set_defer_update((spec_.clip_grad_norm() > 0 && stages_.size() > 1) || LossScaling(spec_));
-    if (LossScaling(spec_)) req.set_loss_scale(loss_scale_.scale);
-    const auto step_start = SteadyClock::now();
-    CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
+    std::unique_ptr<InFlight> now = next ? std::move(next) : send(step);
+    const v1::RunStepRequest& req = now->req;
+    if (NextMayOverlap(req) && !cancelled_) next = send(step + 1);
+    // A step sent early starts, for its clock, when the one before it ended.
+    const auto step_start = std::max(now->sent, previous_end);
+    CONVEYOR_RETURN_IF_ERROR(now->done.get());
+    std::vector<v1::RunStepReply>& replies = now->replies;
     CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
     const auto step_end = SteadyClock::now();
+    previous_end = step_end;
     progress_.AddStep(step, replies, step_start, step_end);
     JobMetrics::StepFigures figures;  // Update() added the step's norm and learning rate
     figures.seconds = std::chrono::duration<double>(step_end - step_start).count();
@@ -339,7 +388,8 @@ Status JobRunner::Train() {
     metrics_.Step(step, figures);
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
-    if (asked) Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
+    if (now->asked)
+      Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
     // Publish at most ten times a second, and the last step.
     if (done == total || SteadyClock::now() - last_publish > std::chrono::milliseconds(100)) {
       last_publish = SteadyClock::now();
@@ -361,11 +411,17 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
   const int64_t step = req.step() + 1;  // as progress counts
   const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
   auto show = [](double v) { return std::isnan(v) ? std::string("nan") : std::isinf(v) ? "inf" : std::to_string(v); };
+  // On GPUs without a deferred update the stages launch the optimizer step
+  // before they read the figures (RunStepReply.updated_before_read).
+  auto outcome = [&](std::size_t i) {
+    return std::string((*replies)[i].updated_before_read() ? "found after its update was launched on the GPU"
+                                                           : "no update was made");
+  };
   for (std::size_t i = p - 1; i < replies->size(); i += p) {  // each replica's last stage
     const double loss = (*replies)[i].loss_sum();
     if (!std::isfinite(loss)) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) + " on " +
-                                           StageName(i) + " (the last); no update was made");
+                                           StageName(i) + " (the last); " + outcome(i));
     }
   }
   // Replica 0's stages hold one copy of every gradient (the replicas' are
@@ -378,7 +434,7 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
     if (!std::isfinite(share) && !scaling) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the gradient norm is " +
                                            show(std::sqrt(share)) + " on " + StageName(s) +
-                                           " (the first to see it); no update was made");
+                                           " (the first to see it); " + outcome(s));
     }
     sq += share;
   }

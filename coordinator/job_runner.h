@@ -103,8 +103,15 @@ class JobRunner {
   bool ByEpochs() const { return spec_.steps() == 0 && steps_per_epoch_ > 0; }
   Status CollectDigest();
   // Runs `req` on every stage at once (evaluation: on replica 0's); replies
-  // in the order of stages_.
-  Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies);
+  // in the order of stages_. `pool` makes the calls (pool_ when null); two
+  // steps in flight use two pools.
+  Status StepAll(const v1::RunStepRequest& req, std::vector<v1::RunStepReply>* replies, WorkerPool* pool = nullptr);
+  // Training step `step`'s request; whether its checkpoint was asked for
+  // (RequestCheckpoint) in `asked_by_signal`.
+  v1::RunStepRequest TrainRequest(int64_t step, bool* asked_by_signal);
+  // Whether training step `req` may still be running on the stages when the
+  // next one is sent (see Train()).
+  bool NextMayOverlap(const v1::RunStepRequest& req) const;
   // After StepAll of training step `req`: fails the job on a loss or gradient
   // norm that is not finite (FAILED_PRECONDITION naming the step and the stage
   // that saw it first), records the step's lr and global gradient norm, and
@@ -127,6 +134,7 @@ class JobRunner {
   StatusSink sink_;
   Clock* clock_;
   WorkerPool pool_;
+  WorkerPool odd_pool_;  // the calls of odd training steps (pool_: even ones and everything else)
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> checkpoint_requested_{false};
   std::mutex reason_mu_;  // guards cancel_reason_

@@ -931,6 +931,17 @@ std::vector<JobKey> MakeTable() {
       .Expect("auto, true or false")
       .DefaultDoc("`auto`")
       .Read(ReadCudaGraphs);
+  add("steps_in_flight", kInt,
+      "training steps the coordinator has sent to the stages at once: with `2` it sends step N+1 as soon as step N, "
+      "and each stage server launches N+1 while its device still works on N, so that the device does not wait for "
+      "the host between steps (the reply of N, the request of N+1, the first launches of N+1); each reply still "
+      "comes once the device has finished its step, so every figure and clock is that of finished steps. Steps "
+      "whose update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
+      "epoch's end run one at a time whatever this says. `1`: one step at a time")
+      .Default("2")
+      .Range(1, 2)
+      .Set([](const V& v, S* s) { s->set_steps_in_flight(static_cast<int32_t>(v.integer)); })
+      .Get([](const S& s) { return StepsInFlight(s); });
   add("memory_format", kChoice,
       "how 4-D tensors are laid out: `channels_last` converts the convolution weights once when a stage places them, "
       "the model's input once as it is loaded, and keeps activations and their gradients channels-last across "

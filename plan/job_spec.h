@@ -128,6 +128,8 @@ inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_ste
 // replicas: the largest bucket of gradients all-reduced at once, in MiB
 // (bucket_cap_mb; 0: DDP's 25).
 inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb() > 0 ? spec.bucket_cap_mb() : 25.0; }
+// Training steps the coordinator sends to the stages at once (steps_in_flight).
+inline int StepsInFlight(const v1::JobSpec& spec) { return spec.steps_in_flight() > 0 ? spec.steps_in_flight() : 2; }
 
 // Whether CUDA devices replay the job's passes as CUDA graphs (cuda_graphs),
 // and why not where they don't. Given in the job: as given (ValidateJobSpec

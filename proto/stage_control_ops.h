@@ -11,7 +11,10 @@
 // X(Name, Request, Reply, Thread, How)
 //   Thread  kExecutor: runs on the stage's executor, which owns the model;
 //           kAnyThread: runs on the calling thread (it must not wait for
-//           the executor: Abort ends the step the executor is running).
+//           the executor: Abort ends the step the executor is running);
+//           kLaunch: the executor launches it (Stage::Impl::Launch<Name>)
+//           and the calling thread waits for its end (Finish<Name>), so
+//           that the executor launches the next one meanwhile.
 //   How     how the coordinator calls it: kWaitForReady waits for a
 //           connection that is still coming up, within the deadline;
 //           kFailFast fails at once when the stage is unreachable (an abort
@@ -33,7 +36,7 @@
   /* Opens the links to both neighbours. */                                                                 \
   X(Connect, v1::JobRef, v1::ConnectReply, kExecutor, kWaitForReady)                                        \
   /* One step's action list, then the optimizer step (train) or nothing more (eval). */                     \
-  X(RunStep, v1::RunStepRequest, v1::RunStepReply, kExecutor, kStep)                                        \
+  X(RunStep, v1::RunStepRequest, v1::RunStepReply, kLaunch, kStep)                                          \
   /* A deferred step's optimizer step: gradients times grad_scale (the same on every stage), then step. */  \
   X(ApplyStep, v1::ApplyStepRequest, v1::ApplyStepReply, kExecutor, kStep)                                  \
   X(GetDigest, v1::JobRef, v1::DigestReply, kExecutor, kWaitForReady)                                       \

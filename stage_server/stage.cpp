@@ -145,6 +145,8 @@ void Stage::Impl::DropJob() {
   stage_index_ = -1;
   replica_ = 0;
   aborted_.clear();
+  next_train_step_ = -1;
+  turn_cv_.notify_all();
   RecordIdleStage(device_.str());
 }
 
@@ -462,6 +464,9 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   job_id_ = a.job_id();
   stage_index_ = a.stage_index();
   replica_ = a.replica();
+  next_train_step_ = 0;
+  stage_timeout_s_ = a.spec().stage_timeout_s();
+  turn_cv_.notify_all();
   return reply;
 }
 
@@ -563,6 +568,7 @@ StatusOr<v1::Empty> Stage::Impl::Abort(const v1::AbortRequest& req) {
   // anew (or ends it) before it steps it again.
   aborted_ = "stage " + std::to_string(stage_index_) + ": step aborted: " + req.reason();
   inbox_.Fail(absl::AbortedError(aborted_));
+  turn_cv_.notify_all();
   return v1::Empty();
 }
 
@@ -615,11 +621,19 @@ Status Stopped() { return absl::UnavailableError("the stage is shutting down"); 
 #define CONVEYOR_STAGE_RUN_kExecutor(Name, Reply) \
   return impl_->executor().Run([&] { return impl_->Name(request); }, StatusOr<Reply>(Stopped()))
 #define CONVEYOR_STAGE_RUN_kAnyThread(Name, Reply) return impl_->Name(request)
+// kLaunch: launched on the executor in turn, ended on the caller's thread.
+#define CONVEYOR_STAGE_RUN_kLaunch(Name, Reply)                                                                \
+  CONVEYOR_RETURN_IF_ERROR(impl_->AwaitTurn(request));                                                       \
+  auto launched = impl_->executor().Run([&] { return impl_->Launch##Name(request); },                       \
+                                        StatusOr<Stage::Impl::StepEnd>(Stopped()));                           \
+  if (!launched.ok()) return launched.status();                                                              \
+  return impl_->Finish##Name(std::move(*launched))
 #define CONVEYOR_STAGE_FORWARD(Name, Request, Reply, Thread, How) \
   StatusOr<Reply> Stage::Name(const Request& request) { CONVEYOR_STAGE_RUN_##Thread(Name, Reply); }
 CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_FORWARD)
 #undef CONVEYOR_STAGE_FORWARD
 #undef CONVEYOR_STAGE_RUN_kAnyThread
+#undef CONVEYOR_STAGE_RUN_kLaunch
 #undef CONVEYOR_STAGE_RUN_kExecutor
 
 v1::StageInfo Stage::Info() const { return impl_->Info(); }

@@ -17,10 +17,12 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -101,6 +103,10 @@ struct Held {
   double scale = 1;
   int64_t bytes = 0;
 };
+// A compute action timed on the device: its timeline event and its two marks.
+struct DeviceSpan {
+  int event, start_mark, end_mark;
+};
 }  // namespace stage_internal
 
 using namespace stage_internal;  // NOLINT: the implementation files' own helpers
@@ -118,11 +124,46 @@ class Stage::Impl {
   // The time stage_timeout is judged by (StageOptions.clock, else the steady clock).
   SteadyClock::time_point Now() const { return options_.clock ? options_.clock->Now() : SteadyClock::now(); }
 
-  // The logic of each operation of proto/stage_control_ops.h.
-#define CONVEYOR_STAGE_LOGIC(Name, Request, Reply, Thread, How) StatusOr<Reply> Name(const Request& request);
+  // The logic of each operation of proto/stage_control_ops.h (a kLaunch
+  // one's is a pair, Launch<Name> and Finish<Name>, declared below).
+#define CONVEYOR_STAGE_LOGIC_kExecutor(Name, Request, Reply) StatusOr<Reply> Name(const Request& request);
+#define CONVEYOR_STAGE_LOGIC_kAnyThread(Name, Request, Reply) StatusOr<Reply> Name(const Request& request);
+#define CONVEYOR_STAGE_LOGIC_kLaunch(Name, Request, Reply)
+#define CONVEYOR_STAGE_LOGIC(Name, Request, Reply, Thread, How) CONVEYOR_STAGE_LOGIC_##Thread(Name, Request, Reply)
   CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_LOGIC)
 #undef CONVEYOR_STAGE_LOGIC
+#undef CONVEYOR_STAGE_LOGIC_kLaunch
+#undef CONVEYOR_STAGE_LOGIC_kAnyThread
+#undef CONVEYOR_STAGE_LOGIC_kExecutor
   v1::StageInfo Info() const;
+
+  // A training step that LaunchRunStep queued on the device and left to
+  // FinishRunStep, which waits for it on the calling thread while the
+  // executor launches the next step: what its reply still needs.
+  struct StepEnd {
+    v1::RunStepReply reply;  // whole unless `waiting`
+    bool waiting = false;    // FinishRunStep still waits for the device and reads the figures
+    std::string who;         // Who() at launch
+    int64_t step = 0;
+    std::unique_ptr<c10::Event> done;  // on a GPU: recorded after the step's last work
+    at::Tensor figures;                // [loss_sum, grad_sq_norm] in host memory, once `done` passed
+    std::shared_ptr<DeviceClock::Marks> marks;
+    std::vector<DeviceSpan> device_spans;
+    double host_busy = 0;                  // busy seconds timed on the host
+    std::shared_ptr<Transport> transport;  // watched while waiting
+    SteadyClock::time_point start;         // when the step began on this stage
+    SteadyClock::duration timeout;         // stage_timeout: the device's progress is awaited this long
+  };
+  // RunStep is these two: the launch on the executor, the end on the caller's
+  // thread (proto/stage_control_ops.h, kLaunch). A step that writes a
+  // checkpoint, is profiled, or waits for the coordinator's ApplyStep ends on
+  // the executor (its StepEnd is whole).
+  StatusOr<StepEnd> LaunchRunStep(const v1::RunStepRequest& req);
+  StatusOr<v1::RunStepReply> FinishRunStep(StepEnd end);
+  // Waits (on the caller's thread) until training step req.step() is the
+  // next one this stage launches, or the step before it has begun: two steps
+  // sent at once (coordinator/job_runner.cpp) may arrive in either order.
+  Status AwaitTurn(const v1::RunStepRequest& req);
 
   SerialExecutor& executor() { return executor_; }
   Inbox& inbox() { return inbox_; }
@@ -148,7 +189,7 @@ class Stage::Impl {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<Dataset> data;
     std::unique_ptr<BatchLoader> loader;  // over `data`
-    std::unique_ptr<Transport> transport;
+    std::shared_ptr<Transport> transport;  // shared with the end of a step in flight (StepEnd)
     v1::LinkSetup downstream_link;  // made by PrepareLink
     std::shared_ptr<PreparedLink> prepared_link;  // made by PrepareLink, then the transport's
     bool recompute = false;
@@ -203,15 +244,16 @@ class Stage::Impl {
       at::Tensor l = loss.detach().to(at::kDouble);
       loss_total = loss_total.defined() ? loss_total + l : l;
     }
+    // Read after the update (ReadsAfterUpdate): this stage's squared gradient
+    // norm, on the device.
+    at::Tensor sq;
     int64_t correct = 0, predictions = 0;
     v1::RunStepReply* reply = nullptr;
-    DeviceClock* clock = nullptr;  // null: host times
-    int64_t origin_us = 0;         // host time of the clock's mark 0
-    struct DeviceSpan {
-      int event, start_mark, end_mark;
-    };
+    std::shared_ptr<DeviceClock::Marks> marks;  // null: host times
+    DeviceClock::Marks* clock = nullptr;        // marks.get()
     std::vector<DeviceSpan> device_spans;
   };
+
 
   // Records one action on the timeline; compute actions also count as busy.
   // With a device clock, compute actions are timed on the device (marks that
@@ -305,6 +347,13 @@ class Stage::Impl {
   void FlattenBuffers(const std::vector<at::Tensor>& buffers);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
+  // Polls `done` until the device passes it; a broken link, an Abort, or no
+  // new mark passed within `timeout` ends the wait with an error. Any thread.
+  Status AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
+                     SteadyClock::duration timeout, const std::string& who, int64_t step);
+  // Whether this training step's optimizer step is launched before its loss
+  // and gradient norm are read (on a GPU: PrepareUpdate).
+  bool ReadsAfterUpdate(const v1::RunStepRequest& req) const;
   // Out of memory (stage_memory.cpp). What this stage holds, in words:
   // parameters, gradients, optimizer state, the step's activations (with
   // `st`), the caching allocator's reserve on a GPU.
@@ -346,6 +395,14 @@ class Stage::Impl {
   // Why the coordinator aborted the job's step (Abort), until the job is
   // dropped: a step that begins after it fails at its first wait.
   std::string aborted_;
+  // The training step whose launch comes next (-1: any), and stage_timeout:
+  // AwaitTurn. turn_cv_ is notified when either, or aborted_, changes.
+  int64_t next_train_step_ = -1;
+  double stage_timeout_s_ = 0;
+  std::condition_variable turn_cv_;
+  // Steps launched whose end is still awaited off the executor: while there
+  // are any, the device is not idle when a step begins (DeviceClock::Begin).
+  std::atomic<int> steps_in_flight_{0};
 };
 
 }  // namespace conveyor

@@ -159,6 +159,11 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
   CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
   // Training goes on at step `step`: its tensors may arrive before its RunStep.
   inbox_.BeginStep(v1::PHASE_TRAIN, req.step() * AccumulateSteps(job_->spec()) - 1);
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    next_train_step_ = req.step();
+  }
+  turn_cv_.notify_all();
   LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
   return reply;
 }

@@ -328,6 +328,18 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
       break;
     }
   }
+  if (ReadsAfterUpdate(*st.req)) {
+    // On a GPU nothing needs the norm on the host before the update: the
+    // device clips with it, and the host reads it after the step (as the
+    // reference does). Alone, the stage clips its own gradients: they are all
+    // of them.
+    st.sq = GradSquaredNormTensor(params);
+    st.reply->set_updated_before_read(true);
+    job_->pending_step = -1;
+    if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(params, spec.clip_grad_norm(), st.sq);
+    job_->optimizer->step();
+    return ShareShardedParameters();
+  }
   const double sq = GradSquaredNorm(params);
   st.reply->set_grad_sq_norm(sq);
   if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
@@ -502,35 +514,46 @@ void Stage::Impl::FlattenBuffers(const std::vector<at::Tensor>& buffers) {
 }
 
 Status Stage::Impl::FinishOnDevice(StepState& st) {
+  if (!device_.is_cuda()) {
+    if (job_->transport) return Annotate(job_->transport->status(), Who());
+    return absl::OkStatus();
+  }
+  c10::Event done(device_.type());
+  done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  return AwaitDevice(done, job_->transport.get(), st.clock, st.timeout, Who(), st.req->step());
+}
+
+Status Stage::Impl::AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
+                                SteadyClock::duration timeout, const std::string& who, int64_t step) {
   // The device may wait for NCCL transfers that a broken link never ends:
   // the host polls instead of blocking, so that it sees the link break (and
-  // the transfers end, aborted) rather than hang in a synchronize.
-  if (device_.is_cuda()) {
-    c10::Event done(device_.type());
-    done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
-    // The host may have queued the whole step: stage_timeout bounds the wait
-    // for the device's next action, not for all of them.
-    auto last_progress = Now();
-    int passed = 0;
-    for (int spins = 0; !done.query(); ++spins) {
-      if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
-      const int now_passed = st.clock ? st.clock->Passed() : 0;
-      if (now_passed > passed) {
-        passed = now_passed;
-        last_progress = Now();
-      }
-      if (Now() - last_progress > st.timeout)
-        return absl::DeadlineExceededError(Who() + ": the device made no progress on step " +
-                                           std::to_string(st.req->step()) + " within stage_timeout");
-      if (spins < 1000) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
+  // the transfers end, aborted) rather than hang in a synchronize. The host
+  // may have queued the whole step: stage_timeout bounds the wait for the
+  // device's next mark, not for all of them.
+  auto last_progress = Now();
+  int passed = 0;
+  for (int spins = 0; !done.query(); ++spins) {
+    if (transport) CONVEYOR_RETURN_IF_ERROR(Annotate(transport->status(), who));
+    {
+      std::lock_guard<std::mutex> lock(info_mu_);
+      if (!aborted_.empty()) return absl::AbortedError(aborted_);
+    }
+    const int now_passed = marks ? marks->Passed() : 0;
+    if (now_passed > passed) {
+      passed = now_passed;
+      last_progress = Now();
+    }
+    if (Now() - last_progress > timeout)
+      return absl::DeadlineExceededError(who + ": the device made no progress on step " + std::to_string(step) +
+                                         " within stage_timeout");
+    if (spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   // A transfer that ended because its link broke ended early: check again.
-  if (job_->transport) return Annotate(job_->transport->status(), Who());
+  if (transport) return Annotate(transport->status(), who);
   return absl::OkStatus();
 }
 
@@ -573,7 +596,30 @@ void Stage::Impl::FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step
   }
 }
 
-StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
+bool Stage::Impl::ReadsAfterUpdate(const v1::RunStepRequest& req) const {
+  return device_.is_cuda() && req.phase() == v1::PHASE_TRAIN && !req.defer_update() && !(req.loss_scale() > 0);
+}
+
+Status Stage::Impl::AwaitTurn(const v1::RunStepRequest& req) {
+  if (req.phase() != v1::PHASE_TRAIN) return absl::OkStatus();
+  std::unique_lock<std::mutex> lock(info_mu_);
+  if (job_id_ != req.job_id()) return absl::OkStatus();  // LaunchRunStep says what is wrong
+  auto turn = [&] {
+    return next_train_step_ < 0 || req.step() <= next_train_step_ || !aborted_.empty() || job_id_ != req.job_id();
+  };
+  Clock& clock = options_.clock ? *options_.clock : RealClock();
+  const double wait_s = stage_timeout_s_ > 0 ? stage_timeout_s_ : 60;
+  if (!clock.WaitUntil(turn_cv_, lock, clock.After(wait_s), turn)) {
+    return absl::DeadlineExceededError("stage " + std::to_string(stage_index_) + ": training step " +
+                                       std::to_string(req.step()) + " came, but step " +
+                                       std::to_string(next_train_step_) + " did not within stage_timeout");
+  }
+  // The coordinator configures the job anew (or ends it) before it steps it again.
+  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  return absl::OkStatus();
+}
+
+StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
   const v1::JobSpec& spec = job_->spec();
   if (req.phase() != v1::PHASE_TRAIN && req.phase() != v1::PHASE_EVAL)
@@ -590,7 +636,13 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   if (!job_->transport && job_->assignment.num_stages() > 1)
     return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
 
-  const int accumulate = req.phase() == v1::PHASE_TRAIN ? AccumulateSteps(spec) : 1;
+  const bool train = req.phase() == v1::PHASE_TRAIN;
+  if (train) {  // the next step may launch once this one has begun (AwaitTurn)
+    std::lock_guard<std::mutex> lock(info_mu_);
+    next_train_step_ = std::max(next_train_step_, req.step() + 1);
+    turn_cv_.notify_all();
+  }
+  const int accumulate = train ? AccumulateSteps(spec) : 1;
   inbox_.BeginStep(req.phase(), req.step() * accumulate);
   {
     // An Abort that came before this step began (BeginStep forgot it).
@@ -599,12 +651,15 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   }
   job_->pending_step = -1;  // a deferred update not applied is dropped
   if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
-  auto start = SteadyClock::now();
-  v1::RunStepReply reply;
+  StepEnd end;
+  end.start = SteadyClock::now();
+  end.who = Who();
+  end.step = req.step();
+  v1::RunStepReply& reply = end.reply;
   StepState st;
   st.req = &req;
   st.reply = &reply;
-  st.train = req.phase() == v1::PHASE_TRAIN;
+  st.train = train;
   st.accumulate = accumulate;
   // A replica trains on its share of the batch; the losses stay scaled by
   // the whole batch (Forward), so the all-reduced sum is its gradient.
@@ -615,10 +670,15 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
   st.timeout = std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
   if (clock_) {
-    st.clock = clock_.get();
-    st.origin_us = NowUs();
-    clock_->Begin();  // the device is idle here (the last step was waited for): mark 0 is about now
+    st.marks = clock_->Begin(/*device_idle=*/steps_in_flight_.load() == 0);
+    st.clock = st.marks.get();
   }
+  std::unique_ptr<OpProfile> profile;
+  // Ends off the executor (FinishRunStep), while the next step launches:
+  // a training step that writes no checkpoint, is not profiled, and whose
+  // update the coordinator does not decide (ApplyStep, loss scaling). With
+  // replicas the step waits for its collectives on the executor.
+  bool detach = false;
   Status status;
   try {
     std::optional<at::NoGradGuard> no_grad;
@@ -636,7 +696,9 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     } else {
       no_grad.emplace();
     }
-    std::unique_ptr<OpProfile> profile = MaybeStartProfile(req);
+    profile = MaybeStartProfile(req);
+    detach = st.train && !profile && !req.checkpoint() && !req.defer_update() && !(req.loss_scale() > 0) &&
+             !job_->reducer && job_->assignment.num_replicas() <= 1;
     // accumulate_steps: the action list once per batch, gradients summed; the
     // optimizer step after the last one (RunActions).
     for (int k = 0; k < accumulate && status.ok(); ++k) {
@@ -645,7 +707,6 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       status = LoadBatch(st);
       if (status.ok()) status = RunActions(st);
     }
-    if (status.ok()) status = FinishOnDevice(st);
     if (status.ok() && st.train) {
       if (st.graphed) {
         job_->graphs_recorded = true;
@@ -654,15 +715,47 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
       }
       reply.set_graphed(st.graphed);
     }
+    if (status.ok() && detach) {
+      // The figures the reply needs, copied to the host behind the step's
+      // work (a graph's loss buffer is the next replay's), and an event
+      // after them: FinishRunStep waits for it.
+      at::Tensor loss = st.loss_total.defined() ? st.loss_total.reshape({1}).to(at::kDouble)
+                                                : at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
+      at::Tensor sq;
+      if (st.sq.defined()) {
+        sq = st.sq.reshape({1}).to(at::kDouble);
+      } else {
+        sq = at::full({1}, reply.grad_sq_norm(), at::TensorOptions(at::kDouble).device(device_));
+      }
+      at::Tensor both = at::cat({loss, sq});
+      if (device_.is_cuda()) {
+        end.figures = at::empty({2}, at::TensorOptions(at::kDouble).pinned_memory(true));
+        end.figures.copy_(both, /*non_blocking=*/true);
+        end.done = std::make_unique<c10::Event>(device_.type());
+        end.done->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+      } else {
+        end.figures = both.clone();
+      }
+    } else if (status.ok()) {
+      status = FinishOnDevice(st);
+    }
     if (profile) FinishProfile(std::move(profile), req.step() + 1);
-    if (status.ok() && st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
-    if (status.ok() && st.clock) {  // the device's own times for its compute spans
-      const std::vector<double> us = st.clock->ElapsedUs();
-      for (const auto& d : st.device_spans) {
-        v1::TraceEvent* e = reply.mutable_events(d.event);
-        e->set_start_us(st.origin_us + static_cast<int64_t>(us[d.start_mark]));
-        e->set_end_us(st.origin_us + static_cast<int64_t>(us[d.end_mark]));
-        st.busy += (us[d.end_mark] - us[d.start_mark]) * 1e-6;
+    if (status.ok() && !detach) {
+      if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
+      if (st.sq.defined()) {
+        const double sq = st.sq.item<double>();
+        reply.set_grad_sq_norm(sq);
+        // Found after the update: no checkpoint of it (the coordinator fails the job).
+        if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) st.skipped = true;
+      }
+      if (st.clock) {  // the device's own times for its compute spans
+        const std::vector<int64_t> us = st.clock->HostUs();
+        for (const auto& d : st.device_spans) {
+          v1::TraceEvent* e = reply.mutable_events(d.event);
+          e->set_start_us(us[d.start_mark]);
+          e->set_end_us(us[d.end_mark]);
+          st.busy += static_cast<double>(us[d.end_mark] - us[d.start_mark]) * 1e-6;
+        }
       }
     }
   } catch (const std::exception& e) {
@@ -673,18 +766,58 @@ StatusOr<v1::RunStepReply> Stage::Impl::RunStep(const v1::RunStepRequest& req) {
     LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
     return status;
   }
-  reply.set_loss_sum(st.loss_sum);
   reply.set_correct(st.correct);
   reply.set_samples(st.train || st.predictions == 0 ? req.batch_size() : st.predictions);
   reply.set_peak_activations(st.peak_count);
   reply.set_peak_activation_bytes(st.peak_bytes);
-  reply.set_busy_seconds(st.busy);
   if (st.train) ReportMemory(&reply);
+  if (detach) {
+    end.waiting = true;
+    end.marks = std::move(st.marks);
+    end.device_spans = std::move(st.device_spans);
+    end.host_busy = st.busy;
+    end.transport = job_->transport;
+    end.timeout = st.timeout;
+    ++steps_in_flight_;
+    return end;
+  }
+  reply.set_loss_sum(st.loss_sum);
+  reply.set_busy_seconds(st.busy);
   if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }
-  reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - start).count());
-  return reply;
+  reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - end.start).count());
+  return end;
+}
+
+StatusOr<v1::RunStepReply> Stage::Impl::FinishRunStep(StepEnd end) {
+  if (!end.waiting) return std::move(end.reply);
+  struct Ended {  // the device's queue no longer holds this step
+    std::atomic<int>& n;
+    ~Ended() { --n; }
+  } ended{steps_in_flight_};
+  v1::RunStepReply& reply = end.reply;
+  if (end.done) {
+    CONVEYOR_RETURN_IF_ERROR(AwaitDevice(*end.done, end.transport.get(), end.marks.get(), end.timeout, end.who, end.step));
+  } else if (end.transport) {
+    CONVEYOR_RETURN_IF_ERROR(Annotate(end.transport->status(), end.who));
+  }
+  const double* figures = end.figures.data_ptr<double>();
+  reply.set_loss_sum(figures[0]);
+  reply.set_grad_sq_norm(figures[1]);
+  double busy = end.host_busy;
+  if (end.marks) {  // the device's own times for its compute spans
+    const std::vector<int64_t> us = end.marks->HostUs();
+    for (const DeviceSpan& d : end.device_spans) {
+      v1::TraceEvent* e = reply.mutable_events(d.event);
+      e->set_start_us(us[d.start_mark]);
+      e->set_end_us(us[d.end_mark]);
+      busy += static_cast<double>(us[d.end_mark] - us[d.start_mark]) * 1e-6;
+    }
+  }
+  reply.set_busy_seconds(busy);
+  reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - end.start).count());
+  return std::move(reply);
 }
 
 }  // namespace conveyor

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string_view>
 #include <thread>
 
@@ -70,6 +71,29 @@ TEST(Coordinator, RunsAJobAndAnswersAboutIt) {
   auto again = c->Cancel(s.job_id());
   EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
   EXPECT_THAT(std::string(again.status().message()), HasSubstr("already succeeded"));
+}
+
+// steps_in_flight: 2 (the default) sends step N+1 before step N's replies
+// come; the stages run them in order: the same losses and weights as one step
+// at a time, also when every frame comes late by a random delay.
+TEST(Coordinator, TwoStepsInFlightTrainAsOneAtATime) {
+  const std::string yaml = "model: toy\npartition: {stages: 3}\nbatch_size: 8\nmicro_batches: 2\nsteps: 12\n"
+                           "optimizer: {name: adam, lr: 0.01}\n";
+  std::vector<v1::JobStatus> runs;
+  for (const char* in_flight : {"1", "2"}) {
+    auto rng = std::make_shared<std::mt19937_64>(16);
+    auto mu = std::make_shared<std::mutex>();
+    InProcessCluster cluster(3, [rng, mu] {
+      std::lock_guard<std::mutex> lock(*mu);
+      return std::chrono::microseconds((*rng)() % 300);
+    });
+    auto c = cluster.StartCoordinator();
+    runs.push_back(RunToEnd(*c, yaml + "steps_in_flight: " + in_flight + "\n"));
+    ASSERT_EQ(runs.back().state(), v1::JOB_STATE_SUCCEEDED) << runs.back().error();
+  }
+  ASSERT_EQ(runs[0].losses_size(), 12);
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(runs[0].losses(i), runs[1].losses(i)) << "step " << i + 1;
+  EXPECT_EQ(runs[0].param_digest(), runs[1].param_digest());
 }
 
 TEST(Coordinator, BadJobsAreRefusedWithTheReason) {

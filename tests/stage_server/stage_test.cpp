@@ -264,6 +264,70 @@ TEST_F(StageTest, AStageWhoseNeighbourNeverSendsTimesOutNamingIt) {
               HasSubstr("waited too long for the activation of step 0 micro-batch 0 from stage 0 (upstream)"));
 }
 
+// Two training steps sent at once (steps_in_flight: 2) may reach a stage in
+// either order: a step waits for the one before it to begin, an Abort ends
+// that wait, and one whose predecessor never comes fails after stage_timeout.
+TEST_F(StageTest, ATrainingStepThatComesFirstWaitsForTheStepBeforeIt) {
+  const std::string yaml = "model: toy\noptimizer: {name: sgd, lr: 0.1}\nseed: 3\nstage_timeout: 600\n";
+  auto step = [](int64_t k) {
+    v1::RunStepRequest req;
+    req.set_job_id("job-1");
+    req.set_phase(v1::PHASE_TRAIN);
+    req.set_batch_size(32);
+    req.set_total_steps(10);
+    req.set_step(k);
+    return req;
+  };
+  // In order, on the fixture's stage.
+  ASSERT_TRUE(stage_->Configure(Assignment(yaml, 0, 1, 0, 3, {10})).ok());
+  auto first = stage_->RunStep(step(0));
+  auto second = stage_->RunStep(step(1));
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status() << second.status();
+  v1::JobRef ref;
+  ref.set_job_id("job-1");
+  auto digest = stage_->GetDigest(ref);
+  ASSERT_TRUE(digest.ok());
+
+  // Step 1 first, on a stage whose waits run on a fake clock.
+  FakeClock clock;
+  StageOptions options;
+  options.transports = &fabric_;
+  options.clock = &clock;
+  auto other = Stage::Create(options);
+  ASSERT_TRUE(other.ok());
+  Stage& s = **other;
+  ASSERT_TRUE(s.Configure(Assignment(yaml, 0, 1, 0, 3, {10})).ok());
+  auto early = std::async(std::launch::async, [&] { return s.RunStep(step(1)); });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(60))) << "step 1 did not wait for step 0";
+  auto late = s.RunStep(step(0));
+  auto after = early.get();
+  ASSERT_TRUE(late.ok() && after.ok()) << late.status() << after.status();
+  EXPECT_EQ(late->loss_sum(), first->loss_sum());
+  EXPECT_EQ(after->loss_sum(), second->loss_sum());
+  auto again = s.GetDigest(ref);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->SerializeAsString(), digest->SerializeAsString());
+
+  // Step 5 after step 1: an Abort ends its wait.
+  auto aborted = std::async(std::launch::async, [&] { return s.RunStep(step(5)); });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(60)));
+  v1::AbortRequest abort;
+  abort.set_job_id("job-1");
+  abort.set_reason("a test");
+  ASSERT_TRUE(s.Abort(abort).ok());
+  auto r = aborted.get();
+  EXPECT_TRUE(absl::IsAborted(r.status())) << r.status();
+
+  // Configured anew, step 3 first: step 0 never comes.
+  ASSERT_TRUE(s.Configure(Assignment(yaml, 0, 1, 0, 3, {10})).ok());
+  auto stranded = std::async(std::launch::async, [&] { return s.RunStep(step(3)); });
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(60)));
+  clock.Advance(std::chrono::seconds(601));
+  r = stranded.get();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.status())) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("training step 3 came, but step 0 did not within stage_timeout"));
+}
+
 TEST(StageCreate, UnknownOrMissingDevices) {
   InProcFabric fabric;
   StageOptions options;
