@@ -24,6 +24,9 @@
 #                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
 #                                   each one's timeline and the profile of its last step
+#   (issue 36, "The pipeline at GPU speed")
+#   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
+#                                   and the Quick start job over the GPUs, with timelines
 #
 # Several parts may follow each other in one call (scripts/two-gpus.sh build tests transport).
 # Results (CSV, logs, timelines) go to $OUT (default ./gpu-out); bench/RESULTS.md has what they gave.
@@ -120,6 +123,22 @@ for part in "$@"; do
           "$out/overhead/$1.json" "$1" 2>&1 | tail -1
       done
       tar -czf "$out/overhead.tgz" -C "$out" overhead && rm -rf "$out/overhead" && ls -la "$out/overhead.tgz" ;;
-    *) sed -n '2,32p' "$0" >&2; exit 2 ;;
+    window)
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      mkdir -p "$out/window"
+      for k in 1 2; do
+        timeout 200 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs \
+          --only 'pytorch-1gpu-graph-b120,conveyor-1dev-graphs-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
+          --steps 20 --outside-steps 0 --set "steps_in_flight=$k" --timeout 90 --out "$out/window/w1-k$k" |
+          grep -A6 '^| variant'
+      done
+      for k in 1 2; do
+        timeout 150 "$bin/conveyor" local examples/fashion-convnet.yaml --set "steps_in_flight=$k" --json \
+          --trace "$out/window/qs-k$k-timeline" > "$out/window/qs-k$k.json" 2> "$out/window/qs-k$k.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('quickstart steps_in_flight', sys.argv[2], 'epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'steady ms/step', round(1000*64/j['steady_samples_per_second'],3), 'acc', j['eval_accuracy'], [round(s.get('busy_fraction',0),3) for s in j.get('stages',[])])" \
+          "$out/window/qs-k$k.json" "$k" 2>&1 | tail -1
+      done
+      tar -czf "$out/window.tgz" -C "$out" window && rm -rf "$out/window" ;;
+    *) sed -n '2,34p' "$0" >&2; exit 2 ;;
   esac
 done

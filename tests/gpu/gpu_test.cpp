@@ -47,13 +47,14 @@ class GpuTest : public ::testing::Test {
   int gpus_ = 0;
 };
 
-// Two stage server processes (and a coordinator) on `devices`, their folder
-// removed when they stop; `restart_stages`: a killed server is started again.
-StatusOr<std::unique_ptr<cli::LocalCluster>> TwoServers(const std::vector<std::string>& devices,
-                                                        bool restart_stages = false) {
+// Stage server processes (and a coordinator), one on each of `devices`, their
+// folder removed when they stop; `restart_stages`: a killed server is started
+// again.
+StatusOr<std::unique_ptr<cli::LocalCluster>> Servers(const std::vector<std::string>& devices,
+                                                     bool restart_stages = false) {
   cli::LocalClusterOptions options;
   options.remove_run_dir = true;
-  options.stages = 2;
+  options.stages = static_cast<int>(devices.size());
   options.devices = devices;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.restart_stages = restart_stages;
@@ -230,7 +231,7 @@ TEST_F(GpuTest, OutOfMemoryFailsTheJobAndTheServerServesTheNext) {
 // GPU, so the digests must be equal, not close. Needs two GPUs.
 TEST_F(GpuTest, AStageKilledOnAnNcclLinkResumesToTheUninterruptedDigest) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  auto cluster = TwoServers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
+  auto cluster = Servers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
   const std::string yaml =
@@ -392,7 +393,7 @@ TEST_F(GpuTest, GptFusedQkvAndBf16NormOnCudaMatchThePlainOnes) {
 // reference on the whole batch; the coordinator checks that both copies end
 // bit for bit the same. Skips where the build has no Gloo group.
 TEST_F(GpuTest, TwoReplicasOnOneGpuEqualTheGpuReference) {
-  auto cluster = TwoServers({"cuda:0", "cuda:0"});
+  auto cluster = Servers({"cuda:0", "cuda:0"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\nmicro_batches: 2\n"
                            "schedule: 1f1b\nbucket_cap_mb: 0.01\n";
@@ -417,21 +418,27 @@ TEST_F(GpuTest, TwoReplicasOnOneGpuEqualTheGpuReference) {
 // batch's: the same matmuls row by row, so a looser bound than fp32's only
 // for cuBLAS's choice of kernels by batch size). The coordinator checks that
 // both copies end bit for bit the same. Needs two GPUs.
-TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
-  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  auto cluster = TwoServers({"cuda:0", "cuda:1"});
+// Two replicas of `stages` stages, one server a GPU, fp32 and bf16-mixed:
+// NCCL collectives on every stage, losses as the GPU reference's.
+void ExpectTwoReplicasEqualTheReference(int stages) {
+  std::vector<std::string> devices;
+  for (int i = 0; i < 2 * stages; ++i) devices.push_back("cuda:" + std::to_string(i));
+  auto cluster = Servers(devices);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   for (const std::string precision : {"fp32", "bf16-mixed"}) {
-    const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\nmicro_batches: 2\n"
-                             "schedule: 1f1b\nbucket_cap_mb: 0.01\nprecision: " + precision + "\n";
+    const std::string yaml = std::string(kGpt) + "partition: {stages: " + std::to_string(stages) +
+                             "}\nreplicas: 2\nmicro_batches: 2\nschedule: 1f1b\nbucket_cap_mb: 0.01\nprecision: " +
+                             precision + "\n";
     const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml);
     if (run.state() == v1::JOB_STATE_FAILED && run.error_code() == "UNIMPLEMENTED")
       GTEST_SKIP() << "this build has no c10d Gloo group (the NCCL group's id travels through its store): "
                    << run.error();
     ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
-    ASSERT_EQ(run.stages_size(), 2);
-    for (const auto& stage : run.stages()) EXPECT_EQ(stage.collectives(), v1::COLLECTIVES_NCCL) << precision;
-    EXPECT_EQ(run.stages(1).device(), "cuda:1");
+    ASSERT_EQ(run.stages_size(), 2 * stages);
+    for (int i = 0; i < run.stages_size(); ++i) {
+      EXPECT_EQ(run.stages(i).collectives(), v1::COLLECTIVES_NCCL) << precision;
+      EXPECT_EQ(run.stages(i).device(), devices[static_cast<std::size_t>(i)]);
+    }
     const cli::ReferenceResult ref = testing::Reference(yaml, "cuda:0");
     const double rel = precision == "fp32" ? 1e-4 : 2e-2;
     ASSERT_EQ(run.losses_size(), ref.status.losses_size());
@@ -441,11 +448,22 @@ TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
   }
 }
 
+TEST_F(GpuTest, TwoReplicasOnTwoGpusSumOverNcclAndEqualTheGpuReference) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  ExpectTwoReplicasEqualTheReference(1);
+}
+
+// 2 x 2: NCCL links between the stages, NCCL collectives between the copies.
+TEST_F(GpuTest, TwoReplicasOfTwoStagesOnFourGpusEqualTheGpuReference) {
+  if (gpus_ < 4) GTEST_SKIP() << "needs four GPUs";
+  ExpectTwoReplicasEqualTheReference(2);
+}
+
 // collectives: nccl where the copies of a stage share a GPU is refused before
 // the job starts, naming the stage; collectives: gloo on two GPUs is taken
 // as asked.
 TEST_F(GpuTest, NcclCollectivesOnOneGpuAreRefusedNamingTheStage) {
-  auto cluster = TwoServers({"cuda:0", "cuda:0"});
+  auto cluster = Servers({"cuda:0", "cuda:0"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml = std::string(kGpt) + "partition: {stages: 1}\nreplicas: 2\n";
   const v1::JobStatus refused = testing::SubmitAndWait((*cluster)->coordinator_address(), yaml + "collectives: nccl\n");
@@ -467,7 +485,7 @@ TEST_F(GpuTest, NcclCollectivesOnOneGpuAreRefusedNamingTheStage) {
 // digest of the uninterrupted run (an MLP with AdamW: bit-reproducible).
 TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDigest) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  auto cluster = TwoServers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
+  auto cluster = Servers({"cuda:0", "cuda:1"}, /*restart_stages=*/true);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
   const std::string yaml =
@@ -491,7 +509,7 @@ TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDig
 // does, each copy holding part of the state. Needs two GPUs.
 TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
-  auto cluster = TwoServers({"cuda:0", "cuda:1"});
+  auto cluster = Servers({"cuda:0", "cuda:1"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string yaml =
       "model: {name: gpt, vocab: 64, width: 32, blocks: 4, heads: 4, seq_len: 16}\n"
