@@ -348,9 +348,10 @@ class Stage::Impl {
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   // Polls `done` until the device passes it; a broken link, an Abort, or no
-  // new mark passed within `timeout` ends the wait with an error. Any thread.
+  // new mark passed within `timeout` ends the wait with an error. Any thread;
+  // `beside`: beside the executor, which launches the next step meanwhile.
   Status AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
-                     SteadyClock::duration timeout, const std::string& who, int64_t step);
+                     SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside);
   // Whether this training step's optimizer step is launched before its loss
   // and gradient norm are read (on a GPU: PrepareUpdate).
   bool ReadsAfterUpdate(const v1::RunStepRequest& req) const;

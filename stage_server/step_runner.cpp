@@ -520,19 +520,22 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
   }
   c10::Event done(device_.type());
   done.record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
-  return AwaitDevice(done, job_->transport.get(), st.clock, st.timeout, Who(), st.req->step());
+  return AwaitDevice(done, job_->transport.get(), st.clock, st.timeout, Who(), st.req->step(), /*beside=*/false);
 }
 
 Status Stage::Impl::AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
-                                SteadyClock::duration timeout, const std::string& who, int64_t step) {
+                                SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside) {
   // The device may wait for NCCL transfers that a broken link never ends:
   // the host polls instead of blocking, so that it sees the link break (and
   // the transfers end, aborted) rather than hang in a synchronize. The host
   // may have queued the whole step: stage_timeout bounds the wait for the
-  // device's next mark, not for all of them.
+  // device's next mark, not for all of them. `beside`: the executor launches
+  // the next step meanwhile, and queries in a tight loop would contend with
+  // its launches for the driver: one every 100 us (the reply's delay is
+  // hidden behind the step queued after this one).
   auto last_progress = Now();
   int passed = 0;
-  for (int spins = 0; !done.query(); ++spins) {
+  for (int spins = beside ? 1000 : 0; !done.query(); ++spins) {
     if (transport) CONVEYOR_RETURN_IF_ERROR(Annotate(transport->status(), who));
     {
       std::lock_guard<std::mutex> lock(info_mu_);
@@ -549,7 +552,7 @@ Status Stage::Impl::AwaitDevice(const c10::Event& done, Transport* transport, De
     if (spins < 1000) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(beside ? 100 : 50));
     }
   }
   // A transfer that ended because its link broke ended early: check again.
@@ -798,7 +801,8 @@ StatusOr<v1::RunStepReply> Stage::Impl::FinishRunStep(StepEnd end) {
   } ended{steps_in_flight_};
   v1::RunStepReply& reply = end.reply;
   if (end.done) {
-    CONVEYOR_RETURN_IF_ERROR(AwaitDevice(*end.done, end.transport.get(), end.marks.get(), end.timeout, end.who, end.step));
+    CONVEYOR_RETURN_IF_ERROR(
+        AwaitDevice(*end.done, end.transport.get(), end.marks.get(), end.timeout, end.who, end.step, /*beside=*/true));
   } else if (end.transport) {
     CONVEYOR_RETURN_IF_ERROR(Annotate(end.transport->status(), end.who));
   }
