@@ -700,7 +700,13 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
       no_grad.emplace();
     }
     profile = MaybeStartProfile(req);
-    detach = st.train && !profile && !req.checkpoint() && !req.defer_update() && !(req.loss_scale() > 0) &&
+    // Under cuda_graphs only a replay: the steps before the recording one,
+    // and the recording one, end on the executor, so that nothing of another
+    // step runs on the device while graphs are captured. (With NCCL links, W1
+    // over two H200s hung at the recording step when the step before it was
+    // still on the device: 1f1b and gpipe, 4 micro-batches of 15 MB.)
+    const bool replay = !job_->graphs || (st.graphed && job_->graphs_recorded);
+    detach = st.train && replay && !profile && !req.checkpoint() && !req.defer_update() && !(req.loss_scale() > 0) &&
              !job_->reducer && job_->assignment.num_replicas() <= 1;
     // accumulate_steps: the action list once per batch, gradients summed; the
     // optimizer step after the last one (RunActions).
