@@ -114,11 +114,17 @@ NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
 
 }  // namespace
 
-void Stage::Impl::ReserveSmsForNccl() {
-  const v1::JobSpec& spec = job_->spec();
+int Stage::Impl::NcclLinks() const {
+  if (!job_ || !job_->transport) return 0;
   int links = 0;
   if (!job_->assignment.upstream().empty() && job_->transport->Kind(Peer::kUpstream) == v1::LINK_NCCL) ++links;
   if (!job_->assignment.downstream().empty() && job_->transport->Kind(Peer::kDownstream) == v1::LINK_NCCL) ++links;
+  return links;
+}
+
+void Stage::Impl::ReserveSmsForNccl() {
+  const v1::JobSpec& spec = job_->spec();
+  const int links = NcclLinks();
   if (links > 0 && NcclCtas(spec) != spec.nccl_ctas()) {
     LOG_WARN(Who(), ": nccl_ctas 0 (NCCL's own choice) with cuda_graphs deadlocks NCCL links; they use ",
              NcclCtas(spec), " thread blocks per communicator");

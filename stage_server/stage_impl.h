@@ -297,6 +297,8 @@ class Stage::Impl {
   // Sizes matmuls to leave SMs to this stage's NCCL kernels, as the job's
   // matmul_sm_carveout says (auto: none without NCCL links).
   void ReserveSmsForNccl();
+  // How many of this stage's links to its neighbours are NCCL ones.
+  int NcclLinks() const;
   // The job's profile_step, when this is it and there is a folder for it.
   std::unique_ptr<OpProfile> MaybeStartProfile(const v1::RunStepRequest& req);
   // Whether this training step replays (or first records) CUDA graphs.
