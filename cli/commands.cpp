@@ -353,6 +353,19 @@ int CmdCancel(const Common& c, const std::string& job_id) {
   return 0;
 }
 
+int CmdResume(const Common& c, const std::string& job_id, bool wait) {
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::JobRef req;
+  req.set_job_id(job_id);
+  v1::JobStatus status;
+  Status st = Call(*stub, &v1::Coordinator::Stub::ResumeJob, req, &status);
+  if (!st.ok()) return Fail(st);
+  // The event the coordinator added says where it goes on from.
+  const std::string said = status.events().empty() ? std::string("queued") : status.events().rbegin()->text();
+  std::cout << job_id << " " << said << "\n";
+  return wait ? CmdStatus(c, job_id, /*wait=*/true, "") : 0;
+}
+
 int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads,
              const std::string& profile_dir, const ReferenceTrainer& train_reference) {
   if (!reference) {
@@ -600,7 +613,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   app.add_option("-v,--log-level", common.log_level, "trace, debug, info, warn, error, off")->capture_default_str();
   AddTlsFlags(app, &common.tls, "CONVEYOR_");
   app.add_option("--token-file", common.token_file,
-                 "file holding the coordinator's token, for submit and cancel (default: $CONVEYOR_TOKEN)");
+                 "file holding the coordinator's token, for submit, cancel and resume (default: $CONVEYOR_TOKEN)");
 
   std::string file, job_id, device = "cpu", address, trace_prefix, profile_dir = ".";
   bool wait = false, reference = false;
@@ -633,6 +646,11 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
 
   auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
   cancel->add_option("job_id", job_id, "job id")->required();
+
+  auto* resume = app.add_subcommand(
+      "resume", "queue a failed or cancelled job again: it goes on from its last checkpoint, optimizer state and step");
+  resume->add_option("job_id", job_id, "job id")->required();
+  resume->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
 
   auto* train = app.add_subcommand("train", "train in this process: the correctness reference");
   train->add_option("job", file, "job file (YAML)")->required();
@@ -714,7 +732,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   } else if (*export_cmd && (job_id.empty() || from_files.step != 0)) {
     return UsageError(app, job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
                                           : "export --step: only with --checkpoint-dir");
-  } else if (*submit || *status || *list || *cancel || *trace || *export_cmd || *plot) {
+  } else if (*submit || *status || *list || *cancel || *resume || *trace || *export_cmd || *plot) {
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
         !st.ok())
@@ -732,6 +750,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   if (*plot) return CmdPlot(common, job_id, curves_out);
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
+  if (*resume) return CmdResume(common, job_id, wait);
   if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);
   if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs, local_curves);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);

@@ -93,20 +93,7 @@ StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
                                          " stages, this coordinator has " + std::to_string(clients_.size()));
   }
   std::lock_guard<std::mutex> submitting(submit_mu_);
-  if (!spec.save_path().empty()) {
-    // Two jobs writing one file would overwrite each other's weights. The
-    // running jobs' states as they are now (the store lags their end).
-    CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> jobs, List(/*with_losses=*/false));
-    for (const v1::JobStatus& other : jobs) {
-      if (IsTerminal(other.state())) continue;
-      auto stored = store_->Get(other.job_id());
-      if (stored.ok() && stored->spec.save_path() == spec.save_path()) {
-        return absl::FailedPreconditionError("save.path: " + other.job_id() + " (" + JobStateName(other.state()) +
-                                             ") writes " + spec.save_path() +
-                                             " too; give this job another path, or wait for that one to end");
-      }
-    }
-  }
+  CONVEYOR_RETURN_IF_ERROR(CheckSavePathFree(spec, ""));
   CONVEYOR_ASSIGN_OR_RETURN(std::string id, store_->Insert(spec, job_yaml, v1::JobStatus()));
   store_->AddEvent(id, "submitted").IgnoreError();
   LOG_INFO("job ", id, " (", spec.name(), ") queued");
@@ -117,6 +104,60 @@ StatusOr<std::string> Coordinator::Submit(const std::string& job_yaml) {
   }
   cv_.notify_all();
   return id;
+}
+
+Status Coordinator::CheckSavePathFree(const v1::JobSpec& spec, const std::string& job_id) {
+  if (spec.save_path().empty()) return absl::OkStatus();
+  // The running jobs' states as they are now (the store lags their end).
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::JobStatus> jobs, List(/*with_losses=*/false));
+  for (const v1::JobStatus& other : jobs) {
+    if (IsTerminal(other.state()) || other.job_id() == job_id) continue;
+    auto stored = store_->Get(other.job_id());
+    if (stored.ok() && stored->spec.save_path() == spec.save_path()) {
+      return absl::FailedPreconditionError("save.path: " + other.job_id() + " (" + JobStateName(other.state()) +
+                                           ") writes " + spec.save_path() +
+                                           " too; give this job another path, or wait for that one to end");
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
+  std::lock_guard<std::mutex> submitting(submit_mu_);
+  CONVEYOR_ASSIGN_OR_RETURN(v1::JobStatus now, Get(job_id, true));  // NOT_FOUND for an unknown job
+  if (now.state() != v1::JOB_STATE_FAILED && now.state() != v1::JOB_STATE_CANCELLED) {
+    return absl::FailedPreconditionError("job " + job_id + " is " + JobStateName(now.state()) +
+                                         ": only a failed or cancelled job resumes");
+  }
+  CONVEYOR_ASSIGN_OR_RETURN(StoredJob job, store_->Get(job_id));
+  {
+    // Its runner may still be writing its end (the store has it already).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_.count(job_id))
+      return absl::FailedPreconditionError("job " + job_id + " is still stopping; resume it once it has");
+  }
+  CONVEYOR_RETURN_IF_ERROR(CheckSavePathFree(job.spec, job_id));
+  const std::string what =
+      std::string(job.status.state() == v1::JOB_STATE_FAILED ? "resumed after it failed" : "resumed after it was cancelled") +
+      (job.status.error().empty() ? std::string() : " (" + job.status.error() + ")") +
+      (job.status.checkpoint_step() > 0
+           ? ": it goes on from the checkpoint of step " + std::to_string(job.status.checkpoint_step())
+           : ": it has no checkpoint and starts again from step 0");
+  job.status.set_state(v1::JOB_STATE_QUEUED);
+  job.status.clear_error();
+  job.status.clear_error_code();
+  job.status.clear_finished_unix_ms();
+  AddStatusEvent(&job.status, what);
+  CONVEYOR_RETURN_IF_ERROR(store_->Update(job.status));
+  store_->AddEvent(job_id, what).IgnoreError();
+  LOG_INFO("job ", job_id, ": ", what);
+  CountJobs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++version_;
+  }
+  cv_.notify_all();
+  return job.status;
 }
 
 StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_losses) {

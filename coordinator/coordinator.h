@@ -76,6 +76,11 @@ class Coordinator {
   // Queued jobs end at once, a running one at its next step; FAILED_PRECONDITION
   // for a job that already ended.
   StatusOr<v1::JobStatus> Cancel(const std::string& job_id);
+  // Queues a failed or cancelled job again, to go on from its last
+  // checkpoint complete on every stage (from step 0 without one).
+  // FAILED_PRECONDITION for a job in any other state, or whose save.path a
+  // queued or running job writes; NOT_FOUND for an unknown id.
+  StatusOr<v1::JobStatus> Resume(const std::string& job_id);
   // Waits until anything changed since `*version` (then updates it) or until
   // `deadline` by clock(), and returns the job's status.
   StatusOr<v1::JobStatus> Watch(const std::string& job_id, uint64_t* version,
@@ -122,6 +127,10 @@ class Coordinator {
   // k * P + s), then frees them.
   void RunJob(const std::string& job_id, std::vector<int> servers);
   void OnStatus(const v1::JobStatus& status);
+  // FAILED_PRECONDITION when a queued or running job other than `job_id`
+  // writes `spec`'s save.path (two jobs would overwrite each other's
+  // weights). REQUIRES: submit_mu_ held.
+  Status CheckSavePathFree(const v1::JobSpec& spec, const std::string& job_id);
   // conveyor_jobs{state} from the store, after a job changed state.
   void CountJobs();
 

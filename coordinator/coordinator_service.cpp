@@ -47,6 +47,14 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const v1::J
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::ResumeJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::JobStatus* reply) {
+  if (Status auth = CheckBearerToken(ctx->client_metadata(), auth_token_); !auth.ok()) return Failed("Coordinator/ResumeJob", auth);
+  auto status = coordinator_->Resume(req->job_id());
+  if (!status.ok()) return Failed("Coordinator/ResumeJob", status.status());
+  *reply = std::move(*status);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req,
                                           v1::StepTrace* reply) {
   auto trace = coordinator_->GetTrace(req->job_id(), req->step());

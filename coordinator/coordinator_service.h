@@ -9,8 +9,8 @@
 
 namespace conveyor {
 
-// With a non-empty `auth_token`, SubmitJob and CancelJob (the calls that change
-// something) require "authorization: Bearer AUTH_TOKEN" and answer
+// With a non-empty `auth_token`, SubmitJob, CancelJob and ResumeJob (the calls
+// that change something) require "authorization: Bearer AUTH_TOKEN" and answer
 // UNAUTHENTICATED otherwise; the read-only calls stay open.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
@@ -21,6 +21,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req, v1::JobStatus* reply) override;
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* req, v1::ListJobsReply* reply) override;
   grpc::Status CancelJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) override;
+  grpc::Status ResumeJob(grpc::ServerContext*, const v1::JobRef* req, v1::JobStatus* reply) override;
   grpc::Status WatchJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                         grpc::ServerWriter<v1::JobStatus>* writer) override;
   grpc::Status GetTrace(grpc::ServerContext*, const v1::GetTraceRequest* req, v1::StepTrace* reply) override;

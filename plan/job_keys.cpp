@@ -933,11 +933,13 @@ std::vector<JobKey> MakeTable() {
       .Read(ReadCudaGraphs);
   add("steps_in_flight", kInt,
       "training steps the coordinator has sent to the stages at once: with `2` it sends step N+1 as soon as step N, "
-      "and each stage server launches N+1 while its device still works on N, so that the device does not wait for "
-      "the host between steps (the reply of N, the request of N+1, the first launches of N+1); each reply still "
-      "comes once the device has finished its step, so every figure and clock is that of finished steps. Steps "
-      "whose update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
-      "epoch's end run one at a time whatever this says. `1`: one step at a time")
+      "so that a stage has its next request when a step ends, and a stage server launches N+1 while its device "
+      "still works on N (the device does not wait for the host between steps) unless the stage has NCCL links or "
+      "replicas, writes a checkpoint, is profiled, or has not yet recorded its CUDA graphs. Each reply still comes "
+      "once the device has finished its step, so every figure and clock is that of finished steps. Steps whose "
+      "update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
+      "epoch's end run one at a time whatever this says. `1`: one step at a time (W1 on one stage server: 22.8 ms "
+      "a step against 15.7 with `2`, bench/RESULTS.md)")
       .Default("2")
       .Range(1, 2)
       .Set([](const V& v, S* s) { s->set_steps_in_flight(static_cast<int32_t>(v.integer)); })

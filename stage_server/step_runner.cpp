@@ -610,6 +610,9 @@ Status Stage::Impl::AwaitTurn(const v1::RunStepRequest& req) {
   auto turn = [&] {
     return next_train_step_ < 0 || req.step() <= next_train_step_ || !aborted_.empty() || job_id_ != req.job_id();
   };
+  // The coordinator configures the job anew (or ends it) before it steps it again.
+  if (!aborted_.empty()) return absl::AbortedError(aborted_);
+  if (next_train_step_ < 0 || req.step() <= next_train_step_) return absl::OkStatus();  // its turn: no wait
   Clock& clock = options_.clock ? *options_.clock : RealClock();
   const double wait_s = stage_timeout_s_ > 0 ? stage_timeout_s_ : 60;
   if (!clock.WaitUntil(turn_cv_, lock, clock.After(wait_s), turn)) {
@@ -617,7 +620,6 @@ Status Stage::Impl::AwaitTurn(const v1::RunStepRequest& req) {
                                        std::to_string(req.step()) + " came, but step " +
                                        std::to_string(next_train_step_) + " did not within stage_timeout");
   }
-  // The coordinator configures the job anew (or ends it) before it steps it again.
   if (!aborted_.empty()) return absl::AbortedError(aborted_);
   return absl::OkStatus();
 }

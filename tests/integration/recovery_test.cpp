@@ -378,6 +378,105 @@ TEST(Recovery, ChaosWithTheOptimizerShardedOverTwoReplicasEndsAtTheUnshardedDige
 
 // `conveyor submit --wait` follows its job across a coordinator restart: it
 // exited 1 when the coordinator went away, while the job went on and succeeded.
+// Two steps in flight (the default): without clipping over stages or loss
+// scaling the coordinator sends each step before the last one's replies. A
+// stage killed then, with the next step queued behind the one it dies in,
+// recovers to the uninterrupted run's losses and digest.
+TEST(Recovery, AStageKilledWithTwoStepsInFlightRecoversToTheUninterruptedDigest) {
+  const std::string job =
+      "name: in-flight\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 4}\n"
+      "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\nmicro_batches: 4\nschedule: 1f1b\n"
+      "optimizer: {name: adamw, lr: 0.001}\nseed: 6\nstage_timeout: 10\nsteps: 150\ncheckpoint_every: 10\n";
+  v1::JobStatus clean;
+  {
+    auto cluster = StartCluster(/*restart_stages=*/false);
+    ASSERT_TRUE(cluster);
+    clean = testing::SubmitAndWait(cluster->coordinator_address(), job);
+    ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  }
+  auto cluster = StartCluster(/*restart_stages=*/true);
+  ASSERT_TRUE(cluster);
+  bool killed = false, recovering = false;
+  const v1::JobStatus end = testing::SubmitAndWait(cluster->coordinator_address(), job, [&](const v1::JobStatus& s) {
+    if (!killed && s.step() >= 25) {
+      killed = true;
+      cluster->Signal(2, SIGKILL);
+    }
+    recovering |= s.state() == v1::JOB_STATE_RECOVERING;
+  });
+  ASSERT_TRUE(killed);
+  EXPECT_TRUE(recovering) << "the job ended before the kill";
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(cluster->stage_restarts(), 1);
+  EXPECT_EQ(end.param_digest(), clean.param_digest());
+  ASSERT_EQ(end.losses_size(), clean.losses_size());
+  for (int i = 0; i < end.losses_size(); ++i) EXPECT_EQ(end.losses(i), clean.losses(i)) << "step " << i;
+}
+
+// `conveyor resume`: a job cancelled, and one failed because a stage stopped
+// answering past recovery_timeout, go on from their last complete checkpoint
+// (optimizer state, schedule, loss scale, data order) and end at the
+// uninterrupted run's losses and digest. Only a failed or cancelled job resumes.
+TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
+  const v1::JobStatus& clean = Uninterrupted(80, 10);
+  auto cluster = StartCluster(/*restart_stages=*/false);
+  ASSERT_TRUE(cluster);
+  const std::string addr = cluster->coordinator_address();
+  auto cli = [&](const std::string& verb, const std::string& id) {
+    return testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, verb, id, "--wait"});
+  };
+  auto expect_clean = [&](const v1::JobStatus& end) {
+    EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+    EXPECT_EQ(end.param_digest(), clean.param_digest());
+    ASSERT_EQ(end.losses_size(), clean.losses_size());
+    for (int i = 0; i < end.losses_size(); ++i) EXPECT_EQ(end.losses(i), clean.losses(i)) << "step " << i;
+  };
+
+  // Cancelled once the checkpoint of step 20 is complete.
+  const std::string cancelled = testing::Submit(addr, Job(80, 10, /*recovery_timeout=*/2));
+  bool asked = false;
+  v1::JobStatus end = testing::Follow(addr, cancelled, [&](const v1::JobStatus& s) {
+    if (!asked && s.checkpoint_step() >= 20) {
+      asked = true;
+      testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "cancel", s.job_id()});
+    }
+  });
+  ASSERT_EQ(end.state(), v1::JOB_STATE_CANCELLED) << end.error();
+  const int64_t from = end.checkpoint_step();
+  testing::CommandResult r = cli("resume", cancelled);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resumed after it was cancelled (cancelled by the user): it goes on from the "
+                               "checkpoint of step " + std::to_string(from)));
+  end = testing::Follow(addr, cancelled);
+  expect_clean(end);
+  EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step " + std::to_string(from)));
+
+  // Refused: a job that succeeded, and one that does not exist.
+  r = cli("resume", cancelled);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("only a failed or cancelled job resumes"));
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  r = cli("resume", "job-404");
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+
+  // Failed: stage 1 stops (SIGSTOP) past recovery_timeout, then goes on (SIGCONT).
+  const std::string failed = testing::Submit(addr, Job(80, 10, /*recovery_timeout=*/2));
+  bool stopped = false;
+  end = testing::Follow(addr, failed, [&](const v1::JobStatus& s) {
+    if (!stopped && s.checkpoint_step() >= 20) {
+      stopped = true;
+      cluster->Signal(1, SIGSTOP);
+    }
+  });
+  cluster->Signal(1, SIGCONT);
+  ASSERT_EQ(end.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(end.error(), HasSubstr("did not come back within recovery_timeout"));
+  r = cli("resume", failed);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("resumed after it failed"));
+  expect_clean(testing::Follow(addr, failed));
+}
+
 TEST(Recovery, SubmitWaitFollowsItsJobAcrossACoordinatorRestart) {
   auto cluster = StartCluster(false);
   ASSERT_TRUE(cluster);
