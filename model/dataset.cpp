@@ -8,9 +8,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <tuple>
 
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
@@ -246,14 +249,49 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
       *y = out->second;
       return absl::OkStatus();
     };
-    CONVEYOR_RETURN_IF_ERROR(load("data.train", data.train(), &d->train_x_, &d->train_y_));
-    d->train_size_ = d->train_x_.size(0);
+    if (data.train_shards_size() == 0) {
+      CONVEYOR_RETURN_IF_ERROR(load("data.train", data.train(), &d->train_x_, &d->train_y_));
+      d->train_size_ = d->train_x_.size(0);
+    } else {
+      d->shard_rows_ = {0};
+      auto alike = [](const at::Tensor& a, const at::Tensor& b) {
+        return a.scalar_type() == b.scalar_type() && a.sizes().slice(1) == b.sizes().slice(1);
+      };
+      auto describe = [](const at::Tensor& t) {
+        return std::string(c10::toString(t.scalar_type())) + " samples of shape " + c10::str(t.sizes().slice(1));
+      };
+      for (const std::string& path : data.train_shards()) {
+        at::Tensor x, y;
+        CONVEYOR_RETURN_IF_ERROR(load("data.train", path, &x, &y));
+        if (!d->shard_x_.empty()) {
+          for (const auto& [name, mine, first] : {std::make_tuple("inputs", x, d->shard_x_[0]),
+                                                  std::make_tuple("targets", y, d->shard_y_[0])}) {
+            if (alike(mine, first)) continue;
+            return absl::InvalidArgumentError("data.train: the shard " + path + " holds " + name + " of " +
+                                              describe(mine) + ", the first shard " + data.train_shards(0) + " " +
+                                              describe(first) + ": every shard's samples must be alike");
+          }
+        }
+        d->shard_x_.push_back(x);
+        d->shard_y_.push_back(y);
+        d->shard_rows_.push_back(d->shard_rows_.back() + x.size(0));
+      }
+      d->train_x_ = d->shard_x_.front();
+      d->train_y_ = d->shard_y_.front();
+      d->train_size_ = d->shard_rows_.back();
+    }
     if (!data.test().empty()) {
       CONVEYOR_RETURN_IF_ERROR(load("data.test", data.test(), &d->test_x_, &d->test_y_));
       d->test_size_ = d->test_x_.size(0);
     }
-    if (!inputs) d->train_x_ = d->test_x_ = at::Tensor();
-    if (!labels) d->train_y_ = d->test_y_ = at::Tensor();
+    if (!inputs) {
+      d->train_x_ = d->test_x_ = at::Tensor();
+      d->shard_x_.clear();
+    }
+    if (!labels) {
+      d->train_y_ = d->test_y_ = at::Tensor();
+      d->shard_y_.clear();
+    }
   } else {
     d->train_size_ = data.train_samples();
     d->test_size_ = data.test_samples();
@@ -330,6 +368,29 @@ at::Tensor GatherRows(const at::Tensor& x, const at::Tensor& idx, at::ScalarType
   return out.copy_(x.index_select(0, idx));
 }
 
+// The rows `idx` of the shards `parts` taken as one tensor (shard k holds
+// rows [rows[k], rows[k+1])), in a new tensor, pinned if asked: each shard's
+// rows gathered at once.
+at::Tensor GatherShardRows(const std::vector<at::Tensor>& parts, const std::vector<int64_t>& rows,
+                           const at::Tensor& idx, bool pinned) {
+  const at::Tensor& first = parts.front();
+  std::vector<int64_t> sizes = first.sizes().vec();
+  sizes[0] = idx.numel();
+  at::Tensor out = at::empty(sizes, first.options().pinned_memory(pinned));
+  const at::Tensor flat = idx.contiguous();
+  const int64_t* ix = flat.data_ptr<int64_t>();
+  std::map<std::size_t, std::pair<std::vector<int64_t>, std::vector<int64_t>>> by_shard;  // positions, local rows
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    const std::size_t k = static_cast<std::size_t>(std::upper_bound(rows.begin(), rows.end(), ix[i]) - rows.begin()) - 1;
+    by_shard[k].first.push_back(i);
+    by_shard[k].second.push_back(ix[i] - rows[k]);
+  }
+  for (const auto& [k, taken] : by_shard) {
+    out.index_copy_(0, at::tensor(taken.first, at::kLong), parts[k].index_select(0, at::tensor(taken.second, at::kLong)));
+  }
+  return out;
+}
+
 }  // namespace
 
 Status Dataset::CheckTargets(const std::vector<int64_t>& output_sample_shape) const {
@@ -371,7 +432,12 @@ Status Dataset::CheckTargets(const std::vector<int64_t>& output_sample_shape) co
                                       std::to_string(value) + ", outside the model's " + std::to_string(classes) +
                                       " classes [0, " + std::to_string(classes) + ")");
   };
-  CONVEYOR_RETURN_IF_ERROR(check("data.train", spec.data().train(), train_y_));
+  if (spec.data().train_shards_size() == 0) {
+    CONVEYOR_RETURN_IF_ERROR(check("data.train", spec.data().train(), train_y_));
+  } else {
+    for (std::size_t k = 0; k < shard_y_.size(); ++k)
+      CONVEYOR_RETURN_IF_ERROR(check("data.train", spec.data().train_shards(static_cast<int>(k)), shard_y_[k]));
+  }
   return check("data.test", spec.data().test(), test_y_);
 }
 
@@ -380,8 +446,9 @@ at::Tensor Dataset::Inputs(v1::Phase phase, int64_t step, bool pinned) {
     const TokenFile& f = phase == v1::PHASE_TRAIN ? *train_tokens_ : *test_tokens_;
     return f.Gather(Indices(phase, step), /*shift=*/0, pinned);
   }
-  const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
   const at::Tensor idx = Indices(phase, step);
+  if (phase == v1::PHASE_TRAIN && !shard_rows_.empty()) return GatherShardRows(shard_x_, shard_rows_, idx, pinned);
+  const at::Tensor& x = phase == v1::PHASE_TRAIN ? train_x_ : test_x_;
   if (x.scalar_type() != at::kByte || !scale_bytes_) return GatherRows(x, idx, x.scalar_type(), pinned);
   return GatherRows(x, idx, at::kFloat, pinned).div_(255.0);
 }
@@ -391,8 +458,10 @@ at::Tensor Dataset::Labels(v1::Phase phase, int64_t step, bool pinned) {
     const TokenFile& f = phase == v1::PHASE_TRAIN ? *train_tokens_ : *test_tokens_;
     return f.Gather(Indices(phase, step), /*shift=*/1, pinned);
   }
+  const at::Tensor idx = Indices(phase, step);
+  if (phase == v1::PHASE_TRAIN && !shard_rows_.empty()) return GatherShardRows(shard_y_, shard_rows_, idx, pinned);
   const at::Tensor& y = phase == v1::PHASE_TRAIN ? train_y_ : test_y_;
-  return GatherRows(y, Indices(phase, step), y.scalar_type(), pinned);
+  return GatherRows(y, idx, y.scalar_type(), pinned);
 }
 
 }  // namespace conveyor

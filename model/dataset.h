@@ -12,6 +12,11 @@
 // its target tokens[i*N+1 : i*N+N+1]; a file of T tokens has (T-1) / N
 // samples, the tail shorter than a window (plus its one target token) is
 // dropped. Both come as int64 [B, N].
+//
+// data: {format: tensors} with a pattern for `train`: the shards it matched
+// (DataSpec.train_shards) are one training split, in order, each mapped
+// (never read into memory as a whole): the same batches as one file holding
+// them one after another.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -78,6 +83,11 @@ class Dataset {
   // Images as uint8 (fashion-mnist, scaled on use), float (synthetic), or a
   // data file's own dtypes (tensors, taken as they are).
   at::Tensor train_x_, train_y_, test_x_, test_y_;
+  // data.train_shards: each file's inputs and targets (views of its mapping),
+  // one after another: shard k holds rows [shard_rows_[k], shard_rows_[k+1])
+  // of the training split (train_x_ and train_y_ are shard 0's).
+  std::vector<at::Tensor> shard_x_, shard_y_;
+  std::vector<int64_t> shard_rows_;
   bool scale_bytes_ = true;
   int replica_ = -1;  // -1: whole batches (one pipeline, the reference)
   // data: {format: tokens}: the mapped files (null otherwise, or no test file).

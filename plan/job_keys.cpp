@@ -506,7 +506,9 @@ std::vector<JobKey> MakeTable() {
   add("data.train", kPath,
       "tensors and tokens (required): a file written by `torch.save({\"inputs\": X, \"targets\": Y}, FILE)`, first "
       "dimension the sample; inputs floating (converted to float32) or integer, targets int64 classes or floats (see "
-      "[models.md](models.md#data-files)); for tokens, the token file")
+      "[models.md](models.md#data-files)); for tokens, the token file. For tensors also a glob pattern "
+      "(`shards/train-*.pt`): the files it matches, in name order, are one training split, each mapped from disk, "
+      "not read into memory (see [models.md](models.md#shards))")
       .Only("format: tensors or tokens", FileData)
       .Set([](const V& v, S* s) { s->mutable_data()->set_train(v.text); });
   add("data.test", kPath, "the test split, in the same format, for `eval`")
@@ -938,8 +940,9 @@ std::vector<JobKey> MakeTable() {
       "replicas, writes a checkpoint, is profiled, or has not yet recorded its CUDA graphs. Each reply still comes "
       "once the device has finished its step, so every figure and clock is that of finished steps. Steps whose "
       "update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
-      "epoch's end run one at a time whatever this says. `1`: one step at a time (W1 on one stage server: 22.8 ms "
-      "a step against 15.7 with `2`, bench/RESULTS.md)")
+      "epoch's end run one at a time whatever this says. `1`: one step at a time, each stage waiting for its device "
+      "before it replies (W1 on one stage server on an H200: 15.7 ms a step with `2`, the reference's; see "
+      "bench/RESULTS.md)")
       .Default("2")
       .Range(1, 2)
       .Set([](const V& v, S* s) { s->set_steps_in_flight(static_cast<int32_t>(v.integer)); })

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <glob.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -332,8 +333,33 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
     spec->mutable_data()->set_path(p);
   }
   p = spec->data().train();
-  CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &p, true));
-  spec->mutable_data()->set_train(p);
+  spec->mutable_data()->clear_train_shards();
+  if (p.find_first_of("*?[") != std::string::npos) {
+    // Shards: the files the pattern matches, in name order, each resolved
+    // (and confined to the roots) as one path would be.
+    if (spec->data().kind() != v1::DATA_TENSORS)
+      return Invalid("data.train: " + p + " is a pattern; shards are for format: tensors");
+    const std::string pattern = p[0] != '/' && !roots.empty() ? roots.front() + "/" + p : p;
+    glob_t found{};
+    const int r = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
+    std::vector<std::string> files(found.gl_pathv, found.gl_pathv + (r == 0 ? found.gl_pathc : 0));
+    globfree(&found);
+    std::sort(files.begin(), files.end());  // byte order, whatever the locale's collation
+    if (files.empty()) {
+      return absl::NotFoundError("data.train: the pattern " + pattern + " matches no file" +
+                                 (p[0] != '/' && !roots.empty() ? " (it is relative: taken under the first data root, " +
+                                                                      roots.front() + ")"
+                                                                : ""));
+    }
+    for (std::string& f : files) {
+      CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &f, true));
+      spec->mutable_data()->add_train_shards(f);
+    }
+    spec->mutable_data()->set_train(pattern);
+  } else {
+    CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &p, true));
+    spec->mutable_data()->set_train(p);
+  }
   p = spec->data().test();
   CONVEYOR_RETURN_IF_ERROR(resolve("data.test", &p, true));
   spec->mutable_data()->set_test(p);

@@ -65,7 +65,7 @@ TEST(FirstContact, AFolderInUseIsRefusedNamingItsHolder) {
 TEST(FirstContact, UsageErrorsExitWithTwoAndSayWhat) {
   auto r = RunCommand({Binary("conveyor")});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("no command given (one of: submit, status, list, cancel, train, local, trace, health"));
+  EXPECT_THAT(r.err, HasSubstr("no command given (one of: submit, status, list, cancel, resume, train, local, trace, health"));
   r = RunCommand({Binary("conveyor"), "frobnicate"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("unknown command 'frobnicate'"));

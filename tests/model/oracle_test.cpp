@@ -53,6 +53,7 @@ struct Case {
   std::string loss = "cross_entropy";  // or "smoothed": loss: {torchscript: losses/smoothed.pt}
   bool recompute = false;        // every stage recomputes its forwards
   std::string recipe = "";       // Recipe(): optimizer, lr_schedule, clip_grad_norm ("": SGD with momentum)
+  bool shards = false;           // data.train: the same samples in three shard files (a pattern)
 };
 
 // Issue 18's recipes: the job keys each one sets.
@@ -110,7 +111,9 @@ nlohmann::json DataBlock(const Case& c) {
     return {{"format", "tokens"}, {"train", c.model + "/train.bin"}, {"test", c.model + "/test.bin"},
             {"dtype", "uint16"},  {"seq_len", 8}};
   }
-  return {{"format", "tensors"}, {"train", c.model + "/train.pt"}, {"test", c.model + "/test.pt"}};
+  return {{"format", "tensors"},
+          {"train", c.model + (c.shards ? "/train-shard-*.pt" : "/train.pt")},
+          {"test", c.model + "/test.pt"}};
 }
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -118,7 +121,8 @@ std::string Name(const ::testing::TestParamInfo<Case>& info) {
                   std::to_string(info.param.micro_batches) + "_" + info.param.schedule +
                   (info.param.init_from ? "_init_from" : "") +
                   (info.param.loss != "cross_entropy" ? "_" + info.param.loss : "") +
-                  (info.param.recompute ? "_recompute" : "") + (info.param.recipe.empty() ? "" : "_" + info.param.recipe);
+                  (info.param.recompute ? "_recompute" : "") + (info.param.recipe.empty() ? "" : "_" + info.param.recipe) +
+                  (info.param.shards ? "_shards" : "");
   for (char& c : n)
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
@@ -316,7 +320,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dropout", 1, 4, "gpipe"}, Case{"dropout", 2, 4, "1f1b"},
                       Case{"dropout", 2, 2, "gpipe", false, "tensors", "cross_entropy", /*recompute=*/true},
                       Case{"mlp", 2, 4, "1f1b", false, "tensors", "smoothed"},
-                      Case{"tokens", 2, 2, "gpipe", false, "tokens", "smoothed"}),
+                      Case{"tokens", 2, 2, "gpipe", false, "tokens", "smoothed"},
+                      // data.train: train-shard-*.pt, the same samples in three files.
+                      Case{"mlp", 2, 4, "1f1b", false, "tensors", "cross_entropy", false, "", /*shards=*/true},
+                      Case{"cnn-bn", 1, 4, "gpipe", false, "tensors", "cross_entropy", false, "", /*shards=*/true}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

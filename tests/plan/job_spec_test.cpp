@@ -547,5 +547,31 @@ TEST(SavePath, AFolderIsRefusedAndMissingFoldersAreMadeLater) {
   std::filesystem::remove_all(dir);
 }
 
+// data.train as a pattern: the files it matches under the first data root,
+// in byte order, each resolved; none, or a token file's pattern, is refused.
+TEST(Shards, APatternBecomesTheFilesItMatchesInNameOrder) {
+  const std::string dir = testing::MakeTempDir("shard-paths");
+  for (const char* name : {"b-10.pt", "b-2.pt", "B-1.pt", "c.pt"}) std::ofstream(dir + "/" + name) << "x";
+  v1::JobSpec spec;
+  spec.mutable_data()->set_kind(v1::DATA_TENSORS);
+  spec.mutable_data()->set_train("[bB]-*.pt");
+  ASSERT_TRUE(ResolveJobPaths(&spec, {dir}).ok());
+  const std::string real = std::filesystem::canonical(dir).string();
+  EXPECT_EQ(std::vector<std::string>(spec.data().train_shards().begin(), spec.data().train_shards().end()),
+            (std::vector<std::string>{real + "/B-1.pt", real + "/b-10.pt", real + "/b-2.pt"}));
+  ASSERT_TRUE(ResolveJobPaths(&spec, {dir}).ok()) << "resolved again (a resumed job): the same list";
+  EXPECT_EQ(spec.data().train_shards_size(), 3);
+  spec.mutable_data()->set_train("none-*.pt");
+  Status st = ResolveJobPaths(&spec, {dir});
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("matches no file (it is relative: taken under the first data root"));
+  spec.mutable_data()->set_kind(v1::DATA_TOKENS);
+  spec.mutable_data()->set_train("b-*.pt");
+  st = ResolveJobPaths(&spec, {dir});
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("shards are for format: tensors"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -234,6 +234,12 @@ def read_split(spec, split, folder):
     """(inputs, targets) of the job's data.train or data.test file."""
     if spec.get("format") == "tokens":
         return read_tokens(f"{folder}/{spec[split]}", spec["dtype"], spec["seq_len"])
+    if any(c in spec[split] for c in "*?["):
+        # Shards: the files the pattern matches, in name order, are one split
+        # (Conveyor maps them; here they are simply concatenated).
+        import glob
+        parts = [torch.load(f, weights_only=True) for f in sorted(glob.glob(f"{folder}/{spec[split]}"))]
+        return torch.cat([p["inputs"] for p in parts]), torch.cat([p["targets"] for p in parts])
     data = torch.load(f"{folder}/{spec[split]}", weights_only=True)
     return data["inputs"], data["targets"]
 
@@ -250,7 +256,11 @@ def make(name, out):
         write_tokens(f"{out}/test.bin", 32 * 8 + 1, 2)
         data = {"format": "tokens", "train": "train.bin", "test": "test.bin", "dtype": "uint16", "seq_len": 8}
     else:
-        torch.save(make_data(kind, 96, 1), f"{out}/train.pt")
+        train = make_data(kind, 96, 1)
+        torch.save(train, f"{out}/train.pt")
+        # The same 96 samples in three uneven shards (data.train: PATTERN).
+        for k, (a, b) in enumerate([(0, 37), (37, 60), (60, 96)]):
+            torch.save({key: t[a:b].clone() for key, t in train.items()}, f"{out}/train-shard-{k}.pt")
         torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
         data = {"format": "tensors", "train": "train.pt", "test": "test.pt"}
     job = {
