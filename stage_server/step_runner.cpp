@@ -599,6 +599,24 @@ void Stage::Impl::FinishProfile(std::unique_ptr<OpProfile> profile, int64_t step
   }
 }
 
+namespace {
+
+// Once the device is done: the device's own times for the compute spans of
+// `reply`'s timeline; their sum in seconds (busy).
+double DeviceTimes(DeviceClock::Marks& marks, const std::vector<DeviceSpan>& spans, v1::RunStepReply* reply) {
+  const std::vector<int64_t> us = marks.HostUs();
+  double busy = 0;
+  for (const DeviceSpan& d : spans) {
+    v1::TraceEvent* e = reply->mutable_events(d.event);
+    e->set_start_us(us[d.start_mark]);
+    e->set_end_us(us[d.end_mark]);
+    busy += static_cast<double>(us[d.end_mark] - us[d.start_mark]) * 1e-6;
+  }
+  return busy;
+}
+
+}  // namespace
+
 bool Stage::Impl::ReadsAfterUpdate(const v1::RunStepRequest& req) const {
   return device_.is_cuda() && req.phase() == v1::PHASE_TRAIN && !req.defer_update() && !(req.loss_scale() > 0);
 }
@@ -680,9 +698,10 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   }
   std::unique_ptr<OpProfile> profile;
   // Ends off the executor (FinishRunStep), while the next step launches:
-  // a training step that writes no checkpoint, is not profiled, and whose
-  // update the coordinator does not decide (ApplyStep, loss scaling). With
-  // replicas the step waits for its collectives on the executor.
+  // with steps_in_flight 2, a training step that writes no checkpoint, is not
+  // profiled, and whose update the coordinator does not decide (ApplyStep,
+  // loss scaling). With replicas the step waits for its collectives on the
+  // executor.
   bool detach = false;
   Status status;
   try {
@@ -710,8 +729,8 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     // transfers never matched; the cause is not found (bench/RESULTS.md).
     // Such a stage still has the next request queued when its step ends.
     const bool replay = !job_->graphs || (st.graphed && job_->graphs_recorded);
-    detach = st.train && replay && NcclLinks() == 0 && !profile && !req.checkpoint() && !req.defer_update() &&
-             !(req.loss_scale() > 0) && !job_->reducer && job_->assignment.num_replicas() <= 1;
+    detach = st.train && StepsInFlight(spec) > 1 && replay && NcclLinks() == 0 && !profile && !req.checkpoint() &&
+             !req.defer_update() && !(req.loss_scale() > 0) && !job_->reducer && job_->assignment.num_replicas() <= 1;
     // accumulate_steps: the action list once per batch, gradients summed; the
     // optimizer step after the last one (RunActions).
     for (int k = 0; k < accumulate && status.ok(); ++k) {
@@ -761,15 +780,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
         // Found after the update: no checkpoint of it (the coordinator fails the job).
         if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) st.skipped = true;
       }
-      if (st.clock) {  // the device's own times for its compute spans
-        const std::vector<int64_t> us = st.clock->HostUs();
-        for (const auto& d : st.device_spans) {
-          v1::TraceEvent* e = reply.mutable_events(d.event);
-          e->set_start_us(us[d.start_mark]);
-          e->set_end_us(us[d.end_mark]);
-          st.busy += static_cast<double>(us[d.end_mark] - us[d.start_mark]) * 1e-6;
-        }
-      }
+      if (st.clock) st.busy += DeviceTimes(*st.clock, st.device_spans, &reply);
     }
   } catch (const std::exception& e) {
     status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
@@ -819,17 +830,7 @@ StatusOr<v1::RunStepReply> Stage::Impl::FinishRunStep(StepEnd end) {
   const double* figures = end.figures.data_ptr<double>();
   reply.set_loss_sum(figures[0]);
   reply.set_grad_sq_norm(figures[1]);
-  double busy = end.host_busy;
-  if (end.marks) {  // the device's own times for its compute spans
-    const std::vector<int64_t> us = end.marks->HostUs();
-    for (const DeviceSpan& d : end.device_spans) {
-      v1::TraceEvent* e = reply.mutable_events(d.event);
-      e->set_start_us(us[d.start_mark]);
-      e->set_end_us(us[d.end_mark]);
-      busy += static_cast<double>(us[d.end_mark] - us[d.start_mark]) * 1e-6;
-    }
-  }
-  reply.set_busy_seconds(busy);
+  reply.set_busy_seconds(end.host_busy + (end.marks ? DeviceTimes(*end.marks, end.device_spans, &reply) : 0.0));
   reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - end.start).count());
   return std::move(reply);
 }
