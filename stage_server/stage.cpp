@@ -425,6 +425,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   if (spec.precision() == v1::PRECISION_BF16_MIXED) expect.other_dtype = v1::DTYPE_BFLOAT16;
   if (spec.precision() == v1::PRECISION_FP16_MIXED) expect.other_dtype = v1::DTYPE_FLOAT16;
   expect.batches_per_step = AccumulateSteps(spec);
+  expect.steps_in_flight = StepsInFlight(spec);
   for (const Chunk& c : job->chunks) {
     // By part: each tensor of a tuple is a frame with its own dtype and shape.
     if (!job->IsFirst(c)) {

@@ -78,8 +78,11 @@ Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
   if (f.phase() != v1::PHASE_TRAIN && f.phase() != v1::PHASE_EVAL)
     return absl::InvalidArgumentError(who + ": frame has no phase");
   // A neighbour may start the next step (or the evaluation's first batch, or
-  // the training step after an evaluation) before this stage does.
-  const int64_t ahead = std::max(1, expect_.batches_per_step);
+  // the training step after an evaluation) before this stage does; with
+  // steps_in_flight 2, the step after that too (the coordinator sends step
+  // N+2 once every stage replied to N, and this stage may not have begun N+1).
+  const int64_t ahead =
+      static_cast<int64_t>(std::max(1, expect_.batches_per_step)) * std::max(1, expect_.steps_in_flight);
   bool step_ok = f.phase() == phase_ ? (f.step() >= step_ && f.step() <= step_ + ahead)
                  : f.phase() == v1::PHASE_EVAL ? f.step() == 0
                                                 : (f.step() > train_step_ && f.step() <= train_step_ + ahead);

@@ -44,6 +44,9 @@ struct InboxExpectations {
   // Batches per optimizer step (accumulate_steps): a neighbour already in the
   // next optimizer step may send any of its batches before this stage starts it.
   int batches_per_step = 1;
+  // Training steps the coordinator sends at once (steps_in_flight): a
+  // neighbour may be this many steps ahead of this stage.
+  int steps_in_flight = 1;
   // Per-sample shapes by receiving model chunk: activations its input,
   // gradients its output. A chunk absent from a map receives no such frames.
   std::map<int, std::vector<int64_t>> activation_shapes;

@@ -125,6 +125,30 @@ TEST(Inbox, FramesOfTheNextPhaseMayComeEarly) {
   EXPECT_EQ(frame->header.step(), 5);
 }
 
+// steps_in_flight: 2: a neighbour may send step N+2 before this stage has
+// begun N+1 (here: steps 0 and 1 before this stage's first step), and with
+// accumulate_steps K each of those steps' K batches; no further.
+TEST(Inbox, WithTwoStepsInFlightANeighbourMayBeTwoStepsAhead) {
+  for (int batches : {1, 3}) {
+    InboxExpectations e = Expect();
+    e.steps_in_flight = 2;
+    e.batches_per_step = batches;
+    Inbox inbox;
+    inbox.Open(e);
+    for (int64_t step = 0; step < 2 * batches; ++step)
+      EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, step, 0, {2, 3})).ok()) << step;
+    Status far = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 2 * batches, 0, {2, 3}));
+    EXPECT_TRUE(absl::IsFailedPrecondition(far)) << far;
+    inbox.BeginStep(v1::PHASE_TRAIN, 0);
+    EXPECT_EQ(inbox.held(), static_cast<std::size_t>(2 * batches));
+  }
+  // One step at a time: the next step's only.
+  Inbox inbox;
+  inbox.Open(Expect());
+  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3}))));
+}
+
 TEST(Inbox, RefusesBadFramesWithTheReason) {
   Inbox inbox;
   inbox.Open(Expect());
