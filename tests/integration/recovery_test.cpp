@@ -418,7 +418,7 @@ TEST(Recovery, AStageKilledWithTwoStepsInFlightRecoversToTheUninterruptedDigest)
 // (optimizer state, schedule, loss scale, data order) and end at the
 // uninterrupted run's losses and digest. Only a failed or cancelled job resumes.
 TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
-  const v1::JobStatus& clean = Uninterrupted(80, 10);
+  const v1::JobStatus& clean = Uninterrupted(400, 10);
   auto cluster = StartCluster(/*restart_stages=*/false);
   ASSERT_TRUE(cluster);
   const std::string addr = cluster->coordinator_address();
@@ -433,7 +433,7 @@ TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
   };
 
   // Cancelled once the checkpoint of step 20 is complete.
-  const std::string cancelled = testing::Submit(addr, Job(80, 10, /*recovery_timeout=*/2));
+  const std::string cancelled = testing::Submit(addr, Job(400, 10, /*recovery_timeout=*/2));
   bool asked = false;
   v1::JobStatus end = testing::Follow(addr, cancelled, [&](const v1::JobStatus& s) {
     if (!asked && s.checkpoint_step() >= 20) {
@@ -460,7 +460,7 @@ TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 
   // Failed: stage 1 stops (SIGSTOP) past recovery_timeout, then goes on (SIGCONT).
-  const std::string failed = testing::Submit(addr, Job(80, 10, /*recovery_timeout=*/2));
+  const std::string failed = testing::Submit(addr, Job(400, 10, /*recovery_timeout=*/2));
   bool stopped = false;
   end = testing::Follow(addr, failed, [&](const v1::JobStatus& s) {
     if (!stopped && s.checkpoint_step() >= 20) {
