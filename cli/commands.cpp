@@ -338,15 +338,23 @@ int CmdList(const Common& c) {
   return 0;
 }
 
-int CmdCancel(const Common& c, const std::string& job_id) {
+// A coordinator call that takes a job id and answers with the job's status
+// (CancelJob, ResumeJob).
+using JobCall = grpc::Status (v1::Coordinator::Stub::*)(grpc::ClientContext*, const v1::JobRef&, v1::JobStatus*);
+StatusOr<v1::JobStatus> CallOnJob(const Common& c, JobCall method, const std::string& job_id) {
   auto stub = Connect(CoordinatorAddress(c));
   v1::JobRef req;
   req.set_job_id(job_id);
   v1::JobStatus status;
-  Status st = Call(*stub, &v1::Coordinator::Stub::CancelJob, req, &status);
-  if (!st.ok()) return Fail(st);
-  if (IsTerminal(status.state())) {
-    std::cout << job_id << " " << JobStateName(status.state()) << "\n";  // it was still queued
+  CONVEYOR_RETURN_IF_ERROR(Call(*stub, method, req, &status));
+  return status;
+}
+
+int CmdCancel(const Common& c, const std::string& job_id) {
+  auto status = CallOnJob(c, &v1::Coordinator::Stub::CancelJob, job_id);
+  if (!status.ok()) return Fail(status.status());
+  if (IsTerminal(status->state())) {
+    std::cout << job_id << " " << JobStateName(status->state()) << "\n";  // it was still queued
   } else {
     std::cout << "cancelling " << job_id << ": it stops after its current step\n";
   }
@@ -354,14 +362,10 @@ int CmdCancel(const Common& c, const std::string& job_id) {
 }
 
 int CmdResume(const Common& c, const std::string& job_id, bool wait) {
-  auto stub = Connect(CoordinatorAddress(c));
-  v1::JobRef req;
-  req.set_job_id(job_id);
-  v1::JobStatus status;
-  Status st = Call(*stub, &v1::Coordinator::Stub::ResumeJob, req, &status);
-  if (!st.ok()) return Fail(st);
+  auto status = CallOnJob(c, &v1::Coordinator::Stub::ResumeJob, job_id);
+  if (!status.ok()) return Fail(status.status());
   // The event the coordinator added says where it goes on from.
-  const std::string said = status.events().empty() ? std::string("queued") : status.events().rbegin()->text();
+  const std::string said = status->events().empty() ? std::string("queued") : status->events().rbegin()->text();
   std::cout << job_id << " " << said << "\n";
   return wait ? CmdStatus(c, job_id, /*wait=*/true, "") : 0;
 }
