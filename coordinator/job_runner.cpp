@@ -1,5 +1,6 @@
 #include "coordinator/job_runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/wire.h"
+#include "coordinator/graph_warmup.h"
 #include "coordinator/job_planner.h"
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
@@ -328,6 +330,14 @@ bool JobRunner::NextMayOverlap(const v1::RunStepRequest& req) const {
   return true;
 }
 
+bool JobRunner::StagesMayRecordGraphs() const {
+  if (!CudaGraphsFor(spec_, /*reference=*/false).on) return false;
+  for (const v1::StageReport& s : status_.stages()) {
+    if (s.device().rfind("cuda", 0) == 0) return true;
+  }
+  return false;
+}
+
 // Two steps in flight: step N+1 is sent as soon as step N is, where nothing
 // the coordinator does between them changes N+1 (NextMayOverlap). A stage
 // server runs its steps in order, and launches N+1 while its device still
@@ -366,16 +376,18 @@ Status JobRunner::Train() {
     return f;
   };
   std::unique_ptr<InFlight> next;  // sent before the step in hand ended
+  GraphWarmup warmup(StagesMayRecordGraphs(), first);  // one step at a time while graphs are recorded
   for (int64_t step = first; step < total; ++step) {
     if (cancelled_) return absl::CancelledError("cancelled");
     std::unique_ptr<InFlight> now = next ? std::move(next) : send(step);
     const v1::RunStepRequest& req = now->req;
-    if (NextMayOverlap(req) && !cancelled_) next = send(step + 1);
+    if (warmup.MayOverlap(step) && NextMayOverlap(req) && !cancelled_) next = send(step + 1);
     // A step sent early starts, for its clock, when the one before it ended.
     const auto step_start = std::max(now->sent, previous_end);
     CONVEYOR_RETURN_IF_ERROR(now->done.get());
     std::vector<v1::RunStepReply>& replies = now->replies;
     CONVEYOR_RETURN_IF_ERROR(Update(req, &replies));
+    warmup.StepDone(std::all_of(replies.begin(), replies.end(), [](const v1::RunStepReply& r) { return r.graphed(); }));
     const auto step_end = SteadyClock::now();
     previous_end = step_end;
     progress_.AddStep(step, replies, step_start, step_end);

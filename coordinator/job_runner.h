@@ -112,6 +112,9 @@ class JobRunner {
   // Whether training step `req` may still be running on the stages when the
   // next one is sent (see Train()).
   bool NextMayOverlap(const v1::RunStepRequest& req) const;
+  // Whether some stage may record CUDA graphs in this job (cuda_graphs on,
+  // and a stage on a CUDA device).
+  bool StagesMayRecordGraphs() const;
   // After StepAll of training step `req`: fails the job on a loss or gradient
   // norm that is not finite (FAILED_PRECONDITION naming the step and the stage
   // that saw it first), records the step's lr and global gradient norm, and

@@ -940,7 +940,9 @@ std::vector<JobKey> MakeTable() {
       "replicas, writes a checkpoint, is profiled, or has not yet recorded its CUDA graphs. Each reply still comes "
       "once the device has finished its step, so every figure and clock is that of finished steps. Steps whose "
       "update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
-      "epoch's end run one at a time whatever this says. `1`: one step at a time, each stage waiting for its device "
+      "epoch's end run one at a time whatever this says, and so do the first steps under CUDA graphs, until every "
+      "stage has recorded its graphs and replayed them once (W1 over an NCCL link hung when a step overlapped the "
+      "recording one). `1`: one step at a time, each stage waiting for its device "
       "before it replies (W1 on one stage server on an H200: 15.7 ms a step with `2`, the reference's; see "
       "bench/RESULTS.md)")
       .Default("2")

@@ -19,6 +19,8 @@
 #   scripts/two-gpus.sh quickstart  the Quick start job over the two GPUs, with its last step's timeline
 #   scripts/two-gpus.sh sendrecv    PyTorch's NCCL send/recv at 1 MB and 64 MB, as transport_bench measures
 #   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
+#   scripts/two-gpus.sh outside     W1 at batch 120: the single device, one stage server and two stages (two steps
+#                                   in flight), each Conveyor row checked from outside with 15 s more of steps
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
@@ -97,6 +99,12 @@ for part in "$@"; do
         --only 'pytorch-1gpu,conveyor-1dev,conveyor-1dev-eager' | grep -A6 '^| variant'
       timeout 200 python3 bench/bench.py w1 --bin "$bin" --steps 10 --timeout 90 --out "$out/clocks" \
         --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
+    outside)
+      timeout 440 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs --steps 20 \
+        --outside-seconds 15 --timeout 120 --out "$out/outside" \
+        --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1dev-eager-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
+        | grep -A8 "^| variant"
+      tar -czf "$out/outside.tgz" -C "$out" outside && rm -rf "$out/outside" ;;
     replicas)
       timeout 150 "$bin/stage_server_test" --gtest_filter='*Nccl*:ReplicaGroup.*:GradientReducer.*' \
         > "$out/replicas-unit.log" 2>&1
