@@ -22,7 +22,7 @@ find_package(SQLite3 REQUIRED)
 # Without it --metrics-listen is refused (the GPU machine's image lacks it).
 find_package(prometheus-cpp CONFIG QUIET)
 set(CONVEYOR_HAS_PROMETHEUS OFF)
-if(TARGET prometheus-cpp::pull)
+if(TARGET prometheus-cpp::core)
   set(CONVEYOR_HAS_PROMETHEUS ON)
 endif()
 message(STATUS "Conveyor: Prometheus metrics ${CONVEYOR_HAS_PROMETHEUS}")

@@ -5,10 +5,10 @@
 #include "common/files.h"
 #include "common/logging.h"
 #include "common/net.h"
+#include "common/text_endpoint.h"
 
 #ifdef CONVEYOR_HAS_PROMETHEUS
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -144,12 +144,12 @@ State& Process() {
 
 class PrometheusEndpoint : public MetricsEndpoint {
  public:
-  PrometheusEndpoint(std::unique_ptr<prometheus::Exposer> exposer, std::string address)
-      : exposer_(std::move(exposer)), address_(std::move(address)) {}
+  PrometheusEndpoint(std::unique_ptr<TextEndpoint> http, std::string address)
+      : http_(std::move(http)), address_(std::move(address)) {}
   const std::string& address() const override { return address_; }
 
  private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<TextEndpoint> http_;
   std::string address_;
 };
 
@@ -183,19 +183,15 @@ StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const std::str
                                                                   const std::string& port_file) {
   if (address.empty()) return std::unique_ptr<MetricsEndpoint>();
   CONVEYOR_RETURN_IF_ERROR(CheckAddress(address, "--metrics-listen", /*listen=*/true));
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/1);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError("--metrics-listen: cannot serve metrics on " + address + ": " + e.what());
+  // Prometheus's text format, served by a thread of our own (common/text_endpoint.h says why).
+  auto http = TextEndpoint::Start(address, "/metrics", "text/plain; version=0.0.4; charset=utf-8", [] { return Text(); });
+  if (!http.ok()) {
+    return Status(http.status().code(), "--metrics-listen: cannot serve metrics: " + std::string(http.status().message()));
   }
-  exposer->RegisterCollectable(Process().registry());
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError("--metrics-listen: no port bound for " + address);
-  const std::string bound = address.substr(0, address.rfind(':')) + ":" + std::to_string(ports.front());
+  const std::string bound = address.substr(0, address.rfind(':')) + ":" + std::to_string((*http)->port());
   if (!port_file.empty()) CONVEYOR_RETURN_IF_ERROR(WriteFileAtomically(port_file, bound + "\n"));
   LOG_INFO("Prometheus metrics at http://", bound, "/metrics");
-  return std::unique_ptr<MetricsEndpoint>(new PrometheusEndpoint(std::move(exposer), bound));
+  return std::unique_ptr<MetricsEndpoint>(new PrometheusEndpoint(std::move(*http), bound));
 }
 
 #else  // no prometheus-cpp

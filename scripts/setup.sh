@@ -2,8 +2,9 @@
 # Installs what Conveyor needs, with apt (Debian bookworm):
 #   scripts/setup.sh run    what building and running the programs need (the Quick start)
 #   scripts/setup.sh        that and what the test suite needs (scripts/test.sh): GoogleTest,
-#                           PyTorch for the oracle, Slurm, Prometheus, docker-compose, clang
-#                           for the fuzzers, iproute2 for the network namespaces
+#                           PyTorch for the oracle, Slurm, Prometheus, docker-compose with
+#                           podman and debootstrap (the images), clang for the fuzzers,
+#                           iproute2 for the network namespaces
 #
 # Where a pip-installed PyTorch is present (GPU machines, Ubuntu 24.04, which
 # has no libtorch-dev), its LibTorch is used and libtorch-dev is not installed;
@@ -34,6 +35,8 @@ if [ "$what" = test ]; then
     # deploy/ tests: a real Slurm on loopback (ctest deploy.slurm), YAML for the
     # Kubernetes check (deploy.kubernetes; kubectl itself is not a Debian package)
     slurm-wlm munge python3-yaml prometheus
+    # the images built and the compose cluster run (ctest deploy.containers)
+    podman runc debootstrap netavark aardvark-dns catatonit iptables curl
   )
   # python3-torch: the user's side in the tests (PyTorch 1.13, the same as
   # libtorch-dev), the oracle that a Conveyor run must equal.

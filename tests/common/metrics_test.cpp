@@ -2,6 +2,7 @@
 // conventions and are documented, the text format carries what was
 // recorded, and the endpoint serves it over HTTP. Torch-free.
 #include "common/metrics.h"
+#include "common/text_endpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -120,6 +121,29 @@ TEST(MetricsEndpoint, ServesTheTextOverHttp) {
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(reply->code, 200);
   EXPECT_NE(reply->body.find("conveyor_loss{job_id=\"job-http\"} 1.25"), std::string::npos) << reply->body;
+}
+
+// The endpoint behind --metrics-listen (common/text_endpoint.h): its own
+// path only, GET only, and a client that never sends its request does not
+// keep others waiting forever.
+TEST(TextEndpoint, AnswersItsPathAndNothingElse) {
+  int made = 0;
+  auto e = TextEndpoint::Start("127.0.0.1:0", "/metrics", "text/plain", [&made] {
+    return "made " + std::to_string(++made) + "\n";
+  });
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::string at = "127.0.0.1:" + std::to_string((*e)->port());
+  auto ok = testing::HttpGet(at, "/metrics?x=1");
+  ASSERT_TRUE(ok.has_value());
+  EXPECT_EQ(ok->code, 200);
+  EXPECT_EQ(ok->body, "made 1\n");
+  auto missing = testing::HttpGet(at, "/other");
+  ASSERT_TRUE(missing.has_value());
+  EXPECT_EQ(missing->code, 404);
+  EXPECT_EQ(made, 1);
+  auto taken = TextEndpoint::Start(at, "/metrics", "text/plain", [] { return std::string(); });
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable) << taken.status();
+  EXPECT_NE(taken.status().message().find(at), std::string::npos) << taken.status();
 }
 
 TEST(MetricsEndpoint, RefusesABadAddressByName) {
