@@ -503,14 +503,31 @@ std::vector<JobKey> MakeTable() {
       .Expect("a data format")
       .Set(set_kind);
   const auto tokens = [](const S& s) { return s.data().kind() == v1::DATA_TOKENS; };
-  add("data.train", kPath,
+  add("data.train", KeyType::kCustom,
       "tensors and tokens (required): a file written by `torch.save({\"inputs\": X, \"targets\": Y}, FILE)`, first "
       "dimension the sample; inputs floating (converted to float32) or integer, targets int64 classes or floats (see "
-      "[models.md](models.md#data-files)); for tokens, the token file. For tensors also a glob pattern "
-      "(`shards/train-*.pt`): the files it matches, in name order, are one training split, each mapped from disk, "
-      "not read into memory (see [models.md](models.md#shards))")
+      "[models.md](models.md#data-files)); for tokens, the token file. For tensors also several files, one training "
+      "split: a glob pattern (`shards/train-*.pt`: the files it matches, in name order) or a list of files (in its "
+      "order), each mapped from disk, not read into memory (see [models.md](models.md#shards))")
+      .Expect("a path, a glob pattern or a list of paths")
       .Only("format: tensors or tokens", FileData)
-      .Set([](const V& v, S* s) { s->mutable_data()->set_train(v.text); });
+      .Read([](const YAML::Node& node, S* s) -> Status {
+        std::string path;
+        if (ReadScalar(node, &path)) {
+          if (path.empty()) return Invalid("data.train: empty path");
+          s->mutable_data()->set_train(path);
+          return absl::OkStatus();
+        }
+        if (!node.IsSequence() || node.size() == 0)
+          return Invalid("data.train: expected a path, a glob pattern or a list of paths, got " + Show(node));
+        // A list: the shards as given; ResolveJobPaths resolves each, `train` stays empty.
+        for (std::size_t i = 0; i < node.size(); ++i) {
+          if (!ReadScalar(node[i], &path) || path.empty())
+            return Invalid("data.train: item " + std::to_string(i) + ": expected a path, got " + Show(node[i]));
+          s->mutable_data()->add_train_shards(path);
+        }
+        return absl::OkStatus();
+      });
   add("data.test", kPath, "the test split, in the same format, for `eval`")
       .Only("format: tensors or tokens", FileData)
       .Set([](const V& v, S* s) { s->mutable_data()->set_test(v.text); });

@@ -333,8 +333,16 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
     spec->mutable_data()->set_path(p);
   }
   p = spec->data().train();
-  spec->mutable_data()->clear_train_shards();
-  if (p.find_first_of("*?[") != std::string::npos) {
+  // A list of shards (data.train: [a.pt, b.pt]) keeps `train` empty; a
+  // pattern's shards are found again from it.
+  const bool shard_list = p.empty() && spec->data().train_shards_size() > 0;
+  if (!shard_list) spec->mutable_data()->clear_train_shards();
+  if (shard_list) {  // each resolved in place, in the list's order
+    if (spec->data().kind() != v1::DATA_TENSORS)
+      return Invalid("data.train: a list of files is for format: tensors; tokens read one file");
+    for (std::string& f : *spec->mutable_data()->mutable_train_shards())
+      CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &f, true));
+  } else if (p.find_first_of("*?[") != std::string::npos) {
     // Shards: the files the pattern matches, in name order, each resolved
     // (and confined to the roots) as one path would be.
     if (spec->data().kind() != v1::DATA_TENSORS)
@@ -538,8 +546,10 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (int s : spec.recompute_stages())
     if (s < 0 || s >= spec.partition().stages())
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
-  if ((d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.train().empty())
+  if ((d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.train().empty() && d.train_shards().empty())
     return Invalid("data.train: missing");
+  if (d.kind() == v1::DATA_TOKENS && !d.train_shards().empty())
+    return Invalid("data.train: a list of files is for format: tensors; tokens read one file");
   // An evaluation over no test data would report 0% and perplexity 1 as if measured.
   if (spec.eval() && d.kind() == v1::DATA_SYNTHETIC && d.test_samples() == 0)
     return Invalid("eval: true, but data.test_samples is 0: there is no test split to evaluate on "

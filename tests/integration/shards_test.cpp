@@ -67,6 +67,18 @@ TEST(Shards, ATrainingSplitInShardsTrainsAsOneFileHoldingThemInOrder) {
     EXPECT_EQ(a["param_digest"], b["param_digest"]) << how[0];
   }
 
+  // A list names the shards in its own order: the same as one file holding them so.
+  WriteRows(dir + "/listed.pt", at::cat({x.slice(0, 60, 100), x.slice(0, 0, 60)}),
+            at::cat({y.slice(0, 60, 100), y.slice(0, 0, 60)}), 0, 100);
+  const nlohmann::json c = RunConveyor(dir, job + "data: {format: tensors, train: " + dir + "/listed.pt}\n",
+                                       {"train", "--reference"});
+  const nlohmann::json d = RunConveyor(dir, job + "data: {format: tensors, train: [" + dir + "/part-2.pt, " + dir +
+                                                "/part-0.pt, " + dir + "/part-1.pt]}\n",
+                                       {"train", "--reference"});
+  ASSERT_FALSE(c.is_null() || d.is_null());
+  EXPECT_EQ(c["losses"], d["losses"]);
+  EXPECT_EQ(c["param_digest"], d["param_digest"]);
+
   // A pattern that matches nothing, and a shard whose samples differ, are named.
   std::ofstream(dir + "/none.yaml") << job + "data: {format: tensors, train: " + dir + "/nothing-*.pt}\n";
   testing::CommandResult r = RunCommand({testing::Binary("conveyor"), "train", dir + "/none.yaml", "--reference"});

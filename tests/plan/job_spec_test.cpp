@@ -573,5 +573,36 @@ TEST(Shards, APatternBecomesTheFilesItMatchesInNameOrder) {
   std::filesystem::remove_all(dir);
 }
 
+// data.train as a YAML list: the shards in the list's order, each resolved
+// under the data roots; a bad item is named; tokens read one file.
+TEST(Shards, AListNamesTheShardsInItsOrder) {
+  const std::string dir = testing::MakeTempDir("shard-list");
+  for (const char* name : {"b.pt", "a.pt"}) std::ofstream(dir + "/" + name) << "x";
+  const std::string job = "model: {name: mlp}\ndata: {format: tensors, train: [b.pt, a.pt]}\n";
+  auto spec = ParseJobYaml(job);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->data().train().empty());
+  ASSERT_TRUE(ResolveJobPaths(&*spec, {dir}).ok());
+  const std::string real = std::filesystem::canonical(dir).string();
+  EXPECT_EQ(std::vector<std::string>(spec->data().train_shards().begin(), spec->data().train_shards().end()),
+            (std::vector<std::string>{real + "/b.pt", real + "/a.pt"}));
+  ASSERT_TRUE(ResolveJobPaths(&*spec, {dir}).ok()) << "resolved again (a resumed job): the same list";
+  EXPECT_EQ(spec->data().train_shards_size(), 2);
+
+  auto missing = ParseJobYaml("model: {name: mlp}\ndata: {format: tensors, train: [b.pt, c.pt]}\n");
+  ASSERT_TRUE(missing.ok());
+  Status st = ResolveJobPaths(&*missing, {dir});
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("c.pt does not exist"));
+  auto bad = ParseJobYaml("model: {name: mlp}\ndata: {format: tensors, train: [b.pt, {x: 1}]}\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("data.train: item 1: expected a path"));
+  auto tokens = ParseJobYaml("model: {name: gpt}\ndata: {format: tokens, train: [b.pt, a.pt], dtype: uint16, "
+                             "seq_len: 8}\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(tokens.status())) << tokens.status();
+  EXPECT_THAT(std::string(tokens.status().message()), HasSubstr("a list of files is for format: tensors"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace conveyor
