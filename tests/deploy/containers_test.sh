@@ -106,7 +106,7 @@ data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist}
 batch_size: 64
 micro_batches: 2
 optimizer: {name: adam, lr: 0.001}
-steps: 3000
+steps: 2000
 checkpoint_every: 50
 seed: 7
 JOB
