@@ -66,7 +66,10 @@ between two synchronizes); the `statistic` column says so. Each Conveyor row
 is also checked from outside (--outside-steps, --outside-seconds): the same
 variant run again for more steps, the difference of the two lengths' shortest
 wall times over the difference of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
-where the two clocks disagree by more than 5% says so in its note.
+where the two clocks disagree by more than 5% says so in its note (CLOCKS DISAGREE), unless the difference
+lies within the runs' own spread and that spread is past 5%: then the note says the outside clock was too
+noisy to judge it. A row whose runs recovered from a failure says so too (RECOVERED): its steady clock
+leaves the recovery out.
 
 usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
                             [--micro-batches 4,8,16] [--schedules gpipe,1f1b,zero-bubble]
@@ -323,20 +326,48 @@ def outside_check(args, workload, v, first):
     if not more or more <= args.steps:
         return {}
     walls = {args.steps: [first["wall_s"]], more: []}
+    extra_recoveries = 0
     for i in range(2 * args.outside_repeats - 1):
         n = more if i % 2 == 0 else args.steps
         r, _ = run_conveyor(args, workload, v, steps=n)
         if not r:
             return {"note": "outside check failed (a run of %d steps)" % n}
         walls[n].append(r["wall_s"])
-    outside_ms = 1000.0 * (min(walls[more]) - min(walls[args.steps])) / (more - args.steps)
-    ratio = outside_ms / inside_ms
+        extra_recoveries += int(r.get("recoveries") or 0)
+    recoveries = int(first.get("recoveries") or 0) + extra_recoveries
+    outside_ms, ratio, notes = judge_outside(inside_ms, walls, recoveries)
     out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
            "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
                                       for n, ws in sorted(walls.items()))}
-    if clocks_disagree(ratio):
-        out["note"] = "CLOCKS DISAGREE: outside %.1f ms/step (runs of %d and %d steps)" % (outside_ms, args.steps, more)
+    if notes:
+        out["note"] = "; ".join(notes)
     return out
+
+
+def judge_outside(inside_ms, walls, recoveries=0):
+    """What the outside clock says of a row: (outside ms/step, outside / inside, notes). `walls` maps
+    each of two run lengths (steps) to its runs' wall times (s). The outside figure is the difference
+    of the two lengths' shortest wall times over the difference of their steps; its noise, the two
+    lengths' spreads (longest minus shortest) over the same. A difference of more than
+    OUTSIDE_TOLERANCE is marked CLOCKS DISAGREE, unless it lies within the noise and the noise itself
+    is past the tolerance: then the outside clock was too noisy to judge the row. Recoveries in the
+    runs are named whatever the figures: the steady clock leaves a recovery out, the wall time does
+    not."""
+    short, long_ = sorted(walls)
+    span = long_ - short
+    outside_ms = 1000.0 * (min(walls[long_]) - min(walls[short])) / span
+    noise_ms = 1000.0 * sum(max(w) - min(w) for w in walls.values()) / span
+    ratio = outside_ms / inside_ms
+    notes = []
+    if recoveries:
+        notes.append("RECOVERED %d time(s) in these runs: the row's steady clock leaves recoveries out" % recoveries)
+    if clocks_disagree(ratio):
+        if noise_ms > OUTSIDE_TOLERANCE * inside_ms and abs(outside_ms - inside_ms) <= noise_ms:
+            notes.append("outside clock too noisy to judge: %.1f +- %.1f ms/step (runs of %d and %d steps)"
+                         % (outside_ms, noise_ms, short, long_))
+        else:
+            notes.append("CLOCKS DISAGREE: outside %.1f ms/step (runs of %d and %d steps)" % (outside_ms, short, long_))
+    return outside_ms, ratio, notes
 
 
 # ---------------------------------------------------------------- PyTorch

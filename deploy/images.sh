@@ -35,7 +35,7 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$src/deploy/podman/containers.conf}
 mirror=${CONVEYOR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 base=localhost/conveyor-base:$tag
 
-tmp=$(mktemp -d /tmp/conveyor-images.XXXXXX)
+tmp=$(mktemp -d -t conveyor-images.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 report() {  # IMAGE START

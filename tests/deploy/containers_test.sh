@@ -24,7 +24,7 @@ for p in stage_server coordinator conveyor; do [ -x "$bin/$p" ] || { echo "FAIL:
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$src/deploy/podman/containers.conf}
 tag=test-$$
 project=conveyor-test-$$
-tmp=$(mktemp -d /tmp/conveyor-containers.XXXXXX)
+tmp=$(mktemp -d -t conveyor-containers.XXXXXX)  # under $TMPDIR (ctest: build/test-tmp)
 service=
 say() { echo "$(date +%T) $*"; }
 compose() { docker-compose -p "$project" -f "$src/deploy/docker-compose.yml" "$@"; }

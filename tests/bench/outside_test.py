@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""bench.py's outside clock (issue 31): how a row's two clocks are judged
+(ctest bench.outside_judgement). The figures are call 3's of session 17 (W1 on
+2x H100, bench/results/issue31-2026-11-26b/)."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import bench  # noqa: E402
+
+
+class OutsideJudgement(unittest.TestCase):
+    def test_agreeing_clocks_carry_no_note(self):
+        ms, ratio, notes = bench.judge_outside(18.79, {20: [7.00, 6.88], 819: [21.45, 21.25]})
+        self.assertAlmostEqual(ms, 17.98, places=2)
+        self.assertAlmostEqual(ratio, 0.957, places=3)
+        self.assertEqual(notes, [])
+
+    def test_recoveries_are_named_even_where_the_clocks_agree(self):
+        _, _, notes = bench.judge_outside(18.79, {20: [7.00, 6.88], 819: [21.45, 21.25]}, recoveries=1)
+        self.assertEqual(len(notes), 1)
+        self.assertIn("RECOVERED 1 time(s)", notes[0])
+
+    def test_a_row_whose_runs_recovered_disagrees_and_says_why(self):
+        ms, ratio, notes = bench.judge_outside(26.69, {20: [14.95, 21.78], 583: [57.77, 48.62]}, recoveries=5)
+        self.assertAlmostEqual(ms, 59.80, places=2)
+        self.assertGreater(ratio, 2)
+        self.assertTrue(any(n.startswith("RECOVERED 5") for n in notes))
+        self.assertTrue(any(n.startswith("CLOCKS DISAGREE") for n in notes))
+
+    def test_a_difference_within_the_noise_is_not_called_a_disagreement(self):
+        # Same-length runs 2 s apart over 300 extra steps: +-6.7 ms/step of noise on a 20 ms row.
+        _, ratio, notes = bench.judge_outside(20.0, {20: [10.0, 12.0], 320: [16.6, 16.7]})
+        self.assertTrue(bench.clocks_disagree(ratio))
+        self.assertEqual(len(notes), 1)
+        self.assertIn("too noisy to judge", notes[0])
+
+    def test_a_difference_past_the_noise_is_a_disagreement(self):
+        _, _, notes = bench.judge_outside(18.47, {20: [10.49, 11.71], 833: [26.84, 26.88]})
+        self.assertEqual(len(notes), 1)
+        self.assertIn("CLOCKS DISAGREE: outside 20.1 ms/step", notes[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
