@@ -50,6 +50,7 @@ int WaitForTerminationSignal();
 
 // On SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT, writes the signal and a
 // backtrace to stderr (the process's log), then dies of the same signal.
+// Also ignores SIGPIPE: a write to a closed peer fails with EPIPE instead.
 void InstallCrashHandler(const char* program);
 
 }  // namespace conveyor

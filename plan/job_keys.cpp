@@ -1001,7 +1001,8 @@ std::vector<JobKey> MakeTable() {
   // --- failures and checkpoints
   add("stage_timeout", kNumber,
       "seconds a stage waits for a neighbour's tensor (or a stage's first answer) before the step fails with a "
-      "message that names the action and the peer")
+      "message that names the action and the peer. A CUDA stage's first training step of a job waits at least 300 "
+      "s: on a freshly started GPU host it may load CUDA's libraries and let cuDNN time every convolution")
       .Default("10")
       .Positive(1e7)
       .Expect("a number of seconds")

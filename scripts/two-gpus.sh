@@ -21,6 +21,8 @@
 #   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
 #   scripts/two-gpus.sh outside     W1 at batch 120: the single device, one stage server and two stages (two steps
 #                                   in flight), each Conveyor row checked from outside with 15 s more of steps
+#   scripts/two-gpus.sh warmup      W1 over two stages with graphs, five runs: their recoveries (the hang around
+#                                   graph recording that the coordinator's GraphWarmup keeps steps apart for)
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
@@ -105,6 +107,16 @@ for part in "$@"; do
         --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1dev-eager-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
         | grep -A8 "^| variant"
       tar -czf "$out/outside.tgz" -C "$out" outside && rm -rf "$out/outside" ;;
+    warmup)
+      mkdir -p "$out/warmup"
+      for r in 1 2 3 4 5; do
+        timeout 100 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs \
+          --only 1f1b-m4-graphs-b120 --steps 20 --outside-steps 0 --timeout 80 --out "$out/warmup/$r" \
+          > "$out/warmup/$r.txt" 2>&1
+        echo "warmup run $r: $(grep -E '^\| 1f1b' "$out/warmup/$r.txt" | cut -d'|' -f3) ms/step;" \
+          "$(grep -ohE 'recoveries [0-9]+' "$out/warmup/$r"/*.log | head -1)"
+      done
+      tar -czf "$out/warmup.tgz" -C "$out" warmup && rm -rf "$out/warmup" ;;
     replicas)
       timeout 150 "$bin/stage_server_test" --gtest_filter='*Nccl*:ReplicaGroup.*:GradientReducer.*' \
         > "$out/replicas-unit.log" 2>&1

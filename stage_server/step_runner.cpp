@@ -692,6 +692,13 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   st.offsets = {0};
   for (int64_t n : st.sizes) st.offsets.push_back(st.offsets.back() + n);
   st.timeout = std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(spec.stage_timeout_s()));
+  // On a GPU a job's first training step may take far longer than the later
+  // ones, here and on the neighbours (CUDA's libraries read from disk, cuDNN
+  // timing every convolution shape): its waits get at least 300 s. A W1 stage
+  // waited past stage_timeout (10 s) for its neighbour's first gradient on a
+  // freshly started H100, and the job recovered (bench/RESULTS.md, session 17).
+  if (device_.is_cuda() && st.train && !job_->trained_eagerly && !job_->graphs_recorded)
+    st.timeout = std::max<SteadyClock::duration>(st.timeout, std::chrono::seconds(300));
   if (clock_) {
     st.marks = clock_->Begin(/*device_idle=*/steps_in_flight_.load() == 0);
     st.clock = st.marks.get();
