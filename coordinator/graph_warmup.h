@@ -5,10 +5,10 @@
 // graphs) hung in about half the runs with two steps in flight, always at the
 // steps around the recording one (the first replay sent while the recording
 // step still ran), never one step at a time, never without graphs
-// (bench/RESULTS.md, "The pipeline at GPU speed"). The coordinator therefore
-// sends steps one at a time until every stage has recorded its graphs and
-// replayed them once: two steps in a row in which every stage's reply says
-// `graphed`. Where some stage never replays (a shape graphs cannot hold, a
+// (bench/RESULTS.md, "Outside clocks on the pipeline, a hang found by them").
+// The coordinator therefore sends steps one at a time until every stage has
+// recorded its graphs and replayed them once: two steps in a row in which
+// every stage's reply says `graphed`. Where some stage never replays (a shape graphs cannot hold, a
 // late recording), it stops waiting after kMaxSteps steps.
 #pragma once
 
