@@ -44,8 +44,10 @@ report() {  # IMAGE START
   echo "images: $1 built in $(( $(date +%s) - $2 )) s, $(( size / 1000000 )) MB"
 }
 
-build() {  # IMAGE DOCKERFILE CONTEXT
-  podman build --network host --layers=false --build-arg "BASE=$base" -t "$1" -f "$2" "$3"
+build() {  # IMAGE DOCKERFILE CONTEXT: its log's tail on failure
+  local log=$tmp/build-$(basename "$2").log
+  podman build --network host --layers=false --build-arg "BASE=$base" -t "$1" -f "$2" "$3" > "$log" 2>&1 ||
+    { tail -30 "$log" >&2; exit 1; }
 }
 
 for part in "${parts[@]}"; do
@@ -75,14 +77,12 @@ CONF
       cp "$bin/stage_server" "$bin/coordinator" "$bin/conveyor" "$tmp/cpu/bin/"
       cp -r "$src/examples" "$tmp/cpu/examples"
       "$src/scripts/runtime-packages.sh" "$bin/stage_server" "$bin/coordinator" "$bin/conveyor" > "$tmp/cpu/runtime-packages.txt"
-      build "localhost/conveyor:$tag" "$src/deploy/Dockerfile.binaries" "$tmp/cpu" > "$tmp/cpu.log" 2>&1 ||
-        { tail -30 "$tmp/cpu.log" >&2; exit 1; }
+      build "localhost/conveyor:$tag" "$src/deploy/Dockerfile.binaries" "$tmp/cpu"
       rm -rf "$tmp/cpu"
       report "localhost/conveyor:$tag" "$start" ;;
     prometheus)
       mkdir -p "$tmp/prometheus"
-      build "localhost/conveyor-prometheus:$tag" "$src/deploy/Dockerfile.prometheus" "$tmp/prometheus" \
-        > "$tmp/prometheus.log" 2>&1 || { tail -30 "$tmp/prometheus.log" >&2; exit 1; }
+      build "localhost/conveyor-prometheus:$tag" "$src/deploy/Dockerfile.prometheus" "$tmp/prometheus"
       report "localhost/conveyor-prometheus:$tag" "$start" ;;
     compile)
       podman build --network host --build-arg "BASE=$base" --build-arg "RUNTIME_BASE=$base" \

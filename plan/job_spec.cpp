@@ -337,9 +337,7 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
   // pattern's shards are found again from it.
   const bool shard_list = p.empty() && spec->data().train_shards_size() > 0;
   if (!shard_list) spec->mutable_data()->clear_train_shards();
-  if (shard_list) {  // each resolved in place, in the list's order
-    if (spec->data().kind() != v1::DATA_TENSORS)
-      return Invalid("data.train: a list of files is for format: tensors; tokens read one file");
+  if (shard_list) {  // each resolved in place, in the list's order (ValidateJobSpec refused one for tokens)
     for (std::string& f : *spec->mutable_data()->mutable_train_shards())
       CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &f, true));
   } else if (p.find_first_of("*?[") != std::string::npos) {

@@ -5,8 +5,8 @@
 # deploy/docker-compose.yml brought up through podman's Docker API with
 # Debian's docker-compose: a job submitted with the CLI through the published
 # port, a stage server crashing mid-job (killed from the host), its container
-# restarted by the restart policy, the job recovering to success, Prometheus scraping every server, and the
-# cluster brought down. Removes its containers, volumes, network and images
+# restarted by the restart policy, the job recovering to success, Prometheus
+# scraping every server, and the cluster brought down. Removes its containers, volumes, network and images
 # and its temporary folder. Exit 77 (ctest: skipped) without root, podman,
 # debootstrap or docker-compose.
 #
