@@ -243,7 +243,14 @@ def conveyor_command(args, v, job_path):
         profile = ["--profile-dir", os.path.abspath(os.path.join(args.profile_dir, "%s-%s" % (args.workload, v["variant"])))]
     if v["variant"].startswith("conveyor-1dev"):
         return [exe, "train", job_path, "--reference", "--device", args.device, "--json"] + profile
+    # One stage server per stage and replica, as the row names it: `conveyor local` would fold stages
+    # that outnumber the GPUs into one server per GPU (plan/placement.h).
     cmd = [exe, "local", job_path, "--json"] + profile
+    if os.path.exists(job_path):  # not under --dry-run
+        text = open(job_path).read()
+        stages = re.search(r"(?m)^partition: \{stages: (\d+)", text)
+        replicas = re.search(r"(?m)^replicas: (\d+)", text)
+        cmd += ["--stages", str((int(stages.group(1)) if stages else 1) * (int(replicas.group(1)) if replicas else 1))]
     if args.trace_dir:  # the last step's timeline (device times of the compute on GPUs)
         os.makedirs(args.trace_dir, exist_ok=True)
         cmd += ["--trace", os.path.join(args.trace_dir, "%s-%s" % (args.workload, v["variant"]))]

@@ -25,6 +25,7 @@
 #include "plan/job_keys.h"
 #include "plan/job_overrides.h"
 #include "plan/job_spec.h"
+#include "plan/placement.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/security.h"
@@ -539,6 +540,27 @@ class InterruptWatcher {
   std::thread thread_;
 };
 
+// `conveyor local` on GPUs: a job whose stages outnumber the GPUs runs folded
+// (FoldOntoGpus), `yaml` and `spec` becoming the folded job; says what it did,
+// or why the stages share GPUs.
+Status FoldOntoHost(const std::string& file, int gpus, std::string* yaml, v1::JobSpec* spec) {
+  const GpuFold fold = FoldOntoGpus(*spec, gpus);
+  if (!fold.why_not.empty()) {
+    std::cerr << "note: " << fold.why_not << "; processes that share a GPU take turns on it" << std::endl;
+  }
+  if (fold.sets.empty()) return absl::OkStatus();
+  CONVEYOR_ASSIGN_OR_RETURN(std::string folded, ApplyJobOverrides(*yaml, fold.sets));
+  auto parsed = ParseJobYaml(folded);
+  if (!parsed.ok()) return Annotate(parsed.status(), file + " folded onto " + std::to_string(gpus) + " GPUs");
+  std::cerr << "this host has " << gpus << " GPU(s) for the job's " << fold.stages << " stages: running them as "
+            << fold.folded << ", one stage server per GPU, each holding " << (fold.stages % fold.folded ? "about " : "")
+            << fold.stages / fold.folded << " of them (the same losses and weights; two processes on one GPU take "
+            << "turns on it; --stages " << fold.stages * Replicas(*spec) << " starts one server per stage)" << std::endl;
+  *yaml = std::move(folded);
+  *spec = std::move(*parsed);
+  return absl::OkStatus();
+}
+
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
              const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
   std::string yaml;
@@ -548,13 +570,16 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   if (printed) return 0;
   v1::JobSpec* spec = &job;
   LocalClusterOptions options;
-  options.data_roots = JobDataRoots(file);
-  if (Status files = ResolveJobPaths(spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
-  options.stages = stages > 0 ? stages : Replicas(*spec) * spec->partition().stages();
   options.bin_dir = ExecutableDir();
-  options.log_level = c.log_level == "warn" ? "info" : c.log_level;
   const int gpus = device == "cpu" ? 0 : CountGpus(options.bin_dir);
   if (device == "cuda" && gpus == 0) return Fail(absl::FailedPreconditionError("--device cuda: no CUDA device here"));
+  if (stages == 0) {  // one stage server per GPU (plan/placement.h); --stages N starts N
+    if (Status folded = FoldOntoHost(file, gpus, &yaml, spec); !folded.ok()) return Fail(folded);
+  }
+  options.data_roots = JobDataRoots(file);
+  if (Status files = ResolveJobPaths(spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
+  options.stages = stages > 0 ? stages : Replicas(*spec) * std::max(1, spec->partition().stages());
+  options.log_level = c.log_level == "warn" ? "info" : c.log_level;
   for (int i = 0; i < options.stages; ++i)
     options.devices.push_back(gpus > 0 ? "cuda:" + std::to_string(i % gpus) : "cpu");
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

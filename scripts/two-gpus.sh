@@ -23,6 +23,12 @@
 #                                   in flight), each Conveyor row checked from outside with 15 s more of steps
 #   scripts/two-gpus.sh warmup      W1 over two stages with graphs, five runs: their recoveries (the hang around
 #                                   graph recording that the coordinator's GraphWarmup keeps steps apart for)
+#   scripts/two-gpus.sh fold        the Quick start job (2 epochs) on two GPUs as `conveyor local` runs it (folded
+#                                   into one stage server per GPU) and as 4 servers (--stages 4), on four GPUs
+#                                   where there are four, its reference on one GPU, and the fold's GPU test
+#   scripts/two-gpus.sh nccl-env    transport_bench's 1 MB frame over NCCL under NCCL's chunk and channel settings
+#   scripts/two-gpus.sh four-w2     (four GPUs) W2 over 4 stages: Conveyor 1F1B and interleaved against
+#                                   torch.distributed.pipelining over 4 ranks and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
@@ -49,7 +55,7 @@ for part in "$@"; do
       CMAKE_ARGS="${gloo[*]}" BUILD_DIR=build scripts/build.sh > "$out/build.log" 2>&1 ||
         { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; } ;;
     tests)
-      timeout 200 ctest --test-dir build -L gpu --timeout 150 --output-on-failure > "$out/ctest-gpu.log" 2>&1
+      timeout 300 ctest --test-dir build -L gpu --timeout 200 --output-on-failure > "$out/ctest-gpu.log" 2>&1
       echo "ctest -L gpu: $(grep -E 'tests passed' "$out/ctest-gpu.log")"
       timeout 120 "$bin/equality_test" --gtest_filter='Nccl/*' > "$out/equality-nccl.log" 2>&1
       echo "equality Nccl/*: $(grep -E 'PASSED|FAILED' "$out/equality-nccl.log" | head -2 | tr '\n' ' ')" ;;
@@ -94,6 +100,34 @@ for part in "$@"; do
       tail -1 "$out/quickstart/qs.log"
       python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'acc', j['eval_accuracy']); [print(' stage', s.get('index'), s.get('device'), 'busy', round(s.get('busy_fraction',0),3), 'graphed', s.get('graphed_steps')) for s in j.get('stages',[])]" \
         "$out/quickstart/qs.json" 2>&1 | tail -6 ;;
+    fold)
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      mkdir -p "$out/fold"
+      gpus=$(nvidia-smi -L | wc -l)
+      runs=("ref|0|" "2gpu-folded|0,1|" "2gpu-4servers|0,1|--stages 4")
+      [ "$gpus" -ge 4 ] && runs+=("4gpu-4stages|0,1,2,3|")
+      for r in "${runs[@]}"; do
+        IFS='|' read -r name vis extra <<< "$r"
+        cmd=(local examples/fashion-convnet.yaml --curves '' --trace "$out/fold/$name-timeline")
+        [ "$name" = ref ] && cmd=(train examples/fashion-convnet.yaml --reference --device cuda:0)
+        CUDA_VISIBLE_DEVICES=$vis timeout 150 "$bin/conveyor" "${cmd[@]}" --set epochs=2 $extra --json \
+          > "$out/fold/$name.json" 2> "$out/fold/$name.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'steady ms/step', round(1000*64/j['steady_samples_per_second'],3), 'loss', round(j['epochs'][-1]['mean_loss'],5), [round(s.get('busy_fraction',0),3) for s in j.get('stages',[])])" \
+          "$out/fold/$name.json" "$name" 2>&1 | tail -1
+      done
+      timeout 60 "$bin/gpu_test" --gtest_filter='*Fold*' > "$out/fold/gpu-test.log" 2>&1
+      echo "fold's GPU test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/fold/gpu-test.log" | tr '\n' ' ')"
+      tar -czf "$out/fold.tgz" -C "$out" fold && rm -rf "$out/fold" ;;
+    four-w2)  # issue 36 item 4: W2 over four stages against torch.distributed.pipelining over four ranks
+      timeout 500 python3 bench/bench.py w2 --bin "$bin" --ranks 4 --steps 6 --micro-batches 8 --outside-steps 0 \
+        --only 'pytorch-1gpu,torch-pp-1f1b-m8,1f1b-m8,interleaved-m8' --timeout 130 --out "$out/four-w2" \
+        --trace-dir "$out/four-w2/timelines" | grep -A8 '^| variant'
+      tar -czf "$out/four-w2.tgz" -C "$out" four-w2 && rm -rf "$out/four-w2" ;;
+    nccl-env)
+      for e in NONE=1 NCCL_P2P_NVL_CHUNKSIZE=131072 NCCL_P2P_NVL_CHUNKSIZE=262144 NCCL_MIN_P2P_NCHANNELS=8 \
+               NCCL_PROTO=LL128 NCCL_PROTO=LL; do
+        echo "$e: $(env "$e" timeout 60 "$bin/transport_bench" --transports nccl --sizes 1M --rounds 9 --nccl-ctas 0 | tail -1)"
+      done ;;
     sendrecv)
       timeout 120 python3 bench/transport/torch_sendrecv.py --sizes 1M,64M --rounds 5 --csv "$out/sendrecv.csv" ;;
     clocks)
@@ -160,6 +194,6 @@ for part in "$@"; do
           "$out/window/qs-k$k.json" "$k" 2>&1 | tail -1
       done
       tar -czf "$out/window.tgz" -C "$out" window && rm -rf "$out/window" ;;
-    *) sed -n '2,34p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,/^set -uo/p' "$0" | sed '$d' >&2; exit 2 ;;
   esac
 done

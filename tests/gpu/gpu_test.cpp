@@ -10,6 +10,10 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/local_cluster.h"
 #include "model/dataset.h"
@@ -123,6 +127,36 @@ TEST_F(GpuTest, GptOnGpuStagesEqualsTheGpuReference) {
     auto coordinator = cluster.StartCoordinator();
     v1::JobStatus run = testing::RunToEnd(*coordinator, yaml);
     testing::ExpectMatchesReference(run, cluster.Parameters(run.job_id(), 2), testing::Reference(yaml, "cuda:0"));
+  }
+}
+
+// `conveyor local` starts one stage server per GPU: on two GPUs a job of four
+// stages runs as two, each server holding two of them, and trains as the
+// reference does.
+TEST_F(GpuTest, ConveyorLocalFoldsFourStagesOntoOneServerPerGpu) {
+  if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";
+  const std::string dir = testing::MakeTempDir("gpu-fold");
+  const std::string job = dir + "/fold.yaml";
+  {
+    std::ofstream out(job);
+    out << kGpt << "partition: {stages: 4}\nmicro_batches: 4\nschedule: gpipe\n";
+  }
+  auto ref = testing::RunCommand({testing::Binary("conveyor"), "train", job, "--reference", "--json", "--device", "cuda:0"});
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  auto local = testing::RunCommand({"env", "CUDA_VISIBLE_DEVICES=0,1", testing::Binary("conveyor"), "local", job,
+                                    "--json", "--curves", ""});
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_THAT(local.err, ::testing::HasSubstr("running them as 2, one stage server per GPU"));
+  const auto a = nlohmann::json::parse(local.out), b = nlohmann::json::parse(ref.out);
+  const auto& stages = a.at("stages");
+  ASSERT_EQ(stages.size(), 2u) << local.out;
+  EXPECT_NE(stages.at(0).at("device").get<std::string>(), stages.at(1).at("device").get<std::string>());
+  const auto &x_losses = a.at("losses"), &y_losses = b.at("losses");
+  ASSERT_EQ(x_losses.size(), y_losses.size());
+  for (std::size_t i = 0; i < x_losses.size(); ++i) {
+    const double x = x_losses.at(i), y = y_losses.at(i);
+    EXPECT_NEAR(x, y, 1e-4 + 1e-4 * std::abs(y)) << "step " << i + 1;
   }
 }
 

@@ -1,0 +1,38 @@
+// How `conveyor local` places a job's stages on one host's GPUs: one stage
+// server per GPU. Two processes on one GPU take turns on it (the driver
+// switches between their contexts), so a job whose stages outnumber the GPUs
+// is folded: each server holds consecutive stages of the job as one. A
+// pipeline's results do not depend on where it is cut (every pipelined run
+// equals the reference), so the folded job trains to the same losses and
+// weights. Torch-free.
+//
+// On two H100s the Quick start's job (4 stages) took 4.5 s an epoch as four
+// processes, two on each GPU, and 2.3 s folded into two (bench/RESULTS.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "conveyor.pb.h"
+
+namespace conveyor {
+
+struct GpuFold {
+  int stages = 0;  // the job's stages
+  int folded = 0;  // its stages on the GPUs (== stages: not folded)
+  // The job-key overrides (as `--set` takes them) that make the folded job:
+  // partition.stages, partition.boundaries (every k-th boundary where the
+  // job gives them) and recompute (stage indices divided by k).
+  std::vector<std::string> sets;
+  // Where the stages outnumber the GPUs and stay so: why (else empty).
+  std::string why_not;
+};
+
+// The fold of `spec` onto `gpus` GPUs: the largest number of stages that
+// gives each of its replicas' stages a GPU of its own. The job keeps its
+// stages where they fit, where there are more replicas than GPUs, for the
+// interleaved schedule (its chunks are placed on the job's stages), and where
+// boundaries or per-stage keys are given that the GPUs do not divide.
+GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus);
+
+}  // namespace conveyor

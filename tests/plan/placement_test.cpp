@@ -1,0 +1,96 @@
+// `conveyor local` on GPUs (plan/placement.h): a job whose stages outnumber
+// the host's GPUs is folded into one stage per GPU, consecutive stages
+// together, and the folded job is a valid job; where it cannot be, the job
+// keeps its stages and says why.
+#include "plan/placement.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "plan/job_overrides.h"
+#include "plan/job_spec.h"
+
+namespace conveyor {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const std::string kJob =
+    "model: convnet\ndata: {name: synthetic, train_samples: 64}\nbatch_size: 16\nmicro_batches: 4\nsteps: 2\n"
+    "optimizer: {name: sgd, lr: 0.1}\n";
+
+v1::JobSpec Job(const std::string& extra) {
+  auto spec = ParseJobYaml(kJob + extra);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+// The folded job, as `conveyor local` submits it.
+v1::JobSpec Folded(const std::string& extra, const GpuFold& fold) {
+  auto yaml = ApplyJobOverrides(kJob + extra, fold.sets);
+  EXPECT_TRUE(yaml.ok()) << yaml.status();
+  auto spec = ParseJobYaml(yaml.ok() ? *yaml : "");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+TEST(FoldOntoGpus, FourStagesOnTwoGpusRunAsTwo) {
+  const std::string extra = "partition: {stages: 4}\n";
+  const GpuFold fold = FoldOntoGpus(Job(extra), 2);
+  EXPECT_EQ(fold.stages, 4);
+  EXPECT_EQ(fold.folded, 2);
+  EXPECT_THAT(fold.why_not, IsEmpty());
+  EXPECT_EQ(Folded(extra, fold).partition().stages(), 2);
+}
+
+TEST(FoldOntoGpus, AJobThatFitsTheGpusOrRunsOnTheCpuIsLeftAsItIs) {
+  for (int gpus : {0, 4, 8}) {
+    const GpuFold fold = FoldOntoGpus(Job("partition: {stages: 4}\n"), gpus);
+    EXPECT_EQ(fold.folded, 4) << gpus;
+    EXPECT_THAT(fold.sets, IsEmpty()) << gpus;
+    EXPECT_THAT(fold.why_not, IsEmpty()) << gpus;
+  }
+}
+
+TEST(FoldOntoGpus, BoundariesKeepEveryKthCutAndRecomputedStagesFoldWithThem) {
+  const std::string extra = "partition: {boundaries: [3, 6, 9]}\nrecompute: [1, 3]\n";
+  const GpuFold fold = FoldOntoGpus(Job(extra), 2);
+  EXPECT_EQ(fold.folded, 2);
+  const v1::JobSpec folded = Folded(extra, fold);
+  EXPECT_EQ(folded.partition().stages(), 2);
+  EXPECT_THAT(folded.partition().boundaries(), ElementsAre(6));
+  EXPECT_THAT(folded.recompute_stages(), ElementsAre(0, 1));
+}
+
+TEST(FoldOntoGpus, ReplicasKeepTheirCountAndFoldTheirStages) {
+  const std::string extra = "partition: {stages: 4}\nreplicas: 2\n";
+  const GpuFold fold = FoldOntoGpus(Job(extra), 4);
+  EXPECT_EQ(fold.folded, 2);
+  const v1::JobSpec folded = Folded(extra, fold);
+  EXPECT_EQ(folded.partition().stages(), 2);
+  EXPECT_EQ(Replicas(folded), 2);
+}
+
+TEST(FoldOntoGpus, StagesThatDoNotDivideFoldOnlyWhereThePlannerCuts) {
+  const GpuFold free_cut = FoldOntoGpus(Job("partition: {stages: 3}\n"), 2);
+  EXPECT_EQ(free_cut.folded, 2);
+  const GpuFold pinned = FoldOntoGpus(Job("partition: {boundaries: [4, 8]}\n"), 2);
+  EXPECT_EQ(pinned.folded, 3);
+  EXPECT_THAT(pinned.sets, IsEmpty());
+  EXPECT_THAT(pinned.why_not, HasSubstr("do not fold evenly onto 2"));
+}
+
+TEST(FoldOntoGpus, WhereItCannotFoldItSaysWhy) {
+  const GpuFold interleaved = FoldOntoGpus(
+      Job("partition: {stages: 4}\nschedule: interleaved\nvirtual_stages: 2\n"), 2);
+  EXPECT_EQ(interleaved.folded, 4);
+  EXPECT_THAT(interleaved.why_not, HasSubstr("interleaved"));
+  const GpuFold replicas = FoldOntoGpus(Job("partition: {stages: 2}\nreplicas: 4\n"), 2);
+  EXPECT_EQ(replicas.folded, 2);
+  EXPECT_THAT(replicas.why_not, HasSubstr("more replicas (4) than GPUs"));
+}
+
+}  // namespace
+}  // namespace conveyor
