@@ -561,6 +561,20 @@ Status FoldOntoHost(const std::string& file, int gpus, std::string* yaml, v1::Jo
   return absl::OkStatus();
 }
 
+// A pipeline of GPU stages runs with one hardware queue per device
+// (CUDA_DEVICE_MAX_CONNECTIONS=1 in the stage servers' environment, which
+// they inherit) unless the environment already says: W1 over two NCCL-linked
+// H100s hung at the first replayed step in about half the runs otherwise, and
+// took 19.5 ms a step against 25 (docs/architecture.md, bench/RESULTS.md).
+void UseOneHardwareQueue(const v1::JobSpec& spec, int gpus) {
+  const int stages = spec.partition().stages() > 0 ? spec.partition().stages() : spec.partition().boundaries_size() + 1;
+  if (gpus == 0 || stages < 2 || std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr) return;
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  std::cerr << "stage servers start with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue per GPU, for a pipeline "
+               "over NCCL links; set it to keep your own)"
+            << std::endl;
+}
+
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
              const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
   std::string yaml;
@@ -576,6 +590,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   if (stages == 0) {  // one stage server per GPU (plan/placement.h); --stages N starts N
     if (Status folded = FoldOntoHost(file, gpus, &yaml, spec); !folded.ok()) return Fail(folded);
   }
+  UseOneHardwareQueue(*spec, gpus);
   options.data_roots = JobDataRoots(file);
   if (Status files = ResolveJobPaths(spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
   options.stages = stages > 0 ? stages : Replicas(*spec) * std::max(1, spec->partition().stages());

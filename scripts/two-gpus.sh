@@ -25,7 +25,8 @@
 #                                   graph recording that the coordinator's GraphWarmup keeps steps apart for)
 #   scripts/two-gpus.sh fold        the Quick start job (2 epochs) on two GPUs as `conveyor local` runs it (folded
 #                                   into one stage server per GPU) and as 4 servers (--stages 4), on four GPUs
-#                                   where there are four, its reference on one GPU, and the fold's GPU test
+#                                   where there are four, its reference on one GPU, and the fold's GPU test;
+#                                   folded with 8 hardware queues (CUDA's default) against one (conveyor local's)
 #   scripts/two-gpus.sh nccl-env    transport_bench's 1 MB frame over NCCL under NCCL's chunk and channel settings
 #   scripts/two-gpus.sh four-w2     (four GPUs) W2 over 4 stages: Conveyor 1F1B and interleaved against
 #                                   torch.distributed.pipelining over 4 ranks and PyTorch on one GPU
@@ -104,18 +105,20 @@ for part in "$@"; do
       ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
       mkdir -p "$out/fold"
       gpus=$(nvidia-smi -L | wc -l)
-      runs=("ref|0|" "2gpu-folded|0,1|" "2gpu-4servers|0,1|--stages 4")
-      [ "$gpus" -ge 4 ] && runs+=("4gpu-4stages|0,1,2,3|")
+      # name|GPUs|environment|arguments; `conveyor local` starts a pipeline's servers with one hardware queue
+      runs=("ref|0||" "2gpu-folded|0,1||" "2gpu-folded-8queues|0,1|CUDA_DEVICE_MAX_CONNECTIONS=8|"
+            "2gpu-4servers|0,1||--stages 4")
+      [ "$gpus" -ge 4 ] && runs+=("4gpu-4stages|0,1,2,3||")
       for r in "${runs[@]}"; do
-        IFS='|' read -r name vis extra <<< "$r"
+        IFS='|' read -r name vis envs extra <<< "$r"
         cmd=(local examples/fashion-convnet.yaml --curves '' --trace "$out/fold/$name-timeline")
         [ "$name" = ref ] && cmd=(train examples/fashion-convnet.yaml --reference --device cuda:0)
-        CUDA_VISIBLE_DEVICES=$vis timeout 150 "$bin/conveyor" "${cmd[@]}" --set epochs=2 $extra --json \
+        env CUDA_VISIBLE_DEVICES=$vis $envs timeout 150 "$bin/conveyor" "${cmd[@]}" --set epochs=2 $extra --json \
           > "$out/fold/$name.json" 2> "$out/fold/$name.log"
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'steady ms/step', round(1000*64/j['steady_samples_per_second'],3), 'loss', round(j['epochs'][-1]['mean_loss'],5), [round(s.get('busy_fraction',0),3) for s in j.get('stages',[])])" \
           "$out/fold/$name.json" "$name" 2>&1 | tail -1
       done
-      timeout 60 "$bin/gpu_test" --gtest_filter='*Fold*' > "$out/fold/gpu-test.log" 2>&1
+      timeout 60 stdbuf -oL "$bin/gpu_test" --gtest_filter='*Fold*' > "$out/fold/gpu-test.log" 2>&1
       echo "fold's GPU test: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/fold/gpu-test.log" | tr '\n' ' ')"
       tar -czf "$out/fold.tgz" -C "$out" fold && rm -rf "$out/fold" ;;
     four-w2)  # issue 36 item 4: W2 over four stages against torch.distributed.pipelining over four ranks
@@ -143,7 +146,7 @@ for part in "$@"; do
       tar -czf "$out/outside.tgz" -C "$out" outside && rm -rf "$out/outside" ;;
     warmup)
       mkdir -p "$out/warmup"
-      for r in 1 2 3 4 5; do
+      for r in $(seq "${WARMUP_RUNS:-5}"); do
         timeout 100 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs \
           --only 1f1b-m4-graphs-b120 --steps 20 --outside-steps 0 --timeout 80 --out "$out/warmup/$r" \
           > "$out/warmup/$r.txt" 2>&1
