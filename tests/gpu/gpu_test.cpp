@@ -13,8 +13,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
-
 #include "cli/local_cluster.h"
 #include "model/dataset.h"
 #include "model/device.h"
@@ -130,6 +128,23 @@ TEST_F(GpuTest, GptOnGpuStagesEqualsTheGpuReference) {
   }
 }
 
+// The numbers of the array `key` in a JSON object's text (`"key":[1.5,2]`).
+std::vector<double> JsonNumbers(const std::string& json, const std::string& key) {
+  std::vector<double> v;
+  const std::string open = "\"" + key + "\":[";
+  const size_t at = json.find(open);
+  if (at == std::string::npos) return v;
+  const char* p = json.c_str() + at + open.size();
+  while (*p != ']' && *p != '\0') {
+    char* end = nullptr;
+    v.push_back(std::strtod(p, &end));
+    if (end == p) break;
+    p = end;
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
 // `conveyor local` starts one stage server per GPU: on two GPUs a job of four
 // stages runs as two, each server holding two of them, and trains as the
 // reference does.
@@ -142,22 +157,21 @@ TEST_F(GpuTest, ConveyorLocalFoldsFourStagesOntoOneServerPerGpu) {
     out << kGpt << "partition: {stages: 4}\nmicro_batches: 4\nschedule: gpipe\n";
   }
   auto ref = testing::RunCommand({testing::Binary("conveyor"), "train", job, "--reference", "--json", "--device", "cuda:0"});
-  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto local = testing::RunCommand({"env", "CUDA_VISIBLE_DEVICES=0,1", testing::Binary("conveyor"), "local", job,
                                     "--json", "--curves", ""});
   std::filesystem::remove_all(dir);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   ASSERT_EQ(local.exit_code, 0) << local.err;
   EXPECT_THAT(local.err, ::testing::HasSubstr("running them as 2, one stage server per GPU"));
-  const auto a = nlohmann::json::parse(local.out), b = nlohmann::json::parse(ref.out);
-  const auto& stages = a.at("stages");
-  ASSERT_EQ(stages.size(), 2u) << local.out;
-  EXPECT_NE(stages.at(0).at("device").get<std::string>(), stages.at(1).at("device").get<std::string>());
-  const auto &x_losses = a.at("losses"), &y_losses = b.at("losses");
-  ASSERT_EQ(x_losses.size(), y_losses.size());
-  for (std::size_t i = 0; i < x_losses.size(); ++i) {
-    const double x = x_losses.at(i), y = y_losses.at(i);
-    EXPECT_NEAR(x, y, 1e-4 + 1e-4 * std::abs(y)) << "step " << i + 1;
-  }
+  EXPECT_THAT(local.err, ::testing::HasSubstr("starting 2 stage server(s) on GPUs"));
+  EXPECT_THAT(local.err, ::testing::HasSubstr(") cuda:1,"));  // the summary's second stage
+  // The losses of the --json outputs, read without a JSON library: with
+  // nlohmann/json this test died of a segmentation fault on the GPU machine
+  // (whose LibTorch wheel may carry another copy of its headers; not found).
+  const std::vector<double> x = JsonNumbers(local.out, "losses"), y = JsonNumbers(ref.out, "losses");
+  ASSERT_EQ(x.size(), 20u) << local.out;
+  ASSERT_EQ(x.size(), y.size()) << ref.out;
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], y[i], 1e-4 + 1e-4 * std::abs(y[i])) << "step " << i + 1;
 }
 
 // Every training step after the first replays CUDA graphs, and the result is
