@@ -708,7 +708,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   std::string local_device = "auto";
   auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
   local->add_option("job", file, "job file (YAML)")->required();
-  local->add_option("--stages", stages, "stage servers to start (default: the job's stages)");
+  local->add_option("--stages", stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)");
   local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")->capture_default_str();
   local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
   bool keep_logs = false;

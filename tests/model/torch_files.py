@@ -8,6 +8,8 @@ the GPU machine):
   torch_files.py tensor-dict OUT EXPECT    {"inputs": X, "targets": Y}, a plain dict
   torch_files.py malicious OUT MARKER      a pickle whose __reduce__ calls os.system
   torch_files.py legacy OUT                the pre-1.6 (non-zip) format
+  torch_files.py fixtures DIR              all four in one run (one import of torch): DIR/sd.pt and
+        sd.txt, td.pt and td.txt, evil.pt (marker DIR/PWNED), legacy.pt
   torch_files.py check-big FILE NUMEL      one uint8 tensor "big" of NUMEL bytes (over 4 GiB:
         zip64), 1 first, 3 at 2**32, 2 last; loaded with weights_only=True
   torch_files.py check FILE EXPECT [--model] [--plain]
@@ -100,7 +102,12 @@ class Evil:
 
 def main(argv):
     cmd = argv[1]
-    if cmd == "state-dict":
+    if cmd == "fixtures":
+        d = argv[2]
+        for args in (["state-dict", "sd.pt", "sd.txt"], ["tensor-dict", "td.pt", "td.txt"],
+                     ["malicious", "evil.pt", "PWNED"], ["legacy", "legacy.pt"]):
+            main([argv[0], args[0]] + [os.path.join(d, a) for a in args[1:]])
+    elif cmd == "state-dict":
         sd = model().state_dict()
         torch.save(sd, argv[2])
         write_expect(sd, argv[3])
