@@ -181,10 +181,11 @@ def run_command(cmd, timeout):
 def run_conveyor(args, name, job_path):
     exe = os.path.join(args.bin, "conveyor")
     if name in TWO_STAGE:
-        # One stage server per stage, on cuda:0 and cuda:1 (conveyor local: stage i on GPU i % GPUs), or on
-        # the CPU with --device cpu; no curves PNG.
+        # One stage server per stage, on cuda:0 and cuda:1 (conveyor local: stage i on GPU i % GPUs; --stages 2
+        # keeps two servers on a one-GPU host, where they would be folded into one), or on the CPU with
+        # --device cpu; no curves PNG.
         cmd = [exe, "local", job_path, "--device", "cpu" if args.device == "cpu" else "cuda", "--json",
-               "--curves", ""]
+               "--curves", "", "--stages", "2"]
     else:
         cmd = [exe, "train", job_path, "--reference", "--device", args.device, "--json"]
     log = os.path.join(args.out, name + ".log")
