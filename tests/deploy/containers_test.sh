@@ -97,7 +97,10 @@ healthy() { "$bin/conveyor" health "$coordinator" > /dev/null 2>&1; }
 await 60 "the coordinator's health" healthy
 say "cluster up in $(( $(date +%s) - t1 )) s: coordinator $coordinator, Prometheus 127.0.0.1:$pport"
 
-# 4. A job through the published port; a stage container killed mid-job.
+# 4. A job through the published port; a stage container killed mid-job. Long
+# enough to be running when the kill comes: 2000 steps ran in 15 s on an idle
+# 2-core machine, and the first checkpoint was seen 16 s after the submission
+# (each poll starts the CLI), so the kill found that job done.
 cat > "$tmp/job.yaml" <<JOB
 name: compose-test
 model: {name: convnet, num_classes: 10}
@@ -106,7 +109,7 @@ data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist}
 batch_size: 64
 micro_batches: 2
 optimizer: {name: adam, lr: 0.001}
-steps: 2000
+steps: 8000
 checkpoint_every: 50
 seed: 7
 JOB
