@@ -567,8 +567,7 @@ Status FoldOntoHost(const std::string& file, int gpus, std::string* yaml, v1::Jo
 // H100s hung at the first replayed step in about half the runs otherwise, and
 // took 19.5 ms a step against 25 (docs/architecture.md, bench/RESULTS.md).
 void UseOneHardwareQueue(const v1::JobSpec& spec, int gpus) {
-  const int stages = spec.partition().stages() > 0 ? spec.partition().stages() : spec.partition().boundaries_size() + 1;
-  if (gpus == 0 || stages < 2 || std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr) return;
+  if (gpus == 0 || spec.partition().stages() < 2 || std::getenv("CUDA_DEVICE_MAX_CONNECTIONS") != nullptr) return;
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
   std::cerr << "stage servers start with CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue per GPU, for a pipeline "
                "over NCCL links; set it to keep your own)"

@@ -1,5 +1,6 @@
 #include "plan/placement.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -21,7 +22,7 @@ std::string List(const std::vector<int>& v) {
 GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus) {
   GpuFold fold;
   const auto& part = spec.partition();
-  const int stages = part.stages() > 0 ? part.stages() : part.boundaries_size() + 1;
+  const int stages = std::max(1, part.stages());  // ParseJobYaml sets it from boundaries where only they are given
   const int replicas = Replicas(spec);
   fold.stages = fold.folded = stages;
   if (gpus <= 0 || stages * replicas <= gpus) return fold;
