@@ -324,7 +324,7 @@ TEST(WriteTorchFile, ReadsBackItsOwnFiles) {
   std::string tmpl = ::testing::TempDir() + "/torch_file_rt.XXXXXX";
   const std::string dir = ::mkdtemp(tmpl.data());
   const std::string path = dir + "/rt.pt";
-  ASSERT_TRUE(WriteStateDict(path, {}).ok());
+  ASSERT_TRUE(WriteStateDict(path, std::vector<std::pair<std::string, TensorRecord>>{}).ok());
   auto empty = TorchFile::Open(path);
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE(empty.value()->root().ordered);
