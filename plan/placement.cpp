@@ -37,15 +37,13 @@ GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus) {
                    " stages";
     return fold;
   }
-  const bool per_stage = part.boundaries_size() > 0 || spec.recompute_stages_size() > 0 ||
-                         spec.inject_inf_gradients_size() > 0;
-  if (per_stage && stages % target != 0) {
-    fold.why_not = over + ": the job's boundaries or per-stage keys name " + std::to_string(stages) +
-                   " stages, which do not fold evenly onto " + std::to_string(target);
-    return fold;
-  }
   if (spec.inject_inf_gradients_size() > 0) {  // a test's key: its stage indices stay as written
     fold.why_not = over + ": inject_inf_gradients names the job's stages";
+    return fold;
+  }
+  if ((part.boundaries_size() > 0 || spec.recompute_stages_size() > 0) && stages % target != 0) {
+    fold.why_not = over + ": the job's boundaries or per-stage keys name " + std::to_string(stages) +
+                   " stages, which do not fold evenly onto " + std::to_string(target);
     return fold;
   }
   const int k = stages / target;  // job stages per folded stage where it divides
