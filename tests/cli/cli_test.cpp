@@ -43,7 +43,7 @@ TEST(Cli, EveryProgramHasHelp) {
 TEST(Cli, LocalRunMatchesTheReference) {
   auto ref = RunCommand({Binary("conveyor"), "train", Example("toy.yaml"), "--reference", "--json"});
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
-  auto local = RunCommand({Binary("conveyor"), "local", Example("toy.yaml"), "--json", "--device", "cpu"});
+  auto local = RunCommand({Binary("conveyor"), "local", Example("toy.yaml"), "--json", "--device", "cpu", "--curves", ""});
   ASSERT_EQ(local.exit_code, 0) << local.err;
   auto a = nlohmann::json::parse(local.out);
   auto b = nlohmann::json::parse(ref.out);
@@ -90,7 +90,7 @@ TEST(Cli, ProfileStepWritesATraceOfThatStepPerStageAndForTheReference) {
   auto ref = RunCommand({Binary("conveyor"), "train", job, "--reference", "--json", "--profile-dir", dir + "/ref"});
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto local = RunCommand(
-      {Binary("conveyor"), "local", job, "--json", "--device", "cpu", "--profile-dir", dir + "/local"});
+      {Binary("conveyor"), "local", job, "--json", "--device", "cpu", "--profile-dir", dir + "/local", "--curves", ""});
   ASSERT_EQ(local.exit_code, 0) << local.err;
   // The toy's layers: Linear | ReLU | Linear, one per stage. Only step 3 is there.
   auto reference = TraceOperators(dir + "/ref/reference-step3-reference.json");
@@ -200,7 +200,8 @@ TEST_P(Interrupt, CancelsTheJobAndStopsTheCluster) {
     dup2(null, STDOUT_FILENO);
     const std::string bin = Binary("conveyor");
     // --json: the summary goes to stderr, which the test reads.
-    execl(bin.c_str(), bin.c_str(), "local", job.c_str(), "--device", "cpu", "--json", static_cast<char*>(nullptr));
+    execl(bin.c_str(), bin.c_str(), "local", job.c_str(), "--device", "cpu", "--json", "--curves", "",
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   close(err[1]);
@@ -227,7 +228,7 @@ TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
   // NCCL between CPU stages: accepted at submission, refused when the links are set up.
   const std::string job = ::testing::TempDir() + "/cpu-nccl.yaml";
   std::ofstream(job) << "model: toy\npartition: {stages: 2}\ntransport: nccl\n";
-  auto r = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
+  auto r = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu", "--curves", ""});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.out, HasSubstr("failed"));
   EXPECT_THAT(r.out, HasSubstr("cannot use NCCL"));

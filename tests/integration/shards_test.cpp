@@ -38,6 +38,7 @@ nlohmann::json RunConveyor(const std::string& dir, const std::string& yaml, std:
   argv.insert(argv.end(), args.begin(), args.end());
   argv.insert(argv.begin() + 2, job);
   argv.push_back("--json");
+  if (args[0] == "local") argv.insert(argv.end(), {"--curves", ""});  // none in the working folder
   const testing::CommandResult r = RunCommand(argv);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   if (r.exit_code != 0) return nullptr;

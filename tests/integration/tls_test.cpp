@@ -213,7 +213,7 @@ TEST_F(Tls, TheCliUsesCertificatesAndTokenFromFlagsOrEnvironment) {
 // mutual TLS.
 TEST_F(Tls, LocalRunsItsClusterOverMutualTls) {
   std::vector<std::string> args = {Binary("conveyor"), "local", job_file_, "--device", "cpu", "--json",
-                                   "--token-file", token_file_};
+                                   "--curves", "", "--token-file", token_file_};
   for (const std::string& a : TlsFlags(node_)) args.push_back(a);
   auto r = RunCommand(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
