@@ -2,20 +2,15 @@
 
 #include <algorithm>
 #include <set>
-#include <sstream>
+
+#include "absl/strings/str_join.h"
 
 #include "plan/job_spec.h"
 
 namespace conveyor {
 namespace {
 
-std::string List(const std::vector<int>& v) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < v.size(); ++i) out << (i ? ", " : "") << v[i];
-  out << "]";
-  return out.str();
-}
+std::string List(const std::vector<int>& v) { return "[" + absl::StrJoin(v, ", ") + "]"; }  // a YAML list
 
 }  // namespace
 
