@@ -954,7 +954,7 @@ std::vector<JobKey> MakeTable() {
       "training steps the coordinator has sent to the stages at once: with `2` it sends step N+1 as soon as step N, "
       "so that a stage has its next request when a step ends, and a stage server launches N+1 while its device "
       "still works on N (the device does not wait for the host between steps) unless the stage has NCCL links or "
-      "replicas, writes a checkpoint, is profiled, or has not yet recorded its CUDA graphs. Each reply still comes "
+      "replicas that sum through Gloo (NCCL collectives are watched while the step's end is awaited), writes a checkpoint, is profiled, or has not yet recorded its CUDA graphs. Each reply still comes "
       "once the device has finished its step, so every figure and clock is that of finished steps. Steps whose "
       "update the coordinator decides (clipping over several stages, loss scaling) and an evaluation at an "
       "epoch's end run one at a time whatever this says, and so do the first steps under CUDA graphs, until every "

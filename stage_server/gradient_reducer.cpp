@@ -160,7 +160,8 @@ Status GradientReducer::Finish() {
     Status waited = b.work->Wait();
     if (st.ok()) st = waited;
   }
-  // Sums on the device: the host waits for them here.
+  // Sums on the device: the host waits for them here, unless the step's end
+  // does (ReplicaGroup::DeferConfirm; their spans' ends are then 0).
   if (st.ok()) st = group_->Confirm();
   spans_.clear();
   for (std::size_t k = 0; k < buckets_.size(); ++k) {

@@ -63,7 +63,7 @@ StatusOr<std::unique_ptr<ReplicaStore>> ReplicaStore::Serve(std::chrono::millise
 struct ReplicaGroup::Impl {
   c10::intrusive_ptr<c10d::TCPStore> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
-  std::unique_ptr<NcclGroup> nccl;  // options.nccl: CUDA tensors
+  std::shared_ptr<NcclGroup> nccl;  // options.nccl: CUDA tensors (a Watcher keeps it)
   // The end times of the device collectives that Confirm has not seen done.
   std::vector<std::shared_ptr<std::atomic<int64_t>>> pending_ends;
 };
@@ -234,15 +234,22 @@ class DeviceWork : public ReplicaGroup::Work {
 
 Status ReplicaGroup::Confirm() {
   if (!impl_ || !impl_->nccl) return absl::OkStatus();
-  Status st = impl_->nccl->Synchronize(options_.interrupted);
+  // Deferred: the step's end waits for them (Watcher); only a failure so far.
+  Status st = defer_confirm_ ? impl_->nccl->Poll(absl::OkStatus()) : impl_->nccl->Synchronize(options_.interrupted);
   if (!st.ok()) {
     impl_.reset();  // the next collective joins anew
     return st;
   }
+  if (defer_confirm_) return absl::OkStatus();
   const int64_t now = NowUs();
   for (auto& end : impl_->pending_ends) end->store(now);
   impl_->pending_ends.clear();
   return absl::OkStatus();
+}
+
+std::function<Status(const Status&)> ReplicaGroup::Watcher() {
+  if (!impl_ || !impl_->nccl) return nullptr;
+  return [nccl = impl_->nccl](const Status& stop) { return nccl->Poll(stop); };
 }
 
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor flat) {
@@ -254,7 +261,7 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
       return done.status();
     }
     auto end = std::make_shared<std::atomic<int64_t>>(0);
-    impl_->pending_ends.push_back(end);
+    if (!defer_confirm_) impl_->pending_ends.push_back(end);
     return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
   }
   try {
@@ -345,6 +352,7 @@ Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&, int) { return NoGloo(op
 Status ReplicaGroup::BroadcastBytes(std::string*, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }
 Status ReplicaGroup::Confirm() { return absl::OkStatus(); }
+std::function<Status(const Status&)> ReplicaGroup::Watcher() { return nullptr; }
 Status ReplicaGroup::JoinNccl() { return NoGloo(options_.who); }
 
 #endif

@@ -100,6 +100,20 @@ class ReplicaGroup {
   // Whether CUDA tensors are summed on the device (NCCL).
   bool on_device() const { return options_.nccl; }
 
+  // A step whose end another thread waits for (two steps in flight): while
+  // deferred, Confirm (and so AllReduce, Broadcast) does not wait on the host,
+  // and the collectives' end times are not taken (their Works' end_us stay
+  // 0). That thread watches the collectives with Watcher() instead while it
+  // waits for the step's last work, which comes after them on the device.
+  void DeferConfirm(bool defer) { defer_confirm_ = defer; }
+  // Checks the device collectives enqueued so far without waiting (NcclGroup::
+  // Poll): OK while they run within the timeout; the error otherwise, or
+  // `stop` when it is not OK and one still runs (the group is broken and its
+  // communicator aborted, so that the device does not wait on it forever).
+  // Any thread's; it keeps the group it watches. Null where nothing is summed
+  // on the device.
+  std::function<Status(const Status& stop)> Watcher();
+
   // Replica `root`'s `tensors` to every member, in place (same shapes and
   // dtypes everywhere).
   Status Broadcast(std::vector<at::Tensor>& tensors, int root = 0);
@@ -108,6 +122,7 @@ class ReplicaGroup {
 
  private:
   struct Impl;
+  bool defer_confirm_ = false;
   // The status of a collective that threw `e`; forgets the group, so the
   // next collective joins anew.
   Status Failure(const std::string& what, const std::exception& e);

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -151,6 +152,7 @@ class Stage::Impl {
     std::vector<DeviceSpan> device_spans;
     double host_busy = 0;                  // busy seconds timed on the host
     std::shared_ptr<Transport> transport;  // watched while waiting
+    std::function<Status(const Status&)> collectives;  // the replicas' (ReplicaGroup::Watcher), watched too
     SteadyClock::time_point start;         // when the step began on this stage
     SteadyClock::duration timeout;         // stage_timeout: the device's progress is awaited this long
   };
@@ -349,11 +351,13 @@ class Stage::Impl {
   void FlattenBuffers(const std::vector<at::Tensor>& buffers);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
-  // Polls `done` until the device passes it; a broken link, an Abort, or no
-  // new mark passed within `timeout` ends the wait with an error. Any thread;
-  // `beside`: beside the executor, which launches the next step meanwhile.
+  // Polls `done` until the device passes it; a broken link, a failed or late
+  // collective of `collectives` (if given), an Abort, or no new mark passed
+  // within `timeout` ends the wait with an error. Any thread; `beside`: beside
+  // the executor, which launches the next step meanwhile.
   Status AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
-                     SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside);
+                     SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside,
+                     const std::function<Status(const Status&)>& collectives = nullptr);
   // Whether this training step's optimizer step is launched before its loss
   // and gradient norm are read (on a GPU: PrepareUpdate).
   bool ReadsAfterUpdate(const v1::RunStepRequest& req) const;

@@ -464,6 +464,7 @@ Status Stage::Impl::AllReduceGradients(StepState& st) {
   // Each bucket's all-reduce on the timeline, from its start (often during
   // the backward pass) to its end; micro_batch is the bucket.
   for (const GradientReducer::Span& s : job_->reducer->spans()) {
+    if (s.end_us == 0) continue;  // a step that ends off the executor: not seen done (ReplicaGroup::DeferConfirm)
     v1::TraceEvent* e = st.reply->add_events();
     e->set_kind(v1::TraceEvent::ALL_REDUCE);
     e->set_chunk(0);
@@ -524,7 +525,8 @@ Status Stage::Impl::FinishOnDevice(StepState& st) {
 }
 
 Status Stage::Impl::AwaitDevice(const c10::Event& done, Transport* transport, DeviceClock::Marks* marks,
-                                SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside) {
+                                SteadyClock::duration timeout, const std::string& who, int64_t step, bool beside,
+                                const std::function<Status(const Status&)>& collectives) {
   // The device may wait for NCCL transfers that a broken link never ends:
   // the host polls instead of blocking, so that it sees the link break (and
   // the transfers end, aborted) rather than hang in a synchronize. The host
@@ -537,6 +539,7 @@ Status Stage::Impl::AwaitDevice(const c10::Event& done, Transport* transport, De
   int passed = 0;
   for (int spins = beside ? 1000 : 0; !done.query(); ++spins) {
     if (transport) CONVEYOR_RETURN_IF_ERROR(Annotate(transport->status(), who));
+    if (collectives) CONVEYOR_RETURN_IF_ERROR(collectives(absl::OkStatus()));
     {
       std::lock_guard<std::mutex> lock(info_mu_);
       if (!aborted_.empty()) return absl::AbortedError(aborted_);
@@ -707,8 +710,10 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   // Ends off the executor (FinishRunStep), while the next step launches:
   // with steps_in_flight 2, a training step that writes no checkpoint, is not
   // profiled, and whose update the coordinator does not decide (ApplyStep,
-  // loss scaling). With replicas the step waits for its collectives on the
-  // executor.
+  // loss scaling). With replicas, where their sums run on the device (NCCL)
+  // or not at all: the thread that waits for the step's end watches the
+  // collectives (ReplicaGroup::Watcher), and none of the step waits for them
+  // on the host.
   bool detach = false;
   Status status;
   try {
@@ -736,8 +741,18 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     // transfers never matched; the cause is not found (bench/RESULTS.md).
     // Such a stage still has the next request queued when its step ends.
     const bool replay = !job_->graphs || (st.graphed && job_->graphs_recorded);
+    const bool collectives_on_device =
+        job_->assignment.num_replicas() <= 1 ||
+        (device_.is_cuda() && job_->replica_group && job_->replica_group->on_device());
     detach = st.train && StepsInFlight(spec) > 1 && replay && NcclLinks() == 0 && !profile && !req.checkpoint() &&
-             !req.defer_update() && !(req.loss_scale() > 0) && !job_->reducer && job_->assignment.num_replicas() <= 1;
+             !req.defer_update() && !(req.loss_scale() > 0) && collectives_on_device;
+    if (job_->replica_group) job_->replica_group->DeferConfirm(detach);
+    struct Undefer {
+      ReplicaGroup* group;
+      ~Undefer() {
+        if (group) group->DeferConfirm(false);
+      }
+    } undefer{job_->replica_group.get()};
     // accumulate_steps: the action list once per batch, gradients summed; the
     // optimizer step after the last one (RunActions).
     for (int k = 0; k < accumulate && status.ok(); ++k) {
@@ -808,6 +823,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     end.device_spans = std::move(st.device_spans);
     end.host_busy = st.busy;
     end.transport = job_->transport;
+    if (job_->replica_group) end.collectives = job_->replica_group->Watcher();
     end.timeout = st.timeout;
     ++steps_in_flight_;
     return end;
@@ -829,8 +845,12 @@ StatusOr<v1::RunStepReply> Stage::Impl::FinishRunStep(StepEnd end) {
   } ended{steps_in_flight_};
   v1::RunStepReply& reply = end.reply;
   if (end.done) {
-    CONVEYOR_RETURN_IF_ERROR(
-        AwaitDevice(*end.done, end.transport.get(), end.marks.get(), end.timeout, end.who, end.step, /*beside=*/true));
+    Status waited = AwaitDevice(*end.done, end.transport.get(), end.marks.get(), end.timeout, end.who, end.step,
+                                /*beside=*/true, end.collectives);
+    // The step's collectives may still run (or wait for a replica that is
+    // gone): the group is aborted, so that the device does not wait forever.
+    if (!waited.ok() && end.collectives) end.collectives(waited).IgnoreError();
+    CONVEYOR_RETURN_IF_ERROR(waited);
   } else if (end.transport) {
     CONVEYOR_RETURN_IF_ERROR(Annotate(end.transport->status(), end.who));
   }

@@ -11,7 +11,9 @@
 // event after it: the consumer's stream waits for that event on the device.
 // Synchronize() is the only host wait: until every collective enqueued is
 // done, or one fails or outlives the group's timeout (a dead or stuck peer),
-// which aborts the communicator so that nothing waits on it forever.
+// which aborts the communicator so that nothing waits on it forever. Poll()
+// makes the same checks without waiting, for a host that waits for something
+// else (a step's end) behind the collectives.
 //
 // Built where CMake found CUDA LibTorch and NCCL (nccl_group_cuda.cpp);
 // elsewhere (nccl_group_stub.cpp) Join fails with FAILED_PRECONDITION.
@@ -60,6 +62,10 @@ class NcclGroup {
   // not OK: the group is broken then (every later call fails) and its
   // communicator aborted.
   virtual Status Synchronize(const std::function<Status()>& interrupted) = 0;
+  // Synchronize's checks once, without waiting: OK while what was enqueued
+  // runs within the timeout (or is done); its errors otherwise, and `stop`
+  // when it is not OK and something still runs (the group broken then).
+  virtual Status Poll(const Status& stop) = 0;
 };
 
 }  // namespace conveyor

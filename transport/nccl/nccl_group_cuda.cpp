@@ -86,24 +86,9 @@ class NcclGroupImpl final : public NcclGroup {
 
   Status Synchronize(const std::function<Status()>& interrupted) override {
     for (int spins = 0;; ++spins) {
-      Status stop = interrupted ? interrupted() : absl::OkStatus();
-      std::unique_lock<std::mutex> lock(mu_);
-      CONVEYOR_RETURN_IF_ERROR(broken_);
-      while (!in_flight_.empty() && in_flight_.front().done.query()) in_flight_.pop_front();
-      if (in_flight_.empty()) return absl::OkStatus();
-      if (!stop.ok()) return Break(stop);
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
-      if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-        return Break(absl::UnavailableError(label_ + ": NCCL " + in_flight_.front().what + " failed: " +
-                                            NcclError(r != ncclSuccess ? r : async)));
-      }
-      if (Clock::now() > in_flight_.front().deadline) {
-        return Break(absl::DeadlineExceededError(
-            label_ + ": NCCL " + in_flight_.front().what + " took longer than " + std::to_string(timeout_.count()) +
-            " ms (a replica is gone or stuck); the group is aborted"));
-      }
-      lock.unlock();
+      bool idle = false;
+      CONVEYOR_RETURN_IF_ERROR(Check(interrupted ? interrupted() : absl::OkStatus(), &idle));
+      if (idle) return absl::OkStatus();
       if (spins < 2000) {
         std::this_thread::yield();
       } else {
@@ -112,7 +97,35 @@ class NcclGroupImpl final : public NcclGroup {
     }
   }
 
+  Status Poll(const Status& stop) override {
+    bool idle = false;
+    return Check(stop, &idle);
+  }
+
  private:
+  // Forgets the collectives done; *idle when none is left. Breaks the group
+  // when one failed, outlived the timeout, or `stop` is not OK.
+  Status Check(const Status& stop, bool* idle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CONVEYOR_RETURN_IF_ERROR(broken_);
+    while (!in_flight_.empty() && in_flight_.front().done.query()) in_flight_.pop_front();
+    *idle = in_flight_.empty();
+    if (*idle) return absl::OkStatus();
+    if (!stop.ok()) return Break(stop);
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+    if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      return Break(absl::UnavailableError(label_ + ": NCCL " + in_flight_.front().what + " failed: " +
+                                          NcclError(r != ncclSuccess ? r : async)));
+    }
+    if (Clock::now() > in_flight_.front().deadline) {
+      return Break(absl::DeadlineExceededError(label_ + ": NCCL " + in_flight_.front().what + " took longer than " +
+                                               std::to_string(timeout_.count()) +
+                                               " ms (a replica is gone or stuck); the group is aborted"));
+    }
+    return absl::OkStatus();
+  }
+
   struct InFlight {
     at::cuda::CUDAEvent done;
     Clock::time_point deadline;
