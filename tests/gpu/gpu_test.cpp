@@ -6,14 +6,20 @@
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <ucontext.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 
 #include "cli/local_cluster.h"
+#include "common/files.h"
 #include "model/dataset.h"
 #include "model/device.h"
 #include "model/optimizer.h"
@@ -30,6 +36,49 @@ namespace {
 // TF32 off in every NVIDIA library (cuBLAS and cuDNN) before any handle
 // exists; LibTorch 2.x's own switches differ from version to version.
 const bool kNoTf32 = [] { return setenv("NVIDIA_TF32_OVERRIDE", "0", 1) == 0; }();
+
+// A crash prints where it happened (a test that died of SIGSEGV on the GPU
+// machine left no other trace): the faulting instruction and the return
+// addresses near the stack pointer, each as library + offset (symbols where
+// dladdr finds them), then ends the process as the signal would.
+void PrintAddress(const char* what, void* p) {
+  Dl_info info = {};
+  char line[512];
+  int n;
+  if (p != nullptr && dladdr(p, &info) != 0 && info.dli_fname != nullptr) {
+    n = std::snprintf(line, sizeof line, "  %s %p = %s+%#lx %s\n", what, p, info.dli_fname,
+                      static_cast<unsigned long>(static_cast<char*>(p) - static_cast<char*>(info.dli_fbase)),
+                      info.dli_sname ? info.dli_sname : "");
+  } else {
+    n = std::snprintf(line, sizeof line, "  %s %p\n", what, p);
+  }
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<std::size_t>(std::min<int>(n, sizeof line - 1)));
+}
+
+const bool kBacktraceOnCrash = [] {
+  struct sigaction sa = {};
+  sa.sa_flags = SA_RESETHAND | SA_SIGINFO;
+  sa.sa_sigaction = [](int sig, siginfo_t* info, void* context) {
+    const char head[] = "gpu_test: fatal signal; where:\n";
+    (void)!write(STDERR_FILENO, head, sizeof head - 1);
+    PrintAddress("fault address", info->si_addr);
+#if defined(__x86_64__)
+    const auto* uc = static_cast<const ucontext_t*>(context);
+    PrintAddress("instruction", reinterpret_cast<void*>(uc->uc_mcontext.gregs[REG_RIP]));
+    void* const* sp = reinterpret_cast<void* const*>(uc->uc_mcontext.gregs[REG_RSP]);
+    for (int i = 0; i < 48; ++i) {
+      Dl_info d = {};
+      if (sp[i] != nullptr && dladdr(sp[i], &d) != 0 && d.dli_fname != nullptr) PrintAddress("stack word", sp[i]);
+    }
+#else
+    (void)context;
+#endif
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
+    raise(sig);
+  };
+  return sigaction(SIGSEGV, &sa, nullptr) == 0 && sigaction(SIGABRT, &sa, nullptr) == 0;
+}();
 
 class GpuTest : public ::testing::Test {
  protected:
@@ -159,15 +208,16 @@ TEST_F(GpuTest, ConveyorLocalFoldsFourStagesOntoOneServerPerGpu) {
   auto ref = testing::RunCommand({testing::Binary("conveyor"), "train", job, "--reference", "--json", "--device", "cuda:0"});
   auto local = testing::RunCommand({"env", "CUDA_VISIBLE_DEVICES=0,1", testing::Binary("conveyor"), "local", job,
                                     "--json", "--curves", ""});
-  std::filesystem::remove_all(dir);
+  // Not std::filesystem::remove_all: the PyTorch wheel's libtorch.so exports its
+  // own copy of it, which this process then calls, and that copy jumped to
+  // address 0 (a SIGSEGV in this test on the GPU machine, three times).
+  RemoveTree(dir);
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
   ASSERT_EQ(local.exit_code, 0) << local.err;
   EXPECT_THAT(local.err, ::testing::HasSubstr("running them as 2, one stage server per GPU"));
   EXPECT_THAT(local.err, ::testing::HasSubstr("starting 2 stage server(s) on GPUs"));
   EXPECT_THAT(local.err, ::testing::HasSubstr(") cuda:1,"));  // the summary's second stage
-  // The losses of the --json outputs, read without a JSON library: with
-  // nlohmann/json this test died of a segmentation fault on the GPU machine
-  // (whose LibTorch wheel may carry another copy of its headers; not found).
+  // The losses of the --json outputs.
   const std::vector<double> x = JsonNumbers(local.out, "losses"), y = JsonNumbers(ref.out, "losses");
   ASSERT_EQ(x.size(), 20u) << local.out;
   ASSERT_EQ(x.size(), y.size()) << ref.out;
