@@ -20,7 +20,7 @@
 #   scripts/two-gpus.sh sendrecv    PyTorch's NCCL send/recv at 1 MB and 64 MB, as transport_bench measures
 #   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
 #   scripts/two-gpus.sh outside     W1 at batch 120: the single device, one stage server and two stages (two steps
-#                                   in flight), each Conveyor row checked from outside with 15 s more of steps
+#                                   in flight), 100 steps, each Conveyor row checked from outside with 40 s more of steps
 #   scripts/two-gpus.sh warmup      W1 over two stages with graphs, five runs: their recoveries (the hang around
 #                                   graph recording that the coordinator's GraphWarmup keeps steps apart for)
 #   scripts/two-gpus.sh fold        the Quick start job (2 epochs) on two GPUs as `conveyor local` runs it (folded
@@ -139,9 +139,11 @@ for part in "$@"; do
       timeout 200 python3 bench/bench.py w1 --bin "$bin" --steps 10 --timeout 90 --out "$out/clocks" \
         --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
     outside)
-      timeout 440 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs --steps 20 \
-        --outside-seconds 15 --timeout 120 --out "$out/outside" \
-        --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1dev-eager-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
+      # 100 steps inside and 40 s more outside: with 18 to 28 steps and 15 s, start-up effects and the
+      # start-up's spread (seconds for two GPUs) left rows unjudged (bench/RESULTS.md, session 19)
+      timeout 560 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs --steps 100 \
+        --outside-seconds 40 --timeout 150 --out "$out/outside" \
+        --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
         | grep -A8 "^| variant"
       tar -czf "$out/outside.tgz" -C "$out" outside && rm -rf "$out/outside" ;;
     warmup)
@@ -161,7 +163,8 @@ for part in "$@"; do
       timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*' > "$out/replicas-gpu.log" 2>&1
       echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
       for b in 240 480; do
-        timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 20 --out "$out/dp-w1-b$b" | grep '^|'
+        timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 30 --out "$out/dp-w1-b$b" \
+          --variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1 | grep '^|'
       done ;;
     overhead)
       mkdir -p "$out/overhead"
