@@ -97,7 +97,7 @@ Status WithLocalPathHint(const Status& st, const v1::JobSpec& spec, const std::s
   if (!absl::IsNotFound(st)) return st;
   const std::string folder = JobDataRoots(file).front();
   for (const auto& [key, path] : std::vector<std::pair<std::string, std::string>>{
-           {"model.torchscript", spec.model().torchscript()}, {"data.path", spec.data().path()},
+           {"model.torchscript", spec.model().torchscript()}, {"model.exported", spec.model().exported()}, {"data.path", spec.data().path()},
            {"data.train", spec.data().train()}, {"data.test", spec.data().test()},
            {"loss.torchscript", spec.loss_torchscript()}, {"init_from", spec.init_from()}}) {
     if (path.empty() || path[0] == '/' || st.message().find(key + ": ") == std::string::npos) continue;

@@ -38,10 +38,10 @@ Status BalancePartition(const std::string& job_id, StageClient* stage0, v1::JobS
   return absl::OkStatus();
 }
 
-// A TorchScript model's layers and a data file's shapes, from stage 0, into
+// A TorchScript model's or exported program's layers and a data file's shapes, from stage 0, into
 // `spec`.
 Status DescribeFiles(const std::string& job_id, StageClient* stage0, v1::JobSpec* spec) {
-  const bool script = spec->model().kind() == v1::MODEL_TORCHSCRIPT;
+  const bool script = ModelFromFile(spec->model());
   const bool data_files = spec->data().kind() == v1::DATA_TENSORS || spec->data().kind() == v1::DATA_TOKENS;
   if (!script && !data_files) return absl::OkStatus();
   // Stage 0 reads the archive and the data file; what it finds completes the
@@ -49,7 +49,7 @@ Status DescribeFiles(const std::string& job_id, StageClient* stage0, v1::JobSpec
   auto reply = stage0->Describe(*spec, kControlDeadlineS);
   if (!reply.ok()) return ForStage(reply.status(), 0);
   ApplyDescription(*reply, spec);
-  LOG_INFO("job ", job_id, ": ", reply->num_layers(), " layers", script ? " in " + spec->model().torchscript() : "");
+  LOG_INFO("job ", job_id, ": ", reply->num_layers(), " layers", script ? " in " + spec->model().torchscript() + spec->model().exported() : "");
   return ValidateJobSpec(*spec);  // now with the layer count: stages against layers, boundaries
 }
 

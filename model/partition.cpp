@@ -12,6 +12,7 @@
 #include "plan/model_catalog.h"
 #include "transport/tensor_codec.h"
 #include "common/wire.h"
+#include "model/exported_program.h"
 #include "model/torchscript_partition.h"
 #include "model/zoo_partition.h"
 
@@ -20,11 +21,21 @@ namespace {
 
 std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
+// A layer without a name of its own (an exported program's) names its tensors in full.
+std::string QualifiedName(const std::string& layer, const std::string& name) {
+  return layer.empty() ? name : layer + "." + name;
+}
+
 }  // namespace
 
 uint64_t DropoutSeed(uint64_t seed, int64_t step, int micro_batch, int layer) {
   return MixSeed(MixSeed(MixSeed(seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(micro_batch)),
                  static_cast<uint64_t>(layer));
+}
+
+std::mutex& DefaultGeneratorMutex() {
+  static std::mutex mu;
+  return mu;
 }
 
 StatusOr<at::Tensor> Partition::ForwardOne(const at::Tensor& input) {
@@ -40,14 +51,14 @@ StatusOr<at::Tensor> Partition::ForwardOne(const at::Tensor& input) {
 NamedTensors Partition::NamedParameters() const {
   NamedTensors out;
   for (int i = 0; i < num_layers(); ++i)
-    for (auto& [name, t] : LayerParameters(i)) out.emplace_back(layer_name(i) + "." + name, t);
+    for (auto& [name, t] : LayerParameters(i)) out.emplace_back(QualifiedName(layer_name(i), name), t);
   return out;
 }
 
 NamedTensors Partition::NamedBuffers() const {
   NamedTensors out;
   for (int i = 0; i < num_layers(); ++i)
-    for (auto& [name, t] : LayerBuffers(i)) out.emplace_back(layer_name(i) + "." + name, t);
+    for (auto& [name, t] : LayerBuffers(i)) out.emplace_back(QualifiedName(layer_name(i), name), t);
   return out;
 }
 
@@ -82,7 +93,7 @@ std::string Partition::LayerDigest(int i) const {
 // from the coordinator's description of it.
 std::vector<std::string> ModelLayerNames(const v1::JobSpec& spec) {
   const auto& m = spec.model();
-  if (m.kind() == v1::MODEL_TORCHSCRIPT) return {m.layer_names().begin(), m.layer_names().end()};
+  if (ModelFromFile(m)) return {m.layer_names().begin(), m.layer_names().end()};
   std::vector<std::string> names;
   for (int i = 0; i < NumLayers(m); ++i) names.push_back(std::to_string(i));
   return names;
@@ -125,8 +136,14 @@ Status LoadInitialWeights(const v1::JobSpec& spec, const NamedTensors& weights, 
 }
 
 StatusOr<std::unique_ptr<Partition>> BuildPartition(const v1::JobSpec& spec, int begin, int end, bool init) {
-  if (spec.model().kind() != v1::MODEL_TORCHSCRIPT) return BuildZooPartition(spec, begin, end, init);
-  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> p, LoadTorchScriptPartition(spec.model().torchscript(), begin, end));
+  std::unique_ptr<Partition> p;
+  if (spec.model().kind() == v1::MODEL_EXPORTED) {
+    CONVEYOR_ASSIGN_OR_RETURN(p, LoadExportedPartition(spec.model().exported(), spec.model().cut_before(), begin, end));
+  } else if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {
+    CONVEYOR_ASSIGN_OR_RETURN(p, LoadTorchScriptPartition(spec.model().torchscript(), begin, end));
+  } else {
+    return BuildZooPartition(spec, begin, end, init);
+  }
   if (spec.precision() == v1::PRECISION_BF16) p->To(at::kCPU, at::kBFloat16);
   return p;
 }
@@ -152,7 +169,12 @@ void ToChannelsLast(Partition& layers) {
 
 StatusOr<v1::DescribeReply> DescribeJob(const v1::JobSpec& spec) {
   v1::DescribeReply reply;
-  if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {
+  if (spec.model().kind() == v1::MODEL_EXPORTED) {
+    CONVEYOR_ASSIGN_OR_RETURN(ExportedSummary s, DescribeExportedProgram(spec.model().exported(), spec.model().cut_before()));
+    reply.set_num_layers(static_cast<int>(s.layer_names.size()));
+    for (const auto& n : s.layer_names) reply.add_layer_names(n);
+    for (int64_t n : s.layer_parameters) reply.add_layer_parameters(n);
+  } else if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {
     CONVEYOR_ASSIGN_OR_RETURN(TorchScriptSummary s, DescribeTorchScript(spec.model().torchscript()));
     reply.set_num_layers(static_cast<int>(s.layer_names.size()));
     for (const auto& n : s.layer_names) reply.add_layer_names(n);

@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -98,6 +99,9 @@ class Partition {
 // training step `step` (0-based): MixSeed(MixSeed(MixSeed(seed, step),
 // micro_batch), layer) (docs/models.md).
 uint64_t DropoutSeed(uint64_t seed, int64_t step, int micro_batch, int layer);
+// Held while a partition seeds the process's default generators and runs the
+// layers that draw from them (several stages may share a process: tests).
+std::mutex& DefaultGeneratorMutex();
 
 // The layers [begin, end) of the job's model, from the zoo or the job's
 // TorchScript archive, on the CPU in the job's precision (`init` false: the

@@ -66,7 +66,9 @@ Status WriteWeights(const std::string& path, const NamedTensors& weights, const 
   if (!torchscript) return Annotate(WriteStateDict(path, weights), key);
   if (model.kind() != v1::MODEL_TORCHSCRIPT)
     return absl::InvalidArgumentError(key + ": format torchscript needs a model from a TorchScript archive (model: "
-                                      "{torchscript: PATH}); the zoo's " + ModelName(model.kind()) +
+                                      "{torchscript: PATH}); " +
+                                      (model.kind() == v1::MODEL_EXPORTED ? std::string("an exported program")
+                                                                           : "the zoo's " + ModelName(model.kind())) +
                                       " exports as a state_dict only");
   CONVEYOR_ASSIGN_OR_RETURN(std::string archive, TorchScriptWithWeights(model.torchscript(), weights));
   return Annotate(WriteFileAtomically(path, archive), key);

@@ -27,13 +27,6 @@ std::string ErrorLine(const std::exception& e) {
   return what.substr(begin, end + 1 - begin);
 }
 
-// Held while a partition seeds the process's default generators and runs the
-// layers that draw from them (several stages may share a process: tests).
-std::mutex& DefaultGeneratorMutex() {
-  static std::mutex mu;
-  return mu;
-}
-
 // The archive's top-level module, checked to be an nn.Sequential.
 StatusOr<torch::jit::Module> LoadSequential(const std::string& path) {
   static std::once_flag once;

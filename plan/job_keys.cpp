@@ -1,4 +1,5 @@
 #include "plan/job_keys.h"
+#include "plan/model_catalog.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -363,7 +364,8 @@ std::vector<JobKey> MakeTable() {
 
   // --- model
   add("model", kSection,
-      "`{name: toy | mlp | convnet | resnet50 | gpt, ...}` or just the name; or `{torchscript: PATH}`")
+      "`{name: toy | mlp | convnet | resnet50 | gpt, ...}` or just the name; or `{torchscript: PATH}`, or "
+      "`{exported: PATH}`")
       .Required()
       .Shorthand("name");
   add("model.name", kChoice, "a model of the zoo (see [Models](#models))")
@@ -382,6 +384,19 @@ std::vector<JobKey> MakeTable() {
         s->mutable_model()->set_kind(v1::MODEL_TORCHSCRIPT);
         s->mutable_model()->set_torchscript(v.text);
       });
+  add("model.exported", kPath,
+      "your own model from PyTorch 2: a program saved by `torch.export.save` (`.pt2`, training IR, from "
+      "`torch.export.export(model, args)`), run through LibTorch's operator dispatcher; cut into layers at its "
+      "`pipe_split()` marks and before each module of `cut_before`; its weights are the initial weights. Not with "
+      "`name` or `torchscript`. See [models.md](models.md)")
+      .Set([](const V& v, S* s) {
+        s->mutable_model()->set_kind(v1::MODEL_EXPORTED);
+        s->mutable_model()->set_exported(v.text);
+      });
+  add("model.cut_before", kName,
+      "exported programs: module paths as the model names them (`fc`, `blocks.3`), separated by commas; a layer "
+      "begins at the first operation of each")
+      .Set([](const V& v, S* s) { s->mutable_model()->set_cut_before(v.text); });
   auto model_int = [&](const char* key, const char* doc, void (v1::ModelSpec::*set)(int32_t),
                        int32_t (v1::ModelSpec::*get)() const) -> Row& {
     return add(std::string("model.") + key, kInt, doc)
@@ -391,7 +406,7 @@ std::vector<JobKey> MakeTable() {
   };
   model_int("num_classes", "width of the last layer", &v1::ModelSpec::set_num_classes, &v1::ModelSpec::num_classes)
       .DefaultDoc("5 (toy), 1000 (resnet50), 10")
-      .Only("a zoo model", [](const S& s) { return s.model().kind() != v1::MODEL_TORCHSCRIPT; });
+      .Only("a zoo model", [](const S& s) { return !ModelFromFile(s.model()); });
   model_int("input_dim", "features per sample", &v1::ModelSpec::set_input_dim, &v1::ModelSpec::input_dim)
       .Range(1, 1e8)
       .DefaultDoc("784")

@@ -53,10 +53,14 @@ Status Complete(const std::set<std::string>& given, v1::JobSpec* spec) {
     return absl::OkStatus();
   };
   // model
-  if (has("model.name") && has("model.torchscript"))
-    return Invalid("model: give name (a zoo model) or torchscript (your model), not both");
-  if (!has("model.name") && !has("model.torchscript"))
-    return Invalid("model: missing (e.g. model: {name: convnet} or model: {torchscript: model.pt})");
+  const int sources = has("model.name") + has("model.torchscript") + has("model.exported");
+  if (sources > 1)
+    return Invalid("model: give one of name (a zoo model), torchscript or exported (your model), not several");
+  if (sources == 0)
+    return Invalid("model: missing (e.g. model: {name: convnet}, model: {torchscript: model.pt} or model: "
+                   "{exported: model.pt2})");
+  if (has("model.cut_before") && !has("model.exported"))
+    return Invalid("model.cut_before: for an exported program only (model: {exported: PATH})");
   FillModelDefaults(spec->mutable_model());
   // data
   if (has("data.name") && has("data.format")) return Invalid("data: give name or format, not both");
@@ -327,6 +331,9 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
   std::string p = spec->model().torchscript();
   CONVEYOR_RETURN_IF_ERROR(resolve("model.torchscript", &p, true));
   spec->mutable_model()->set_torchscript(p);
+  p = spec->model().exported();
+  CONVEYOR_RETURN_IF_ERROR(resolve("model.exported", &p, true));
+  spec->mutable_model()->set_exported(p);
   p = spec->data().path();
   if (spec->data().kind() == v1::DATA_FASHION_MNIST) {
     CONVEYOR_RETURN_IF_ERROR(resolve("data.path", &p, true));
@@ -382,7 +389,7 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
 }
 
 void ApplyDescription(const v1::DescribeReply& r, v1::JobSpec* spec) {
-  if (spec->model().kind() == v1::MODEL_TORCHSCRIPT) {
+  if (ModelFromFile(spec->model())) {
     v1::ModelSpec* m = spec->mutable_model();
     m->set_num_layers(r.num_layers());
     *m->mutable_layer_names() = r.layer_names();
@@ -426,6 +433,8 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
   auto off = [](std::string why) { return GraphsChoice{false, "cuda_graphs (auto) off: " + std::move(why)}; };
   if (spec.model().kind() == v1::MODEL_TORCHSCRIPT)
     return off("a TorchScript model may not be capturable (set cuda_graphs: true to try)");
+  if (spec.model().kind() == v1::MODEL_EXPORTED)
+    return off("an exported program is interpreted node by node, not captured (set cuda_graphs: true to try)");
   if (std::string why = GraphsCannotWork(spec); !why.empty()) return off(why);
   if (reference) return {true, ""};
   if (Replicas(spec) > 1) return off("replicas all-reduce gradients from hooks inside backward, which a graph would hold");
@@ -448,6 +457,10 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   const bool script = m.kind() == v1::MODEL_TORCHSCRIPT;
   if (script && m.torchscript().empty()) return Invalid("model.torchscript: missing");
   if (!script && !m.torchscript().empty()) return Invalid("model.torchscript: for a TorchScript model only");
+  const bool exported = m.kind() == v1::MODEL_EXPORTED;
+  if (exported && m.exported().empty()) return Invalid("model.exported: missing");
+  if (!exported && !m.exported().empty()) return Invalid("model.exported: for an exported program only");
+  if (!exported && !m.cut_before().empty()) return Invalid("model.cut_before: for an exported program only");
   if (!gpt && (m.vocab() || m.width() || m.blocks() || m.heads() || m.mlp_width() || m.seq_len()))
     return Invalid("model: vocab, width, blocks, heads, mlp_width and seq_len are for the gpt model only");
   if (m.kind() != v1::MODEL_RESNET50 && m.image_size() != 0)
@@ -471,7 +484,7 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.precision() == v1::PRECISION_UNSPECIFIED) return Invalid("precision: missing");
   if (d.kind() == v1::DATA_FASHION_MNIST) {
     if (d.path().empty()) return Invalid("data.path: missing");
-    bool image_model = script || m.kind() == v1::MODEL_CONVNET ||
+    bool image_model = ModelFromFile(m) || m.kind() == v1::MODEL_CONVNET ||
                        (m.kind() == v1::MODEL_MLP && (m.input_dim() == 0 || m.input_dim() == 784));
     if (!image_model)
       return Invalid("data: fashion-mnist gives 1x28x28 images; use convnet or mlp (input_dim 784)");
@@ -557,8 +570,8 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (d.kind() == v1::DATA_TOKENS) {
     if (TokenWidth(d.token_dtype()) == 0) return Invalid("data.dtype: missing (uint16 or uint32)");
     if (d.seq_len() == 0) return Invalid("data.seq_len: missing");
-    if (!script && !gpt)
-      return Invalid("data: tokens give int64 token ids [batch, seq_len]; use the gpt model or a TorchScript one");
+    if (!ModelFromFile(m) && !gpt)
+      return Invalid("data: tokens give int64 token ids [batch, seq_len]; use the gpt model or a TorchScript or exported one");
     if (gpt && d.seq_len() > m.seq_len())
       return Invalid("data.seq_len: " + std::to_string(d.seq_len()) + " is longer than model.seq_len " +
                      std::to_string(m.seq_len()));
@@ -569,12 +582,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT && !script)
     return Invalid("save.format: torchscript needs a model from a TorchScript archive (model: {torchscript: PATH}); "
                    "the zoo's " + ModelName(m.kind()) + " saves as state_dict only");
-  if (script && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16 &&
+  if (ModelFromFile(m) && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16 &&
       spec.precision() != v1::PRECISION_BF16_MIXED && spec.precision() != v1::PRECISION_FP16_MIXED)
     return Invalid("precision: unknown");
-  // A TorchScript model's layers are counted when the job is placed (stage 0
-  // reads the archive); a zoo model's are known now.
-  if (script && m.num_layers() == 0) {
+  // A TorchScript model's or exported program's layers are counted when the
+  // job is placed (stage 0 reads the file); a zoo model's are known now.
+  if (ModelFromFile(m) && m.num_layers() == 0) {
     int64_t last = 0;
     for (int b : spec.partition().boundaries()) {
       if (b <= last) return Invalid("partition.boundaries: must be increasing and positive");
@@ -617,6 +630,7 @@ std::string CollectiveName(v1::CollectiveKind kind) {
 
 std::string ModelName(v1::ModelKind kind) {
   if (kind == v1::MODEL_TORCHSCRIPT) return "torchscript";
+  if (kind == v1::MODEL_EXPORTED) return "exported";
   for (const auto& [n, k] : KeyChoices("model.name"))
     if (k == kind) return n;
   return "unspecified";

@@ -11,6 +11,10 @@
 
 namespace conveyor {
 
+bool ModelFromFile(const v1::ModelSpec& model) {
+  return model.kind() == v1::MODEL_TORCHSCRIPT || model.kind() == v1::MODEL_EXPORTED;
+}
+
 int NumLayers(const v1::ModelSpec& model) {
   switch (model.kind()) {
     case v1::MODEL_TOY: return 3;
@@ -19,7 +23,8 @@ int NumLayers(const v1::ModelSpec& model) {
     // conv1, bn1, relu, maxpool, 3 + 4 + 6 + 3 bottlenecks, avgpool, flatten, fc
     case v1::MODEL_RESNET50: return 23;
     case v1::MODEL_GPT: return model.blocks() + 3;  // embedding, blocks, final norm, output layer
-    case v1::MODEL_TORCHSCRIPT: return model.num_layers();  // counted when the job is placed
+    case v1::MODEL_TORCHSCRIPT:
+    case v1::MODEL_EXPORTED: return model.num_layers();  // counted when the job is placed
     default: return 0;
   }
 }

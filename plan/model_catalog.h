@@ -12,6 +12,9 @@
 namespace conveyor {
 
 int NumLayers(const v1::ModelSpec& model);
+// A model read from the user's file (TorchScript or an exported program),
+// whose layers are counted when the job is placed.
+bool ModelFromFile(const v1::ModelSpec& model);
 
 // dtype of the model's input (int64 tokens for gpt, else float32), and of the
 // activations and parameters (the job's precision).

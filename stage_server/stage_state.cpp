@@ -256,7 +256,9 @@ StatusOr<v1::TorchScriptReply> Stage::Impl::ExportTorchScript(const v1::TorchScr
   const v1::ModelSpec& model = job_->spec().model();
   if (model.kind() != v1::MODEL_TORCHSCRIPT)
     return absl::InvalidArgumentError("format torchscript needs a model from a TorchScript archive (model: "
-                                      "{torchscript: PATH}); the zoo's " + ModelName(model.kind()) +
+                                      "{torchscript: PATH}); " +
+                                      (model.kind() == v1::MODEL_EXPORTED ? std::string("an exported program")
+                                                                           : "the zoo's " + ModelName(model.kind())) +
                                       " exports as a state_dict only");
   NamedTensors weights;
   for (const v1::ParametersReply& part : req.parts()) {

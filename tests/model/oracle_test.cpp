@@ -44,7 +44,7 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn
   int stages;
   int micro_batches;
   std::string schedule;
@@ -192,7 +192,9 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   // The job, as JSON (which is YAML): PyTorch's loop reads the same file.
   nlohmann::json job = {
       {"name", tag},
-      {"model", {{"torchscript", c.model + "/model.pt"}}},
+      {"model", c.model == "exported-cnn"  // a program from PyTorch 2.11; the loop trains its module (model.pt)
+                    ? nlohmann::json{{"exported", c.model + "/cnn.pt2"}, {"cut_before", "bn, fc"}}
+                    : nlohmann::json{{"torchscript", c.model + "/model.pt"}}},
       {"data", DataBlock(c)},
       {"partition", {{"stages", c.stages}}},
       {"batch_size", 16},
@@ -323,7 +325,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tokens", 2, 2, "gpipe", false, "tokens", "smoothed"},
                       // data.train: train-shard-*.pt, the same samples in three files.
                       Case{"mlp", 2, 4, "1f1b", false, "tensors", "cross_entropy", false, "", /*shards=*/true},
-                      Case{"cnn-bn", 1, 4, "gpipe", false, "tensors", "cross_entropy", false, "", /*shards=*/true}),
+                      Case{"cnn-bn", 1, 4, "gpipe", false, "tensors", "cross_entropy", false, "", /*shards=*/true},
+                      // A torch.export program (issue 35): conv | BatchNorm, ReLU, pool, dropout | linear.
+                      Case{"exported-cnn", 1, 4, "gpipe"}, Case{"exported-cnn", 2, 4, "1f1b"},
+                      Case{"exported-cnn", 3, 2, "gpipe"},
+                      Case{"exported-cnn", 3, 4, "zero-bubble"},
+                      Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

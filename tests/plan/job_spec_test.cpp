@@ -428,6 +428,20 @@ TEST(JobSpec, ScriptedLossesAndTorchScriptSaves) {
   fails(script + "save: {path: out.pt, format: onnx}\n", "(one of: state_dict, torchscript)");
 }
 
+// model: {exported: PATH}: one source only; cut_before for exported programs
+// only; the layers are counted when the job is placed (stage 0 reads the file).
+TEST(JobSpec, AnExportedProgramIsOneOfTheModelSources) {
+  auto spec = ParseJobYaml("model: {exported: model.pt2, cut_before: \"bn, fc\"}\npartition: {stages: 3}\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().kind(), v1::MODEL_EXPORTED);
+  EXPECT_EQ(spec->model().exported(), "model.pt2");
+  EXPECT_EQ(spec->model().cut_before(), "bn, fc");
+  EXPECT_THAT(ParseError("model: {exported: a.pt2, torchscript: b.pt}").message(),
+              ::testing::HasSubstr("give one of name (a zoo model), torchscript or exported (your model)"));
+  EXPECT_THAT(ParseError("model: {name: toy, cut_before: fc}").message(),
+              ::testing::HasSubstr("model.cut_before: for an exported program only"));
+}
+
 TEST(JobSpec, TokenDataNeedsDtypeAndSeqLen) {
   const std::string model = "model: {name: gpt, vocab: 50, width: 8, blocks: 1, heads: 2, seq_len: 8}\n";
   auto spec = ParseJobYaml(model + "data: {format: tokens, train: a.bin, test: b.bin, dtype: uint32, seq_len: 8}\n");

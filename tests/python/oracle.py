@@ -36,7 +36,9 @@ MODEL: mlp, cnn-bn (BatchNorm), decoder (a small GPT-style decoder on token
 data, an (hidden, mask) tuple crossing every block boundary: float hidden
 states and a bool per-sample attention mask), decoder-ids (the same with
 (hidden, token ids) crossing: int64 ids that the head reads again), dropout (an
-MLP with nn.Dropout), frozen (an MLP whose first layer has
+MLP with nn.Dropout), exported-cnn (tests/fixtures/pt2/cnn.pt2, a program PyTorch 2.11's
+torch.export.save wrote, which Conveyor trains; the loop trains the module it was exported
+from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -61,6 +63,7 @@ alone, as in torchgpipe. The layers run one by one, torch.manual_seed(
 dropout_seed(seed, step, micro_batch, layer)) before each (dropout).
 """
 import json
+import os
 import math
 import sys
 from collections import OrderedDict
@@ -189,6 +192,8 @@ def build(name):
         model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32),
                               nn.Tanh(), nn.Dropout(0.5), nn.Linear(32, 10))
         return model, "images"
+    if name == "exported-cnn":
+        return exported_cnn(), "images3"
     if name == "tokens":
         vocab, width = 64, 16
         model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
@@ -197,11 +202,49 @@ def build(name):
     raise SystemExit(f"oracle.py: unknown model {name}")
 
 
+# tests/fixtures/pt2/cnn.pt2: a program PyTorch 2.11 exported (export_programs.py there).
+EXPORTED_CNN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "pt2", "cnn.pt2")
+EXPORTED_CNN_CUTS = "bn, fc"  # model.cut_before: three layers
+
+
+def exported_weights(path):
+    """The state of a torch.export.save archive, read without torch.export (PyTorch 1.13 has none):
+    data/weights/model_weights_config.json names each tensor's raw little-endian bytes."""
+    import zipfile
+    dtypes = {5: torch.int64, 7: torch.float32, 8: torch.float64, 13: torch.bfloat16}
+    with zipfile.ZipFile(path) as z:
+        root = z.namelist()[0].split("/")[0]
+        config = json.loads(z.read(f"{root}/data/weights/model_weights_config.json"))["config"]
+        state = {}
+        for name, entry in config.items():
+            meta = entry["tensor_meta"]
+            raw = bytearray(z.read(f"{root}/data/weights/{entry['path_name']}"))
+            sizes = [s["as_int"] for s in meta["sizes"]]
+            state[name] = torch.frombuffer(raw, dtype=dtypes[meta["dtype"]]).clone().view(sizes)
+    return state
+
+
+def exported_cnn():
+    """The module the program in EXPORTED_CNN was exported from, as the nn.Sequential of the
+    three layers Conveyor cuts it into (cut_before: bn, fc), each keeping its modules' names, with
+    the program's weights: the oracle's loop seeds and runs these layers as Conveyor runs them."""
+    from collections import OrderedDict
+    model = nn.Sequential(
+        nn.Sequential(OrderedDict(conv=nn.Conv2d(1, 4, 3, padding=1))),
+        nn.Sequential(OrderedDict(bn=nn.BatchNorm2d(4), relu=nn.ReLU(), pool=nn.MaxPool2d(2), drop=nn.Dropout(0.1),
+                                  flat=Flatten())),
+        nn.Sequential(OrderedDict(fc=nn.Linear(64, 3))))
+    layer = {"conv": 0, "bn": 1, "fc": 2}
+    state = {f"{layer[name.split('.')[0]]}.{name}": t for name, t in exported_weights(EXPORTED_CNN).items()}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 def make_data(kind, n, seed):
     g = torch.Generator().manual_seed(seed)
-    if kind == "images":
+    if kind in ("images", "images3"):
         x = torch.randn(n, 1, 8, 8, generator=g)
-        y = torch.randint(0, 10, (n,), generator=g)
+        y = torch.randint(0, 3 if kind == "images3" else 10, (n,), generator=g)
         return {"inputs": x, "targets": y}
     ids = torch.randint(0, 50, (n, 17), generator=g)
     return {"inputs": ids[:, :-1].contiguous(), "targets": ids[:, 1:].contiguous()}
@@ -263,9 +306,14 @@ def make(name, out):
             torch.save({key: t[a:b].clone() for key, t in train.items()}, f"{out}/train-shard-{k}.pt")
         torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
         data = {"format": "tensors", "train": "train.pt", "test": "test.pt"}
+    model_spec = {"torchscript": "model.pt"}
+    if name == "exported-cnn":  # Conveyor trains the program; the loop, model.pt beside it
+        import shutil
+        shutil.copy(EXPORTED_CNN, f"{out}/cnn.pt2")
+        model_spec = {"exported": "cnn.pt2", "cut_before": EXPORTED_CNN_CUTS}
     job = {
         "name": name,
-        "model": {"torchscript": "model.pt"},
+        "model": model_spec,
         "data": data,
         "batch_size": 16,
         "micro_batches": 4,
@@ -375,7 +423,9 @@ def train(job_path, out_json):
     folder = os.path.dirname(os.path.abspath(job_path))
     with open(job_path) as f:
         job = json.load(f)
-    model = torch.jit.load(f"{folder}/{job['model']['torchscript']}")
+    exported = "exported" in job["model"]  # an exported program: the module it came from, beside it
+    script = os.path.join(os.path.dirname(job["model"]["exported"]), "model.pt") if exported else job["model"]["torchscript"]
+    model = torch.jit.load(f"{folder}/{script}")
     if isinstance(job.get("loss"), dict):
         job["loss"] = {"torchscript": f"{folder}/{job['loss']['torchscript']}"}
     if "init_from" in job:
@@ -467,7 +517,10 @@ def train(job_path, out_json):
                     scale, tracker = scale * ls.get("growth_factor", 2.0), 0
         losses.append(total)
     model.to("cpu")
-    torch.save(model.state_dict(), out_json[:-len(".json")] + ".pt")
+    state = model.state_dict()
+    if exported:  # the program's names: its layers' own, without the layer's index
+        state = {name.split(".", 1)[1]: t for name, t in state.items()}
+    torch.save(state, out_json[:-len(".json")] + ".pt")
     result = {"losses": losses}
     if job.get("eval"):
         result.update(evaluate(model, job, folder))

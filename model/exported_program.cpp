@@ -1,0 +1,575 @@
+#include "model/exported_program.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/stack.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "model/out_of_memory.h"
+
+namespace conveyor {
+namespace {
+
+using json = nlohmann::json;
+
+// torch/_export/serde/schema.py's ScalarType.
+std::optional<at::ScalarType> ScalarTypeOf(int code) {
+  switch (code) {
+    case 1: return at::kByte;
+    case 2: return at::kChar;
+    case 3: return at::kShort;
+    case 4: return at::kInt;
+    case 5: return at::kLong;
+    case 6: return at::kHalf;
+    case 7: return at::kFloat;
+    case 8: return at::kDouble;
+    case 12: return at::kBool;
+    case 13: return at::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+
+// One call of the graph.
+struct Node {
+  std::string name;    // the FX node's, for errors
+  std::string target;  // as serialized: "torch.ops.aten.conv2d.default"
+  std::optional<c10::OperatorHandle> op;
+  json inputs;   // [{name, arg, kind}]
+  json outputs;  // [{as_tensor: {name}} | {as_tensors: [...]} | ...]
+  std::vector<std::string> modules;  // the module paths on its nn_module_stack, outermost first
+  std::vector<std::string> reads;    // the values it reads, by name
+};
+
+// The archive, read once: the graph, its state, its layers.
+struct Program {
+  std::string path;
+  std::vector<Node> nodes;
+  std::vector<std::string> user_inputs;         // graph placeholders fed by the caller
+  std::vector<std::string> user_outputs;        // what the graph returns
+  std::map<std::string, std::string> state_of;  // placeholder -> state_dict name
+  std::set<std::string> parameters;             // state_dict names of the parameters
+  std::map<std::string, at::Tensor> state;      // state_dict name -> tensor
+  std::vector<std::string> state_order;         // the signature's order
+  // Layer k runs nodes [starts[k], starts[k+1]); crossing[k] the values
+  // alive at its start (crossing[0]: the user inputs).
+  std::vector<std::size_t> starts;
+  std::vector<std::vector<std::string>> crossing;
+  std::vector<std::vector<std::string>> layer_state;  // the state each layer holds, signature order
+};
+
+Status Bad(const Program& p, const std::string& what) {
+  return absl::InvalidArgumentError("model.exported: " + p.path + ": " + what);
+}
+
+// The names an argument reads (tensors, lists of them).
+void CollectReads(const json& arg, std::vector<std::string>* out) {
+  if (arg.contains("as_tensor")) out->push_back(arg["as_tensor"]["name"].get<std::string>());
+  if (arg.contains("as_tensors"))
+    for (const json& t : arg["as_tensors"]) out->push_back(t["name"].get<std::string>());
+  if (arg.contains("as_optional_tensors"))
+    for (const json& t : arg["as_optional_tensors"])
+      if (t.contains("as_tensor")) out->push_back(t["as_tensor"]["name"].get<std::string>());
+  if (arg.contains("as_optional_tensor") && arg["as_optional_tensor"].contains("as_tensor"))
+    out->push_back(arg["as_optional_tensor"]["as_tensor"]["name"].get<std::string>());
+}
+
+// "torch.ops.aten.add_.Tensor" -> {"aten::add_", "Tensor"}; "default" -> "".
+std::optional<c10::OperatorName> OperatorNameOf(const std::string& target) {
+  const std::string prefix = "torch.ops.";
+  if (target.rfind(prefix, 0) != 0) return std::nullopt;
+  std::vector<std::string> parts;
+  std::stringstream in(target.substr(prefix.size()));
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  if (parts.size() != 3) return std::nullopt;
+  return c10::OperatorName(parts[0] + "::" + parts[1], parts[2] == "default" ? "" : parts[2]);
+}
+
+bool IsPipeSplit(const std::string& target) { return target.find("_pipe_split") != std::string::npos; }
+
+// nn_module_stack: "L__self__,,__main__.CNN;L__self__conv,conv,torch.nn.modules.conv.Conv2d".
+std::vector<std::string> ModulePaths(const json& metadata) {
+  std::vector<std::string> out;
+  if (!metadata.contains("nn_module_stack")) return out;
+  std::stringstream in(metadata["nn_module_stack"].get<std::string>());
+  for (std::string entry; std::getline(in, entry, ';');) {
+    const std::size_t a = entry.find(',');
+    const std::size_t b = a == std::string::npos ? a : entry.find(',', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string path = entry.substr(a + 1, b - a - 1);
+    if (!path.empty()) out.push_back(path);
+  }
+  return out;
+}
+
+StatusOr<at::Tensor> ReadWeight(caffe2::serialize::PyTorchStreamReader& reader, const Program& p,
+                                const std::string& name, const json& entry) {
+  if (entry.value("use_pickle", false))
+    return Bad(p, "'" + name + "' is stored pickled, which this reader does not read");
+  const json& meta = entry["tensor_meta"];
+  const auto dtype = ScalarTypeOf(meta["dtype"].get<int>());
+  if (!dtype) return Bad(p, "'" + name + "' has dtype code " + meta["dtype"].dump() + ", not read here");
+  std::vector<int64_t> sizes, strides;
+  for (const json& s : meta["sizes"]) {
+    if (!s.contains("as_int")) return Bad(p, "'" + name + "' has a symbolic size");
+    sizes.push_back(s["as_int"].get<int64_t>());
+  }
+  for (const json& s : meta["strides"]) strides.push_back(s.value("as_int", int64_t{0}));
+  const std::string record = "data/weights/" + entry["path_name"].get<std::string>();
+  if (!reader.hasRecord(record)) return Bad(p, "'" + name + "': the archive has no " + record);
+  auto [data, bytes] = reader.getRecord(record);
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(*dtype));
+  const std::size_t want = static_cast<std::size_t>(t.numel()) * t.element_size();
+  // A tensor stored with its storage (a view's): the bytes of that storage, read
+  // with the recorded strides; usually the plain contiguous bytes.
+  if (bytes == want) {
+    std::memcpy(t.data_ptr(), data.get(), want);
+  } else {
+    const int64_t offset = meta.contains("storage_offset") ? meta["storage_offset"].value("as_int", int64_t{0}) : 0;
+    at::Tensor storage = at::empty({static_cast<int64_t>(bytes / t.element_size())}, t.options());
+    std::memcpy(storage.data_ptr(), data.get(), static_cast<std::size_t>(storage.numel()) * t.element_size());
+    if (strides.size() != sizes.size()) return Bad(p, "'" + name + "': " + std::to_string(bytes) + " bytes stored");
+    t.copy_(storage.as_strided(sizes, strides, offset));
+  }
+  return t;
+}
+
+std::vector<std::string> SplitNames(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, const std::string& cut_before) {
+  auto p = std::make_shared<Program>();
+  p->path = path;
+  if (!std::ifstream(path).good()) return absl::NotFoundError("model.exported: no file " + path);
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  json model, weights;
+  std::vector<std::size_t> cuts;  // node indices a layer starts at
+  try {
+    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    if (!reader->hasRecord("models/model.json"))
+      return Bad(*p, "not a program saved by torch.export.save (no models/model.json in the archive)");
+    auto [data, n] = reader->getRecord("models/model.json");
+    model = json::parse(static_cast<const char*>(data.get()), static_cast<const char*>(data.get()) + n);
+    if (reader->hasRecord("data/weights/model_weights_config.json")) {
+      auto [w, m] = reader->getRecord("data/weights/model_weights_config.json");
+      weights = json::parse(static_cast<const char*>(w.get()), static_cast<const char*>(w.get()) + m);
+    }
+  } catch (const std::exception& e) {
+    return Bad(*p, std::string("not a program saved by torch.export.save: ") + e.what());
+  }
+  try {
+    const json& gm = model.at("graph_module");
+    const json& graph = gm.at("graph");
+    // The signature: which placeholders are state, which the caller's.
+    for (const json& spec : gm.at("signature").at("input_specs")) {
+      if (spec.contains("parameter")) {
+        const std::string ph = spec["parameter"]["arg"]["name"], name = spec["parameter"]["parameter_name"];
+        p->state_of[ph] = name;
+        p->parameters.insert(name);
+        p->state_order.push_back(name);
+      } else if (spec.contains("buffer")) {
+        const std::string ph = spec["buffer"]["arg"]["name"], name = spec["buffer"]["buffer_name"];
+        p->state_of[ph] = name;
+        p->state_order.push_back(name);
+      } else if (spec.contains("user_input")) {
+        const json& arg = spec["user_input"]["arg"];
+        if (!arg.contains("as_tensor")) return Bad(*p, "an input that is not a tensor: " + arg.dump());
+        p->user_inputs.push_back(arg["as_tensor"]["name"]);
+      } else {
+        return Bad(*p, "an input this reader does not take (constants, tokens, custom objects): " + spec.dump());
+      }
+    }
+    for (const json& spec : gm.at("signature").at("output_specs")) {
+      if (!spec.contains("user_output")) {
+        return Bad(*p, "an output other than the model's (a mutated buffer or a gradient): " + spec.dump() +
+                           "; export the module itself (torch.export.export(model, args))");
+      }
+      const json& arg = spec["user_output"]["arg"];
+      if (!arg.contains("as_tensor")) return Bad(*p, "an output that is not a tensor: " + arg.dump());
+      p->user_outputs.push_back(arg["as_tensor"]["name"]);
+    }
+    // The state, from the archive.
+    const json& config = weights.contains("config") ? weights["config"] : json::object();
+    for (const std::string& name : p->state_order) {
+      if (!config.contains(name)) return Bad(*p, "the archive has no weights for '" + name + "'");
+      CONVEYOR_ASSIGN_OR_RETURN(at::Tensor t, ReadWeight(*reader, *p, name, config[name]));
+      p->state[name] = t;
+    }
+    // The nodes, each operator looked up in this LibTorch's dispatcher.
+    for (const json& n : graph.at("nodes")) {
+      Node node;
+      node.name = n.value("name", std::string());
+      node.target = n.at("target").get<std::string>();
+      node.inputs = n.at("inputs");
+      node.outputs = n.at("outputs");
+      if (n.contains("metadata")) node.modules = ModulePaths(n["metadata"]);
+      if (IsPipeSplit(node.target)) {
+        cuts.push_back(p->nodes.size());
+        continue;
+      }
+      auto op_name = OperatorNameOf(node.target);
+      if (!op_name) {
+        return Bad(*p, "node '" + node.name + "' calls " + node.target +
+                           ", which is not an operator this route runs (higher-order operators and Python "
+                           "functions are not)");
+      }
+      auto found = c10::Dispatcher::singleton().findSchema(*op_name);  // c10::optional in 1.13, std:: in 2.x
+      if (found) node.op = *found;
+      if (!node.op) {
+        return Bad(*p, "node '" + node.name + "' calls " + node.target + " (" + op_name->name +
+                           (op_name->overload_name.empty() ? "" : "." + op_name->overload_name) +
+                           "), which this LibTorch does not have");
+      }
+      for (const json& in : node.inputs) CollectReads(in.at("arg"), &node.reads);
+      p->nodes.push_back(std::move(node));
+    }
+    // cut_before: before the first node inside each module named.
+    for (const std::string& module : SplitNames(cut_before)) {
+      std::size_t at = p->nodes.size();
+      for (std::size_t i = 0; i < p->nodes.size() && at == p->nodes.size(); ++i) {
+        const auto& m = p->nodes[i].modules;
+        if (std::find(m.begin(), m.end(), module) != m.end()) at = i;
+      }
+      if (at == p->nodes.size()) {
+        std::set<std::string> known;
+        for (const Node& n : p->nodes)
+          for (const std::string& m : n.modules) known.insert(m);
+        std::string list;
+        for (const std::string& m : known) list += (list.empty() ? "" : ", ") + m;
+        return Bad(*p, "cut_before: no module '" + module + "' in the program (its modules: " + list + ")");
+      }
+      cuts.push_back(at);
+    }
+  } catch (const json::exception& e) {
+    return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + e.what());
+  }
+  // Layers: from each cut to the next (empty ones dropped).
+  std::set<std::size_t> bounds(cuts.begin(), cuts.end());
+  bounds.insert(0);
+  bounds.erase(p->nodes.size());
+  p->starts.assign(bounds.begin(), bounds.end());
+  if (p->starts.empty()) p->starts.push_back(0);
+  const std::size_t layers = p->starts.size();
+  auto layer_of = [&](std::size_t node) {
+    return static_cast<std::size_t>(std::upper_bound(p->starts.begin(), p->starts.end(), node) - p->starts.begin() - 1);
+  };
+  // Where each value is made and last read.
+  std::map<std::string, std::size_t> made, last_read;
+  for (std::size_t i = 0; i < p->nodes.size(); ++i) {
+    for (const std::string& r : p->nodes[i].reads) last_read[r] = i;
+    std::vector<std::string> outs;
+    for (const json& o : p->nodes[i].outputs) CollectReads(o, &outs);
+    for (const std::string& o : outs) made[o] = i;
+  }
+  for (const std::string& o : p->user_outputs) last_read[o] = p->nodes.size();
+  // The state each layer uses; a parameter used by two layers is tied across a cut.
+  p->layer_state.assign(layers, {});
+  std::map<std::string, std::size_t> owner;
+  for (std::size_t i = 0; i < p->nodes.size(); ++i) {
+    for (const std::string& r : p->nodes[i].reads) {
+      auto s = p->state_of.find(r);
+      if (s == p->state_of.end()) continue;
+      const std::size_t layer = layer_of(i);
+      auto [it, first] = owner.emplace(s->second, layer);
+      if (!first && it->second != layer) {
+        return Bad(*p, "'" + s->second + "' is used by layers " + std::to_string(it->second) + " and " +
+                           std::to_string(layer) + " (tied across a cut): cut elsewhere");
+      }
+    }
+  }
+  for (const std::string& name : p->state_order) {
+    auto it = owner.find(name);
+    p->layer_state[it == owner.end() ? 0 : it->second].push_back(name);
+  }
+  // What crosses into each layer: values made before it (or the user's inputs)
+  // and read at or after it, in the order they are made.
+  p->crossing.assign(layers, {});
+  p->crossing[0] = p->user_inputs;
+  std::vector<std::pair<std::size_t, std::string>> values;  // (made at, name)
+  for (const std::string& u : p->user_inputs) values.emplace_back(0, u);
+  for (const auto& [name, at] : made) values.emplace_back(at + 1, name);
+  std::stable_sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (std::size_t k = 1; k < layers; ++k) {
+    const std::size_t start = p->starts[k];
+    for (const auto& [at, name] : values) {
+      auto r = last_read.find(name);
+      if (at <= start && r != last_read.end() && r->second >= start && !p->state_of.count(name))
+        p->crossing[k].push_back(name);
+    }
+  }
+  return std::shared_ptr<const Program>(std::move(p));
+}
+
+// The IValue an argument of `node` stands for, given the values so far.
+StatusOr<c10::IValue> ArgValue(const Program& p, const Node& node, const json& arg,
+                               const std::map<std::string, at::Tensor>& values) {
+  auto tensor = [&](const std::string& name) -> StatusOr<at::Tensor> {
+    auto it = values.find(name);
+    if (it == values.end()) return Bad(p, "node '" + node.name + "' reads '" + name + "', which is not there");
+    return it->second;
+  };
+  const auto& [kind, v] = *arg.items().begin();
+  if (kind == "as_tensor") {
+    CONVEYOR_ASSIGN_OR_RETURN(at::Tensor t, tensor(v["name"].get<std::string>()));
+    return c10::IValue(t);
+  }
+  if (kind == "as_tensors") {
+    c10::List<at::Tensor> list;
+    for (const json& t : v) {
+      CONVEYOR_ASSIGN_OR_RETURN(at::Tensor x, tensor(t["name"].get<std::string>()));
+      list.push_back(x);
+    }
+    return c10::IValue(list);
+  }
+  if (kind == "as_optional_tensors") {
+    c10::List<c10::optional<at::Tensor>> list;
+    for (const json& t : v) {
+      if (t.contains("as_tensor")) {
+        CONVEYOR_ASSIGN_OR_RETURN(at::Tensor x, tensor(t["as_tensor"]["name"].get<std::string>()));
+        list.push_back(x);
+      } else {
+        list.push_back(c10::nullopt);
+      }
+    }
+    return c10::IValue(list);
+  }
+  if (kind == "as_none") return c10::IValue();
+  if (kind == "as_int") return c10::IValue(v.get<int64_t>());
+  if (kind == "as_float") return c10::IValue(v.get<double>());
+  if (kind == "as_bool") return c10::IValue(v.get<bool>());
+  if (kind == "as_string") return c10::IValue(v.get<std::string>());
+  if (kind == "as_ints") return c10::IValue(v.get<std::vector<int64_t>>());
+  if (kind == "as_floats") return c10::IValue(v.get<std::vector<double>>());
+  if (kind == "as_bools") {
+    c10::List<bool> list;
+    for (const json& b : v) list.push_back(b.get<bool>());
+    return c10::IValue(list);
+  }
+  if (kind == "as_sym_int" && v.contains("as_int")) return c10::IValue(v["as_int"].get<int64_t>());
+  if (kind == "as_sym_ints") {
+    std::vector<int64_t> ints;
+    for (const json& i : v) {
+      if (!i.contains("as_int")) return Bad(p, "node '" + node.name + "' takes a symbolic size (dynamic shapes)");
+      ints.push_back(i["as_int"].get<int64_t>());
+    }
+    return c10::IValue(ints);
+  }
+  if (kind == "as_scalar_type") {
+    auto t = ScalarTypeOf(v.get<int>());
+    if (!t) return Bad(p, "node '" + node.name + "' names dtype code " + v.dump());
+    return c10::IValue(static_cast<int64_t>(*t));
+  }
+  if (kind == "as_device") {
+    return c10::IValue(c10::Device(v["type"].get<std::string>() +
+                                   (v.contains("index") && !v["index"].is_null() ? ":" + v["index"].dump() : "")));
+  }
+  return Bad(p, "node '" + node.name + "' (" + node.target + ") has an argument of kind " + kind +
+                    ", which this route does not run");
+}
+
+class ExportedPartition final : public Partition {
+ public:
+  ExportedPartition(std::shared_ptr<const Program> program, int begin, int end)
+      : program_(std::move(program)), begin_(begin), end_(end) {
+    for (int k = begin; k < end; ++k) {
+      layers_.push_back({k, ""});
+      NamedTensors params, buffers;
+      for (const std::string& name : program_->layer_state[static_cast<std::size_t>(k)]) {
+        at::Tensor t = program_->state.at(name).clone();
+        if (program_->parameters.count(name)) {
+          t.set_requires_grad(true);
+          params.emplace_back(name, t);
+        } else {
+          buffers.emplace_back(name, t);
+        }
+        state_[name] = t;
+      }
+      params_.push_back(std::move(params));
+      buffers_.push_back(std::move(buffers));
+    }
+  }
+
+  StatusOr<Tensors> Forward(const Tensors& inputs) override {
+    const Program& p = *program_;
+    const auto& in_names = p.crossing[static_cast<std::size_t>(begin_)];
+    if (inputs.size() != in_names.size()) {
+      return absl::InvalidArgumentError("layer " + std::to_string(begin_) + " of " + p.path + " takes " +
+                                        std::to_string(in_names.size()) + " tensor(s), got " +
+                                        std::to_string(inputs.size()));
+    }
+    std::map<std::string, at::Tensor> values;
+    for (std::size_t i = 0; i < inputs.size(); ++i) values[in_names[i]] = inputs[i];
+    for (const auto& [placeholder, name] : p.state_of) {
+      auto it = state_.find(name);
+      if (it != state_.end()) values[placeholder] = it->second;
+    }
+    const std::size_t first = p.starts[static_cast<std::size_t>(begin_)];
+    const std::size_t last = static_cast<std::size_t>(end_) < p.starts.size() ? p.starts[static_cast<std::size_t>(end_)]
+                                                                               : p.nodes.size();
+    // Seeded per layer (training), as other partitions are: nothing else may
+    // draw from the process's generators until the layers held are done.
+    const bool seeded = random_key_.has_value() && training_;
+    std::unique_lock<std::mutex> lock(DefaultGeneratorMutex(), std::defer_lock);
+    if (seeded) lock.lock();
+    for (std::size_t i = first; i < last; ++i) {
+      const int layer = static_cast<int>(std::upper_bound(p.starts.begin(), p.starts.end(), i) - p.starts.begin() - 1);
+      if (seeded && i == p.starts[static_cast<std::size_t>(layer)]) {
+        at::manual_seed(DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch, layer));
+      }
+      CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], &values));
+    }
+    const bool at_end = static_cast<std::size_t>(end_) == p.starts.size();
+    const auto& out_names = at_end ? p.user_outputs : p.crossing[static_cast<std::size_t>(end_)];
+    Tensors out;
+    for (const std::string& n : out_names) {
+      auto it = values.find(n);
+      if (it == values.end()) return Bad(p, "the value '" + n + "' that crosses a cut was not computed");
+      out.push_back(it->second);
+    }
+    return out;
+  }
+
+  NamedTensors LayerParameters(int i) const override { return params_[static_cast<std::size_t>(i)]; }
+  NamedTensors LayerBuffers(int i) const override { return buffers_[static_cast<std::size_t>(i)]; }
+
+  void To(const c10::Device& device, c10::ScalarType dtype) override {
+    at::NoGradGuard no_grad;
+    for (auto* group : {&params_, &buffers_}) {
+      for (NamedTensors& layer : *group) {
+        for (auto& [name, t] : layer) {
+          const bool convert = dtype != c10::ScalarType::Undefined && at::isFloatingType(t.scalar_type());
+          t.set_data(convert ? t.data().to(device, dtype) : t.data().to(device));
+          state_[name] = t;
+        }
+      }
+    }
+  }
+  void Train(bool on) override { training_ = on; }
+  bool is_training() const override { return training_; }
+
+ private:
+  Status Run(const Node& node, std::map<std::string, at::Tensor>* values) {
+    const Program& p = *program_;
+    const c10::FunctionSchema& schema = node.op->schema();
+    std::map<std::string, const json*> given;
+    for (const json& in : node.inputs) given[in.at("name").get<std::string>()] = &in.at("arg");
+    // The mode the program was exported in gives way to this partition's.
+    const std::string& op = schema.name();
+    if (!training_ && op == "aten::add_" && given.count("self") && (*given["self"]).contains("as_tensor")) {
+      const std::string self = (*given["self"])["as_tensor"]["name"];
+      auto s = p.state_of.find(self);
+      if (s != p.state_of.end() && s->second.size() >= 19 &&
+          s->second.compare(s->second.size() - 19, 19, "num_batches_tracked") == 0) {
+        for (const json& o : node.outputs)
+          if (o.contains("as_tensor")) (*values)[o["as_tensor"]["name"].get<std::string>()] = (*values)[self];
+        return absl::OkStatus();
+      }
+    }
+    torch::jit::Stack stack;
+    for (const c10::Argument& a : schema.arguments()) {
+      if ((op == "aten::batch_norm" && a.name() == "training") || (op == "aten::dropout" && a.name() == "train")) {
+        stack.emplace_back(training_);
+        continue;
+      }
+      auto it = given.find(a.name());
+      if (it != given.end()) {
+        CONVEYOR_ASSIGN_OR_RETURN(c10::IValue v, ArgValue(p, node, *it->second, *values));
+        // A number where the operator takes a tensor (`x.add_(1)`): a 0-d
+        // tensor marked as a wrapped number, as Python passes it (it does not
+        // promote the other operand's dtype).
+        if ((v.isInt() || v.isDouble() || v.isBool()) && a.type()->kind() == c10::TypeKind::TensorType) {
+          at::Tensor t = at::scalar_to_tensor(v.toScalar());
+          t.unsafeGetTensorImpl()->set_wrapped_number(true);
+          v = c10::IValue(t);
+        }
+        stack.push_back(std::move(v));
+      } else if (a.default_value()) {
+        stack.push_back(*a.default_value());
+      } else {
+        return Bad(p, "node '" + node.name + "' (" + node.target + ") lacks its argument '" + a.name() + "'");
+      }
+    }
+    try {
+      node.op->callBoxed(&stack);
+    } catch (const std::exception& e) {
+      // Out of memory is no fault of the input: it goes on as LibTorch's own
+      // error, which the stage answers with RESOURCE_EXHAUSTED.
+      if (IsOutOfMemory(e)) throw;
+      return absl::InvalidArgumentError("model.exported: node '" + node.name + "' (" + node.target +
+                                        ") failed: " + std::string(e.what()).substr(0, 600));
+    }
+    std::size_t k = 0;
+    for (const json& o : node.outputs) {
+      if (k >= stack.size()) break;
+      const c10::IValue& v = stack[k++];
+      if (o.contains("as_tensor")) {
+        (*values)[o["as_tensor"]["name"].get<std::string>()] = v.toTensor();
+      } else if (o.contains("as_tensors")) {
+        const auto list = v.toTensorList();
+        std::size_t j = 0;
+        for (const json& t : o["as_tensors"]) {
+          if (j < list.size()) (*values)[t["name"].get<std::string>()] = list.get(j);
+          ++j;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<const Program> program_;
+  int begin_, end_;
+  std::vector<NamedTensors> params_, buffers_;  // per layer held
+  std::map<std::string, at::Tensor> state_;     // every tensor held, by state_dict name
+  bool training_ = true;
+};
+
+}  // namespace
+
+StatusOr<ExportedSummary> DescribeExportedProgram(const std::string& path, const std::string& cut_before) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::shared_ptr<const Program> p, ReadProgram(path, cut_before));
+  ExportedSummary s;
+  std::set<std::string> ops;
+  for (const Node& n : p->nodes) ops.insert(n.target);
+  s.operators.assign(ops.begin(), ops.end());
+  for (std::size_t k = 0; k < p->starts.size(); ++k) {
+    const std::size_t first = p->starts[k];
+    const Node* node = first < p->nodes.size() ? &p->nodes[first] : nullptr;
+    s.layer_names.push_back(node && !node->modules.empty() ? node->modules.back() : node ? node->name : "");
+    int64_t elements = 0;
+    for (const std::string& name : p->layer_state[k])
+      if (p->parameters.count(name)) elements += p->state.at(name).numel();
+    s.layer_parameters.push_back(elements);
+  }
+  return s;
+}
+
+StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& path, const std::string& cut_before,
+                                                           int begin, int end) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::shared_ptr<const Program> p, ReadProgram(path, cut_before));
+  const int layers = static_cast<int>(p->starts.size());
+  if (begin < 0 || end > layers || begin >= end) {
+    return absl::InvalidArgumentError("model.exported: layers [" + std::to_string(begin) + ", " +
+                                      std::to_string(end) + ") of a program of " + std::to_string(layers) + " layers");
+  }
+  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end));
+}
+
+}  // namespace conveyor

@@ -1,0 +1,129 @@
+// Programs from PyTorch 2 (model/exported_program.h): tests/fixtures/pt2/cnn.pt2
+// is what PyTorch 2.11's torch.export.save wrote for a small CNN
+// (tests/fixtures/pt2/export_programs.py): conv, BatchNorm, ReLU, max-pool,
+// dropout, flatten, linear. Training against PyTorch's own loop is in
+// oracle_test.cpp (exported-cnn); here the reader, the cuts and the
+// interpreter's arithmetic against the same operations called directly.
+#include "model/exported_program.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+
+#include "common/files.h"
+#include "tests/support/test_util.h"
+
+namespace conveyor {
+namespace {
+
+std::string Cnn() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/cnn.pt2"; }
+
+std::map<std::string, at::Tensor> ByName(const NamedTensors& named) { return {named.begin(), named.end()}; }
+
+TEST(ExportedProgram, DescribesItsLayersAtTheCutsAsked) {
+  auto whole = DescribeExportedProgram(Cnn(), "");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->layer_names.size(), 1u);  // no pipe_split in this program
+  EXPECT_EQ(whole->layer_parameters, (std::vector<int64_t>{36 + 4 + 4 + 4 + 192 + 3}));
+  EXPECT_NE(std::find(whole->operators.begin(), whole->operators.end(), "torch.ops.aten.conv2d.default"),
+            whole->operators.end());
+  auto cut = DescribeExportedProgram(Cnn(), "bn, fc");
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->layer_names, (std::vector<std::string>{"conv", "bn", "fc"}));
+  EXPECT_EQ(cut->layer_parameters, (std::vector<int64_t>{40, 8, 195}));
+}
+
+TEST(ExportedProgram, NamesWhatItCannotRead) {
+  auto missing = DescribeExportedProgram("/nonexistent/model.pt2", "");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string text = dir + "/not.pt2";
+  std::ofstream(text) << "not a zip archive";
+  auto bad = DescribeExportedProgram(text, "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("not a program saved by torch.export.save"), std::string::npos)
+      << bad.status();
+  auto module = DescribeExportedProgram(Cnn(), "bn, head");
+  EXPECT_EQ(module.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(module.status().message()).find("cut_before: no module 'head' in the program (its modules: "
+                                                         "bn, conv, drop, fc)"),
+            std::string::npos)
+      << module.status();
+  // The same archive with one operator this LibTorch does not have.
+  const std::string odd = dir + "/odd.pt2";
+  {
+    caffe2::serialize::PyTorchStreamReader in(Cnn());
+    caffe2::serialize::PyTorchStreamWriter out(odd);
+    for (const std::string& name : in.getAllRecords()) {
+      auto [data, size] = in.getRecord(name);
+      std::string bytes(static_cast<const char*>(data.get()), size);
+      if (name == "models/model.json") {
+        const std::string from = "torch.ops.aten.relu.default", to = "torch.ops.aten.not_an_operator.default";
+        bytes.replace(bytes.find(from), from.size(), to);
+      }
+      out.writeRecord(name, bytes.data(), bytes.size());
+    }
+    out.writeEndOfFile();
+  }
+  auto unknown = DescribeExportedProgram(odd, "");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(unknown.status().message())
+                .find("node 'relu' calls torch.ops.aten.not_an_operator.default (aten::not_an_operator), which this "
+                      "LibTorch does not have"),
+            std::string::npos)
+      << unknown.status();
+  RemoveTree(dir);
+}
+
+// The three layers chained, in evaluation: the operations of the program
+// called directly on its weights (BatchNorm on its running statistics, no
+// dropout); the names are the module's state_dict() names.
+TEST(ExportedProgram, LayersComputeTheProgramsOperations) {
+  std::vector<std::unique_ptr<Partition>> layers;
+  for (int k = 0; k < 3; ++k) {
+    auto p = LoadExportedPartition(Cnn(), "bn, fc", k, k + 1);
+    ASSERT_TRUE(p.ok()) << p.status();
+    (*p)->Train(false);
+    layers.push_back(std::move(*p));
+  }
+  auto params = ByName(layers[0]->NamedParameters());
+  for (int k = 1; k < 3; ++k)
+    for (auto& [n, t] : layers[static_cast<std::size_t>(k)]->NamedParameters()) params[n] = t;
+  auto buffers = ByName(layers[1]->NamedBuffers());
+  ASSERT_EQ(params.size(), 6u);
+  ASSERT_EQ(buffers.size(), 3u);
+  ASSERT_TRUE(params.count("conv.weight") && params.count("fc.bias") && buffers.count("bn.running_var"));
+
+  at::manual_seed(7);
+  const at::Tensor x = at::randn({5, 1, 8, 8});
+  Tensors h = {x};
+  for (auto& layer : layers) {
+    auto out = layer->Forward(h);
+    ASSERT_TRUE(out.ok()) << out.status();
+    h = *out;
+  }
+  ASSERT_EQ(h.size(), 1u);
+  at::Tensor want = at::conv2d(x, params["conv.weight"], params["conv.bias"], {1, 1}, {1, 1});
+  want = at::batch_norm(want, params["bn.weight"], params["bn.bias"], buffers["bn.running_mean"],
+                        buffers["bn.running_var"], false, 0.1, 1e-5, false);
+  want = at::linear(at::max_pool2d(at::relu(want), {2, 2}).flatten(1), params["fc.weight"], params["fc.bias"]);
+  EXPECT_TRUE(at::allclose(h[0], want, 1e-6, 1e-6)) << h[0] << want;
+  EXPECT_EQ(buffers["bn.num_batches_tracked"].item<int64_t>(), 0);  // not counted in evaluation
+
+  // In training: BatchNorm on the batch's statistics, its running ones
+  // updated and counted, and gradients for every parameter.
+  for (auto& layer : layers) layer->Train(true);
+  const at::Tensor mean_before = buffers["bn.running_mean"].clone();
+  h = {x};
+  for (auto& layer : layers) h = *layer->Forward(h);
+  h[0].sum().backward();
+  EXPECT_EQ(buffers["bn.num_batches_tracked"].item<int64_t>(), 1);
+  EXPECT_FALSE(at::equal(buffers["bn.running_mean"], mean_before));
+  for (auto& [n, t] : params) EXPECT_TRUE(t.grad().defined()) << n;
+}
+
+}  // namespace
+}  // namespace conveyor
