@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
+#include <ATen/ScalarOps.h>
 #include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
