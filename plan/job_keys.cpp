@@ -643,7 +643,8 @@ std::vector<JobKey> MakeTable() {
       .Set([](const V& v, S* s) { s->set_virtual_stages(static_cast<int32_t>(v.integer)); })
       .Get([](const S& s) { return s.virtual_stages(); });
   add("recompute", KeyType::kCustom,
-      "`true`, or a list of stage indices: keep only each micro-batch's input and recompute the forward in backward")
+      "`true`, or a list of stage indices: keep only each micro-batch's input and recompute the forward in backward "
+      "(the same dropout masks; buffers such as BatchNorm's running statistics are updated by the first forward only)")
       .Expect("true, false or a list of stage indices")
       .DefaultDoc("false")
       .Read(ReadRecompute);

@@ -167,10 +167,25 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
   }
   if (h.outputs.empty()) {  // recompute the forward, this time with autograd
     Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
+    // The first forward updated the buffers (BatchNorm's running statistics
+    // and count); the recomputed one leaves them as they were, so that they
+    // are updated once per micro-batch, as without recompute.
+    const std::vector<at::Tensor> buffers = c.layers->Buffers();
+    std::vector<at::Tensor> kept;
+    {
+      at::NoGradGuard no_grad;
+      for (const at::Tensor& b : buffers) kept.push_back(b.clone());
+    }
     Tensors out;
     {
       ForwardPrecision precision(job_->spec(), device_);
       CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
+    }
+    {
+      // Through .data(), which autograd does not version: BatchNorm's
+      // backward keeps the buffers as inputs (it does not read them in training).
+      at::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(kept[i]);
     }
     h.outputs = last ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))} : std::move(out);
   }
