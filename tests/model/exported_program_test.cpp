@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include "common/files.h"
@@ -22,6 +23,22 @@ namespace {
 std::string Cnn() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/cnn.pt2"; }
 
 std::map<std::string, at::Tensor> ByName(const NamedTensors& named) { return {named.begin(), named.end()}; }
+
+// A copy of cnn.pt2 with its model.json edited by `edit`.
+std::string EditedCnn(const std::string& dir, const std::string& name,
+                      const std::function<void(std::string&)>& edit) {
+  const std::string path = dir + "/" + name;
+  caffe2::serialize::PyTorchStreamReader in(Cnn());
+  caffe2::serialize::PyTorchStreamWriter out(path);
+  for (const std::string& record : in.getAllRecords()) {
+    auto [data, size] = in.getRecord(record);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    if (record == "models/model.json") edit(bytes);
+    out.writeRecord(record, bytes.data(), bytes.size());
+  }
+  out.writeEndOfFile();
+  return path;
+}
 
 TEST(ExportedProgram, DescribesItsLayersAtTheCutsAsked) {
   auto whole = DescribeExportedProgram(Cnn(), "");
@@ -53,21 +70,10 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
             std::string::npos)
       << module.status();
   // The same archive with one operator this LibTorch does not have.
-  const std::string odd = dir + "/odd.pt2";
-  {
-    caffe2::serialize::PyTorchStreamReader in(Cnn());
-    caffe2::serialize::PyTorchStreamWriter out(odd);
-    for (const std::string& name : in.getAllRecords()) {
-      auto [data, size] = in.getRecord(name);
-      std::string bytes(static_cast<const char*>(data.get()), size);
-      if (name == "models/model.json") {
-        const std::string from = "torch.ops.aten.relu.default", to = "torch.ops.aten.not_an_operator.default";
-        bytes.replace(bytes.find(from), from.size(), to);
-      }
-      out.writeRecord(name, bytes.data(), bytes.size());
-    }
-    out.writeEndOfFile();
-  }
+  const std::string odd = EditedCnn(dir, "odd.pt2", [](std::string& json) {
+    const std::string from = "torch.ops.aten.relu.default", to = "torch.ops.aten.not_an_operator.default";
+    json.replace(json.find(from), from.size(), to);
+  });
   auto unknown = DescribeExportedProgram(odd, "");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(unknown.status().message())
@@ -75,6 +81,37 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
                       "LibTorch does not have"),
             std::string::npos)
       << unknown.status();
+  RemoveTree(dir);
+}
+
+// A pipe_split() mark (torch.distributed.pipelining's, a node of its own in
+// the graph) cuts the program there, as cut_before does before a module: the
+// program edited to carry one before the linear layer.
+TEST(ExportedProgram, APipeSplitMarkCutsTheProgram) {
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string marked = EditedCnn(dir, "marked.pt2", [](std::string& json) {
+    const std::string linear = "{\"target\": \"torch.ops.aten.linear.default\"";
+    const std::size_t at = json.find(linear);
+    ASSERT_NE(at, std::string::npos);
+    json.insert(at, "{\"target\": \"torch.ops.pippy._pipe_split.default\", \"inputs\": [], \"outputs\": "
+                    "[{\"as_none\": true}], \"metadata\": {}, \"name\": \"_pipe_split\"}, ");
+  });
+  auto cut = DescribeExportedProgram(marked, "");
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->layer_parameters, (std::vector<int64_t>{48, 195}));
+  EXPECT_EQ(cut->layer_names.back(), "fc");
+  // The two layers chained compute what the whole program does.
+  auto whole = LoadExportedPartition(Cnn(), "", 0, 1);
+  auto first = LoadExportedPartition(marked, "", 0, 1), second = LoadExportedPartition(marked, "", 1, 2);
+  ASSERT_TRUE(whole.ok() && first.ok() && second.ok());
+  for (Partition* p : {whole->get(), first->get(), second->get()}) p->Train(false);
+  const at::Tensor x = at::randn({3, 1, 8, 8});
+  auto h = (*first)->Forward({x});
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto y = (*second)->Forward(*h);
+  auto want = (*whole)->Forward({x});
+  ASSERT_TRUE(y.ok() && want.ok());
+  EXPECT_TRUE(at::equal(y->front(), want->front()));
   RemoveTree(dir);
 }
 

@@ -333,7 +333,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // BatchNorm's running statistics updated once per micro-batch, not again when recomputed.
                       Case{"exported-cnn", 2, 2, "1f1b", false, "tensors", "cross_entropy", /*recompute=*/true},
                       Case{"cnn-bn", 2, 4, "1f1b", false, "tensors", "cross_entropy", /*recompute=*/true},
-                      Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"}),
+                      Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"},
+                      Case{"exported-cnn", 2, 4, "1f1b", /*init_from=*/true}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

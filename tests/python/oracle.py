@@ -292,7 +292,10 @@ def make(name, out):
     os.makedirs(out, exist_ok=True)
     model, kind = build(name)
     torch.jit.script(model).save(f"{out}/model.pt")
-    torch.save(model.state_dict(), f"{out}/init.pt")
+    init = model.state_dict()
+    if name == "exported-cnn":  # the program's names: each layer's own, without the layer's index
+        init = {k.split(".", 1)[1]: t for k, t in init.items()}
+    torch.save(init, f"{out}/init.pt")
     if kind == "token-file":
         # 96 windows of 8 and the token after the last, then a tail of 3 that is dropped.
         write_tokens(f"{out}/train.bin", 96 * 8 + 1 + 3, 1)
@@ -429,7 +432,11 @@ def train(job_path, out_json):
     if isinstance(job.get("loss"), dict):
         job["loss"] = {"torchscript": f"{folder}/{job['loss']['torchscript']}"}
     if "init_from" in job:
-        model.load_state_dict(torch.load(f"{folder}/{job['init_from']}", weights_only=True))
+        init = torch.load(f"{folder}/{job['init_from']}", weights_only=True)
+        if exported:  # the program's names, into the layers that hold them
+            full = {k.split(".", 1)[1]: k for k in model.state_dict()}
+            init = {full[k]: t for k, t in init.items()}
+        model.load_state_dict(init)
     x_all, y_all = read_split(job["data"], "train", folder)
     n, b = x_all.size(0), job["batch_size"]
     m = job.get("micro_batches", 1)
