@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -400,6 +401,13 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   fails(good + "init_from: bad/wide.pt\n", "INVALID_ARGUMENT", "'1.weight' is [33, 64]");
   fails(good + "init_from: bad/extra.pt\n", "INVALID_ARGUMENT", "'9.weight', which is no parameter or buffer");
   fails(good + "init_from: mlp/train.pt\n", "INVALID_ARGUMENT", "init_from");
+  // Exported programs: a file that is none, a module the program does not have.
+  const std::string exported_data = "data: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n";
+  fails("model: {exported: bad/notscript.pt}\n" + exported_data, "INVALID_ARGUMENT",
+        "not a program saved by torch.export.save");
+  std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/cnn.pt2", dir + "/cnn.pt2");
+  fails("model: {exported: cnn.pt2, cut_before: head}\n" + exported_data, "INVALID_ARGUMENT",
+        "cut_before: no module 'head' in the program");
   ASSERT_EQ(RunCommand({python, Oracle(), "losses", dir + "/losses"}).exit_code, 0);
   fails(good + "loss: {torchscript: bad/notscript.pt}\n", "INVALID_ARGUMENT",
         "/bad/notscript.pt is not a TorchScript archive");
