@@ -355,6 +355,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"frozen", 3, 4, "zero-bubble", false, "tensors", "cross_entropy", false, "recipe"},
                       Case{"mlp", 2, 4, "1f1b", false, "tensors", "cross_entropy", false, "bf16-mixed"},
                       Case{"cnn-bn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "bf16-mixed"},
+                      Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "bf16-mixed"},
                       Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "bf16-mixed"},
                       Case{"tokens", 2, 4, "1f1b", false, "tokens", "cross_entropy", false, "recipe"},
                       Case{"mlp", 1, 2, "gpipe", false, "tensors", "cross_entropy", false, "loss-scale"},
