@@ -52,7 +52,8 @@ struct Node {
   std::vector<std::string> reads;    // the values it reads, by name
 };
 
-// The archive, read once: the graph, its state, its layers.
+// The archive's graph, layers and where its state lies; a partition reads
+// the tensors of its own layers only (ReadWeight).
 struct Program {
   std::string path;
   std::vector<Node> nodes;
@@ -60,7 +61,9 @@ struct Program {
   std::vector<std::string> user_outputs;        // what the graph returns
   std::map<std::string, std::string> state_of;  // placeholder -> state_dict name
   std::set<std::string> parameters;             // state_dict names of the parameters
-  std::map<std::string, at::Tensor> state;      // state_dict name -> tensor
+  std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  std::map<std::string, json> weights;          // state_dict name -> its entry of model_weights_config.json
+  std::map<std::string, int64_t> numel;         // state_dict name -> elements
   std::vector<std::string> state_order;         // the signature's order
   // Layer k runs nodes [starts[k], starts[k+1]); crossing[k] the values
   // alive at its start (crossing[0]: the user inputs).
@@ -113,22 +116,38 @@ std::vector<std::string> ModulePaths(const json& metadata) {
   return out;
 }
 
-StatusOr<at::Tensor> ReadWeight(caffe2::serialize::PyTorchStreamReader& reader, const Program& p,
-                                const std::string& name, const json& entry) {
+// A state tensor's dtype and sizes, as the archive's config records them.
+struct WeightMeta {
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+StatusOr<WeightMeta> MetaOf(const Program& p, const std::string& name, const json& entry) {
   if (entry.value("use_pickle", false))
     return Bad(p, "'" + name + "' is stored pickled, which this reader does not read");
-  const json& meta = entry["tensor_meta"];
-  const auto dtype = ScalarTypeOf(meta["dtype"].get<int>());
+  const json& meta = entry.at("tensor_meta");
+  const auto dtype = ScalarTypeOf(meta.at("dtype").get<int>());
   if (!dtype) return Bad(p, "'" + name + "' has dtype code " + meta["dtype"].dump() + ", not read here");
-  std::vector<int64_t> sizes, strides;
-  for (const json& s : meta["sizes"]) {
+  WeightMeta m{*dtype, {}, {}, 0};
+  for (const json& s : meta.at("sizes")) {
     if (!s.contains("as_int")) return Bad(p, "'" + name + "' has a symbolic size");
-    sizes.push_back(s["as_int"].get<int64_t>());
+    m.sizes.push_back(s["as_int"].get<int64_t>());
   }
-  for (const json& s : meta["strides"]) strides.push_back(s.value("as_int", int64_t{0}));
-  const std::string record = "data/weights/" + entry["path_name"].get<std::string>();
-  if (!reader.hasRecord(record)) return Bad(p, "'" + name + "': the archive has no " + record);
-  auto [data, bytes] = reader.getRecord(record);
+  for (const json& s : meta.at("strides")) m.strides.push_back(s.value("as_int", int64_t{0}));
+  if (meta.contains("storage_offset")) m.offset = meta["storage_offset"].value("as_int", int64_t{0});
+  return m;
+}
+
+StatusOr<at::Tensor> ReadWeight(const Program& p, const std::string& name) {
+  const json& entry = p.weights.at(name);
+  CONVEYOR_ASSIGN_OR_RETURN(WeightMeta meta, MetaOf(p, name, entry));
+  const std::vector<int64_t>& sizes = meta.sizes;
+  const std::vector<int64_t>& strides = meta.strides;
+  const std::string record = "data/weights/" + entry.at("path_name").get<std::string>();
+  if (!p.reader->hasRecord(record)) return Bad(p, "'" + name + "': the archive has no " + record);
+  auto [data, bytes] = p.reader->getRecord(record);
+  const auto dtype = std::optional<at::ScalarType>(meta.dtype);
   at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(*dtype));
   const std::size_t want = static_cast<std::size_t>(t.numel()) * t.element_size();
   // A tensor stored with its storage (a view's): the bytes of that storage, read
@@ -136,7 +155,7 @@ StatusOr<at::Tensor> ReadWeight(caffe2::serialize::PyTorchStreamReader& reader, 
   if (bytes == want) {
     std::memcpy(t.data_ptr(), data.get(), want);
   } else {
-    const int64_t offset = meta.contains("storage_offset") ? meta["storage_offset"].value("as_int", int64_t{0}) : 0;
+    const int64_t offset = meta.offset;
     at::Tensor storage = at::empty({static_cast<int64_t>(bytes / t.element_size())}, t.options());
     std::memcpy(storage.data_ptr(), data.get(), static_cast<std::size_t>(storage.numel()) * t.element_size());
     if (strides.size() != sizes.size()) return Bad(p, "'" + name + "': " + std::to_string(bytes) + " bytes stored");
@@ -160,11 +179,11 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   auto p = std::make_shared<Program>();
   p->path = path;
   if (!std::ifstream(path).good()) return absl::NotFoundError("model.exported: no file " + path);
-  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader;
+  std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader;
   json model, weights;
   std::vector<std::size_t> cuts;  // node indices a layer starts at
   try {
-    reader = std::make_unique<caffe2::serialize::PyTorchStreamReader>(path);
+    reader = std::make_shared<caffe2::serialize::PyTorchStreamReader>(path);
     if (!reader->hasRecord("models/model.json"))
       return Bad(*p, "not a program saved by torch.export.save (no models/model.json in the archive)");
     auto [data, n] = reader->getRecord("models/model.json");
@@ -207,12 +226,16 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
       if (!arg.contains("as_tensor")) return Bad(*p, "an output that is not a tensor: " + arg.dump());
       p->user_outputs.push_back(arg["as_tensor"]["name"]);
     }
-    // The state, from the archive.
+    // Where the state lies in the archive (each partition reads its own).
+    p->reader = reader;
     const json& config = weights.contains("config") ? weights["config"] : json::object();
     for (const std::string& name : p->state_order) {
       if (!config.contains(name)) return Bad(*p, "the archive has no weights for '" + name + "'");
-      CONVEYOR_ASSIGN_OR_RETURN(at::Tensor t, ReadWeight(*reader, *p, name, config[name]));
-      p->state[name] = t;
+      CONVEYOR_ASSIGN_OR_RETURN(WeightMeta meta, MetaOf(*p, name, config[name]));
+      int64_t n = 1;
+      for (int64_t d : meta.sizes) n *= d;
+      p->numel[name] = n;
+      p->weights[name] = config[name];
     }
     // The nodes, each operator looked up in this LibTorch's dispatcher.
     for (const json& n : graph.at("nodes")) {
@@ -388,13 +411,14 @@ StatusOr<c10::IValue> ArgValue(const Program& p, const Node& node, const json& a
 
 class ExportedPartition final : public Partition {
  public:
-  ExportedPartition(std::shared_ptr<const Program> program, int begin, int end)
+  // `held`: the state of layers [begin, end), read from the archive.
+  ExportedPartition(std::shared_ptr<const Program> program, int begin, int end, std::map<std::string, at::Tensor> held)
       : program_(std::move(program)), begin_(begin), end_(end) {
     for (int k = begin; k < end; ++k) {
       layers_.push_back({k, ""});
       NamedTensors params, buffers;
       for (const std::string& name : program_->layer_state[static_cast<std::size_t>(k)]) {
-        at::Tensor t = program_->state.at(name).clone();
+        at::Tensor t = held.at(name);
         if (program_->parameters.count(name)) {
           t.set_requires_grad(true);
           params.emplace_back(name, t);
@@ -556,7 +580,7 @@ StatusOr<ExportedSummary> DescribeExportedProgram(const std::string& path, const
     s.layer_names.push_back(node && !node->modules.empty() ? node->modules.back() : node ? node->name : "");
     int64_t elements = 0;
     for (const std::string& name : p->layer_state[k])
-      if (p->parameters.count(name)) elements += p->state.at(name).numel();
+      if (p->parameters.count(name)) elements += p->numel.at(name);
     s.layer_parameters.push_back(elements);
   }
   return s;
@@ -570,7 +594,17 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
     return absl::InvalidArgumentError("model.exported: layers [" + std::to_string(begin) + ", " +
                                       std::to_string(end) + ") of a program of " + std::to_string(layers) + " layers");
   }
-  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end));
+  std::map<std::string, at::Tensor> held;
+  try {
+    for (int k = begin; k < end; ++k) {
+      for (const std::string& name : p->layer_state[static_cast<std::size_t>(k)]) {
+        CONVEYOR_ASSIGN_OR_RETURN(held[name], ReadWeight(*p, name));
+      }
+    }
+  } catch (const std::exception& e) {  // a damaged archive
+    return Bad(*p, std::string("reading its weights: ") + e.what());
+  }
+  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end, std::move(held)));
 }
 
 }  // namespace conveyor
