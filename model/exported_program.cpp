@@ -41,6 +41,14 @@ std::optional<at::ScalarType> ScalarTypeOf(int code) {
   }
 }
 
+// One argument of a call, resolved when the program is read: a constant, or
+// where in the values the tensors come from.
+struct ArgPlan {
+  enum Kind { kConstant, kTensor, kTensorList, kOptionalTensorList, kTrainingFlag } kind = kConstant;
+  c10::IValue constant;    // kConstant: the value as the schema takes it
+  std::vector<int> slots;  // kTensor: one; the lists: each element's (-1: None)
+};
+
 // One call of the graph.
 struct Node {
   std::string name;    // the FX node's, for errors
@@ -50,6 +58,11 @@ struct Node {
   json outputs;  // [{as_tensor: {name}} | {as_tensors: [...]} | ...]
   std::vector<std::string> modules;  // the module paths on its nn_module_stack, outermost first
   std::vector<std::string> reads;    // the values it reads, by name
+  // Resolved (Compile): the schema's arguments in order; each return's slots
+  // (a tensor: one; a list: one a element; nothing kept: empty).
+  std::vector<ArgPlan> args;
+  std::vector<std::vector<int>> outs;
+  int counts_batches = -1;  // BatchNorm's num_batches_tracked.add_: the buffer's slot (not counted in eval)
 };
 
 // The archive's graph, layers and where its state lies; a partition reads
@@ -70,7 +83,14 @@ struct Program {
   std::vector<std::size_t> starts;
   std::vector<std::vector<std::string>> crossing;
   std::vector<std::vector<std::string>> layer_state;  // the state each layer holds, signature order
+  // Every value has a slot in a partition's values (Compile).
+  std::map<std::string, int> slot_of;
+  std::vector<std::vector<int>> crossing_slots;
+  std::vector<int> user_output_slots;
+  std::vector<std::pair<int, std::string>> state_slots;  // a placeholder's slot, its state_dict name
 };
+
+Status Compile(Program& p);
 
 Status Bad(const Program& p, const std::string& what) {
   return absl::InvalidArgumentError("model.exported: " + p.path + ": " + what);
@@ -339,74 +359,151 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
         p->crossing[k].push_back(name);
     }
   }
+  CONVEYOR_RETURN_IF_ERROR(Compile(*p));
   return std::shared_ptr<const Program>(std::move(p));
 }
 
-// The IValue an argument of `node` stands for, given the values so far.
-StatusOr<c10::IValue> ArgValue(const Program& p, const Node& node, const json& arg,
-                               const std::map<std::string, at::Tensor>& values) {
-  auto tensor = [&](const std::string& name) -> StatusOr<at::Tensor> {
-    auto it = values.find(name);
-    if (it == values.end()) return Bad(p, "node '" + node.name + "' reads '" + name + "', which is not there");
+// The plan of one argument given in the graph, for a schema argument of type `type`.
+StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, const c10::TypePtr& type) {
+  auto slot = [&](const json& t) -> StatusOr<int> {
+    const std::string name = t.at("name").get<std::string>();
+    auto it = p.slot_of.find(name);
+    if (it == p.slot_of.end()) return Bad(p, "node '" + node.name + "' reads '" + name + "', which no node makes");
     return it->second;
   };
+  ArgPlan a;
   const auto& [kind, v] = *arg.items().begin();
   if (kind == "as_tensor") {
-    CONVEYOR_ASSIGN_OR_RETURN(at::Tensor t, tensor(v["name"].get<std::string>()));
-    return c10::IValue(t);
+    a.kind = ArgPlan::kTensor;
+    CONVEYOR_ASSIGN_OR_RETURN(int s, slot(v));
+    a.slots.push_back(s);
+    return a;
   }
-  if (kind == "as_tensors") {
-    c10::List<at::Tensor> list;
+  if (kind == "as_tensors" || kind == "as_optional_tensors") {
+    a.kind = kind == "as_tensors" ? ArgPlan::kTensorList : ArgPlan::kOptionalTensorList;
     for (const json& t : v) {
-      CONVEYOR_ASSIGN_OR_RETURN(at::Tensor x, tensor(t["name"].get<std::string>()));
-      list.push_back(x);
-    }
-    return c10::IValue(list);
-  }
-  if (kind == "as_optional_tensors") {
-    c10::List<c10::optional<at::Tensor>> list;
-    for (const json& t : v) {
-      if (t.contains("as_tensor")) {
-        CONVEYOR_ASSIGN_OR_RETURN(at::Tensor x, tensor(t["as_tensor"]["name"].get<std::string>()));
-        list.push_back(x);
+      if (kind == "as_tensors" || t.contains("as_tensor")) {
+        CONVEYOR_ASSIGN_OR_RETURN(int s, slot(kind == "as_tensors" ? t : t["as_tensor"]));
+        a.slots.push_back(s);
       } else {
-        list.push_back(c10::nullopt);
+        a.slots.push_back(-1);
       }
     }
-    return c10::IValue(list);
+    return a;
   }
-  if (kind == "as_none") return c10::IValue();
-  if (kind == "as_int") return c10::IValue(v.get<int64_t>());
-  if (kind == "as_float") return c10::IValue(v.get<double>());
-  if (kind == "as_bool") return c10::IValue(v.get<bool>());
-  if (kind == "as_string") return c10::IValue(v.get<std::string>());
-  if (kind == "as_ints") return c10::IValue(v.get<std::vector<int64_t>>());
-  if (kind == "as_floats") return c10::IValue(v.get<std::vector<double>>());
-  if (kind == "as_bools") {
+  c10::IValue& c = a.constant;
+  if (kind == "as_none") {
+    c = c10::IValue();
+  } else if (kind == "as_int") {
+    c = c10::IValue(v.get<int64_t>());
+  } else if (kind == "as_float") {
+    c = c10::IValue(v.get<double>());
+  } else if (kind == "as_bool") {
+    c = c10::IValue(v.get<bool>());
+  } else if (kind == "as_string") {
+    c = c10::IValue(v.get<std::string>());
+  } else if (kind == "as_ints") {
+    c = c10::IValue(v.get<std::vector<int64_t>>());
+  } else if (kind == "as_floats") {
+    c = c10::IValue(v.get<std::vector<double>>());
+  } else if (kind == "as_bools") {
     c10::List<bool> list;
     for (const json& b : v) list.push_back(b.get<bool>());
-    return c10::IValue(list);
-  }
-  if (kind == "as_sym_int" && v.contains("as_int")) return c10::IValue(v["as_int"].get<int64_t>());
-  if (kind == "as_sym_ints") {
+    c = c10::IValue(list);
+  } else if (kind == "as_sym_int" && v.contains("as_int")) {
+    c = c10::IValue(v["as_int"].get<int64_t>());
+  } else if (kind == "as_sym_ints") {
     std::vector<int64_t> ints;
     for (const json& i : v) {
       if (!i.contains("as_int")) return Bad(p, "node '" + node.name + "' takes a symbolic size (dynamic shapes)");
       ints.push_back(i["as_int"].get<int64_t>());
     }
-    return c10::IValue(ints);
-  }
-  if (kind == "as_scalar_type") {
+    c = c10::IValue(ints);
+  } else if (kind == "as_scalar_type") {
     auto t = ScalarTypeOf(v.get<int>());
     if (!t) return Bad(p, "node '" + node.name + "' names dtype code " + v.dump());
-    return c10::IValue(static_cast<int64_t>(*t));
+    c = c10::IValue(static_cast<int64_t>(*t));
+  } else if (kind == "as_device") {
+    c = c10::IValue(c10::Device(v["type"].get<std::string>() +
+                                (v.contains("index") && !v["index"].is_null() ? ":" + v["index"].dump() : "")));
+  } else {
+    return Bad(p, "node '" + node.name + "' (" + node.target + ") has an argument of kind " + kind +
+                      ", which this route does not run");
   }
-  if (kind == "as_device") {
-    return c10::IValue(c10::Device(v["type"].get<std::string>() +
-                                   (v.contains("index") && !v["index"].is_null() ? ":" + v["index"].dump() : "")));
+  // A number where the operator takes a tensor (`x.add_(1)`): a 0-d tensor
+  // marked as a wrapped number, as Python passes it (it does not promote the
+  // other operand's dtype).
+  if ((c.isInt() || c.isDouble() || c.isBool()) && type->kind() == c10::TypeKind::TensorType) {
+    at::Tensor t = at::scalar_to_tensor(c.toScalar());
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    c = c10::IValue(t);
   }
-  return Bad(p, "node '" + node.name + "' (" + node.target + ") has an argument of kind " + kind +
-                    ", which this route does not run");
+  return a;
+}
+
+// Every value's slot, and each node's arguments and returns resolved against
+// its operator's schema: what a forward then does is index and call.
+Status Compile(Program& p) {
+  auto add = [&](const std::string& name) { p.slot_of.emplace(name, static_cast<int>(p.slot_of.size())); };
+  for (const std::string& u : p.user_inputs) add(u);
+  for (const auto& [placeholder, name] : p.state_of) add(placeholder);
+  for (const Node& n : p.nodes) {
+    std::vector<std::string> outs;
+    for (const json& o : n.outputs) CollectReads(o, &outs);
+    for (const std::string& o : outs) add(o);
+  }
+  for (const auto& [placeholder, name] : p.state_of) p.state_slots.emplace_back(p.slot_of.at(placeholder), name);
+  for (const auto& names : p.crossing) {
+    std::vector<int> slots;
+    for (const std::string& n : names) slots.push_back(p.slot_of.at(n));
+    p.crossing_slots.push_back(std::move(slots));
+  }
+  for (const std::string& n : p.user_outputs) {
+    auto it = p.slot_of.find(n);
+    if (it == p.slot_of.end()) return Bad(p, "the program returns '" + n + "', which no node makes");
+    p.user_output_slots.push_back(it->second);
+  }
+  for (Node& node : p.nodes) {
+    const c10::FunctionSchema& schema = node.op->schema();
+    const std::string& op = schema.name();
+    std::map<std::string, const json*> given;
+    for (const json& in : node.inputs) given[in.at("name").get<std::string>()] = &in.at("arg");
+    for (const c10::Argument& a : schema.arguments()) {
+      // The mode the program was exported in gives way to the partition's.
+      if ((op == "aten::batch_norm" && a.name() == "training") || (op == "aten::dropout" && a.name() == "train")) {
+        ArgPlan flag;
+        flag.kind = ArgPlan::kTrainingFlag;
+        node.args.push_back(flag);
+        continue;
+      }
+      auto it = given.find(a.name());
+      if (it != given.end()) {
+        CONVEYOR_ASSIGN_OR_RETURN(ArgPlan plan, PlanArg(p, node, *it->second, a.type()));
+        node.args.push_back(std::move(plan));
+      } else if (a.default_value()) {
+        ArgPlan plan;
+        plan.constant = *a.default_value();
+        node.args.push_back(std::move(plan));
+      } else {
+        return Bad(p, "node '" + node.name + "' (" + node.target + ") lacks its argument '" + a.name() + "'");
+      }
+    }
+    for (const json& o : node.outputs) {
+      std::vector<std::string> names;
+      CollectReads(o, &names);
+      std::vector<int> slots;
+      for (const std::string& n : names) slots.push_back(p.slot_of.at(n));
+      node.outs.push_back(std::move(slots));
+    }
+    if (op == "aten::add_" && given.count("self") && given["self"]->contains("as_tensor")) {
+      auto s = p.state_of.find((*given["self"])["as_tensor"]["name"].get<std::string>());
+      const std::string suffix = "num_batches_tracked";
+      if (s != p.state_of.end() && s->second.size() >= suffix.size() &&
+          s->second.compare(s->second.size() - suffix.size(), suffix.size(), suffix) == 0)
+        node.counts_batches = p.slot_of.at(s->first);
+    }
+  }
+  return absl::OkStatus();
 }
 
 class ExportedPartition final : public Partition {
@@ -425,27 +522,29 @@ class ExportedPartition final : public Partition {
         } else {
           buffers.emplace_back(name, t);
         }
-        state_[name] = t;
       }
       params_.push_back(std::move(params));
       buffers_.push_back(std::move(buffers));
+    }
+    // The placeholders of the state held, with the tensors (shared: To()
+    // changes their data in place).
+    for (const auto& [slot, name] : program_->state_slots) {
+      auto it = held.find(name);
+      if (it != held.end()) held_slots_.emplace_back(slot, it->second);
     }
   }
 
   StatusOr<Tensors> Forward(const Tensors& inputs) override {
     const Program& p = *program_;
-    const auto& in_names = p.crossing[static_cast<std::size_t>(begin_)];
-    if (inputs.size() != in_names.size()) {
+    const std::vector<int>& in_slots = p.crossing_slots[static_cast<std::size_t>(begin_)];
+    if (inputs.size() != in_slots.size()) {
       return absl::InvalidArgumentError("layer " + std::to_string(begin_) + " of " + p.path + " takes " +
-                                        std::to_string(in_names.size()) + " tensor(s), got " +
+                                        std::to_string(in_slots.size()) + " tensor(s), got " +
                                         std::to_string(inputs.size()));
     }
-    std::map<std::string, at::Tensor> values;
-    for (std::size_t i = 0; i < inputs.size(); ++i) values[in_names[i]] = inputs[i];
-    for (const auto& [placeholder, name] : p.state_of) {
-      auto it = state_.find(name);
-      if (it != state_.end()) values[placeholder] = it->second;
-    }
+    std::vector<at::Tensor> values(p.slot_of.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) values[static_cast<std::size_t>(in_slots[i])] = inputs[i];
+    for (const auto& [slot, t] : held_slots_) values[static_cast<std::size_t>(slot)] = t;
     const std::size_t first = p.starts[static_cast<std::size_t>(begin_)];
     const std::size_t last = static_cast<std::size_t>(end_) < p.starts.size() ? p.starts[static_cast<std::size_t>(end_)]
                                                                                : p.nodes.size();
@@ -459,15 +558,14 @@ class ExportedPartition final : public Partition {
       if (seeded && i == p.starts[static_cast<std::size_t>(layer)]) {
         at::manual_seed(DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch, layer));
       }
-      CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], &values));
+      CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values));
     }
     const bool at_end = static_cast<std::size_t>(end_) == p.starts.size();
-    const auto& out_names = at_end ? p.user_outputs : p.crossing[static_cast<std::size_t>(end_)];
     Tensors out;
-    for (const std::string& n : out_names) {
-      auto it = values.find(n);
-      if (it == values.end()) return Bad(p, "the value '" + n + "' that crosses a cut was not computed");
-      out.push_back(it->second);
+    for (int slot : at_end ? p.user_output_slots : p.crossing_slots[static_cast<std::size_t>(end_)]) {
+      const at::Tensor& t = values[static_cast<std::size_t>(slot)];
+      if (!t.defined()) return Bad(p, "a value that crosses a cut was not computed");
+      out.push_back(t);
     }
     return out;
   }
@@ -482,7 +580,6 @@ class ExportedPartition final : public Partition {
         for (auto& [name, t] : layer) {
           const bool convert = dtype != c10::ScalarType::Undefined && at::isFloatingType(t.scalar_type());
           t.set_data(convert ? t.data().to(device, dtype) : t.data().to(device));
-          state_[name] = t;
         }
       }
     }
@@ -491,45 +588,37 @@ class ExportedPartition final : public Partition {
   bool is_training() const override { return training_; }
 
  private:
-  Status Run(const Node& node, std::map<std::string, at::Tensor>* values) {
-    const Program& p = *program_;
-    const c10::FunctionSchema& schema = node.op->schema();
-    std::map<std::string, const json*> given;
-    for (const json& in : node.inputs) given[in.at("name").get<std::string>()] = &in.at("arg");
-    // The mode the program was exported in gives way to this partition's.
-    const std::string& op = schema.name();
-    if (!training_ && op == "aten::add_" && given.count("self") && (*given["self"]).contains("as_tensor")) {
-      const std::string self = (*given["self"])["as_tensor"]["name"];
-      auto s = p.state_of.find(self);
-      if (s != p.state_of.end() && s->second.size() >= 19 &&
-          s->second.compare(s->second.size() - 19, 19, "num_batches_tracked") == 0) {
-        for (const json& o : node.outputs)
-          if (o.contains("as_tensor")) (*values)[o["as_tensor"]["name"].get<std::string>()] = (*values)[self];
-        return absl::OkStatus();
-      }
+  Status Run(const Node& node, std::vector<at::Tensor>& values) {
+    if (!training_ && node.counts_batches >= 0) {  // evaluation does not count batches
+      for (const std::vector<int>& o : node.outs)
+        if (o.size() == 1) values[static_cast<std::size_t>(o[0])] = values[static_cast<std::size_t>(node.counts_batches)];
+      return absl::OkStatus();
     }
     torch::jit::Stack stack;
-    for (const c10::Argument& a : schema.arguments()) {
-      if ((op == "aten::batch_norm" && a.name() == "training") || (op == "aten::dropout" && a.name() == "train")) {
-        stack.emplace_back(training_);
-        continue;
-      }
-      auto it = given.find(a.name());
-      if (it != given.end()) {
-        CONVEYOR_ASSIGN_OR_RETURN(c10::IValue v, ArgValue(p, node, *it->second, *values));
-        // A number where the operator takes a tensor (`x.add_(1)`): a 0-d
-        // tensor marked as a wrapped number, as Python passes it (it does not
-        // promote the other operand's dtype).
-        if ((v.isInt() || v.isDouble() || v.isBool()) && a.type()->kind() == c10::TypeKind::TensorType) {
-          at::Tensor t = at::scalar_to_tensor(v.toScalar());
-          t.unsafeGetTensorImpl()->set_wrapped_number(true);
-          v = c10::IValue(t);
+    stack.reserve(node.args.size());
+    for (const ArgPlan& a : node.args) {
+      switch (a.kind) {
+        case ArgPlan::kConstant: stack.push_back(a.constant); break;
+        case ArgPlan::kTrainingFlag: stack.emplace_back(training_); break;
+        case ArgPlan::kTensor: stack.emplace_back(values[static_cast<std::size_t>(a.slots[0])]); break;
+        case ArgPlan::kTensorList: {
+          c10::List<at::Tensor> list;
+          for (int s : a.slots) list.push_back(values[static_cast<std::size_t>(s)]);
+          stack.emplace_back(std::move(list));
+          break;
         }
-        stack.push_back(std::move(v));
-      } else if (a.default_value()) {
-        stack.push_back(*a.default_value());
-      } else {
-        return Bad(p, "node '" + node.name + "' (" + node.target + ") lacks its argument '" + a.name() + "'");
+        case ArgPlan::kOptionalTensorList: {
+          c10::List<c10::optional<at::Tensor>> list;
+          for (int s : a.slots) {
+            if (s < 0) {
+              list.push_back(c10::nullopt);
+            } else {
+              list.push_back(values[static_cast<std::size_t>(s)]);
+            }
+          }
+          stack.emplace_back(std::move(list));
+          break;
+        }
       }
     }
     try {
@@ -541,19 +630,16 @@ class ExportedPartition final : public Partition {
       return absl::InvalidArgumentError("model.exported: node '" + node.name + "' (" + node.target +
                                         ") failed: " + std::string(e.what()).substr(0, 600));
     }
-    std::size_t k = 0;
-    for (const json& o : node.outputs) {
-      if (k >= stack.size()) break;
-      const c10::IValue& v = stack[k++];
-      if (o.contains("as_tensor")) {
-        (*values)[o["as_tensor"]["name"].get<std::string>()] = v.toTensor();
-      } else if (o.contains("as_tensors")) {
+    for (std::size_t k = 0; k < node.outs.size() && k < stack.size(); ++k) {
+      const std::vector<int>& slots = node.outs[k];
+      if (slots.empty()) continue;
+      const c10::IValue& v = stack[k];
+      if (v.isTensor()) {
+        values[static_cast<std::size_t>(slots[0])] = v.toTensor();
+      } else if (v.isTensorList()) {
         const auto list = v.toTensorList();
-        std::size_t j = 0;
-        for (const json& t : o["as_tensors"]) {
-          if (j < list.size()) (*values)[t["name"].get<std::string>()] = list.get(j);
-          ++j;
-        }
+        for (std::size_t j = 0; j < slots.size() && j < list.size(); ++j)
+          values[static_cast<std::size_t>(slots[j])] = list.get(j);
       }
     }
     return absl::OkStatus();
@@ -562,7 +648,7 @@ class ExportedPartition final : public Partition {
   std::shared_ptr<const Program> program_;
   int begin_, end_;
   std::vector<NamedTensors> params_, buffers_;  // per layer held
-  std::map<std::string, at::Tensor> state_;     // every tensor held, by state_dict name
+  std::vector<std::pair<int, at::Tensor>> held_slots_;  // each held tensor's placeholder slot
   bool training_ = true;
 };
 
