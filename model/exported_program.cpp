@@ -545,20 +545,16 @@ class ExportedPartition final : public Partition {
     std::vector<at::Tensor> values(p.slot_of.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) values[static_cast<std::size_t>(in_slots[i])] = inputs[i];
     for (const auto& [slot, t] : held_slots_) values[static_cast<std::size_t>(slot)] = t;
-    const std::size_t first = p.starts[static_cast<std::size_t>(begin_)];
-    const std::size_t last = static_cast<std::size_t>(end_) < p.starts.size() ? p.starts[static_cast<std::size_t>(end_)]
-                                                                               : p.nodes.size();
     // Seeded per layer (training), as other partitions are: nothing else may
     // draw from the process's generators until the layers held are done.
     const bool seeded = random_key_.has_value() && training_;
     std::unique_lock<std::mutex> lock(DefaultGeneratorMutex(), std::defer_lock);
     if (seeded) lock.lock();
-    for (std::size_t i = first; i < last; ++i) {
-      const int layer = static_cast<int>(std::upper_bound(p.starts.begin(), p.starts.end(), i) - p.starts.begin() - 1);
-      if (seeded && i == p.starts[static_cast<std::size_t>(layer)]) {
-        at::manual_seed(DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch, layer));
-      }
-      CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values));
+    for (int k = begin_; k < end_; ++k) {
+      if (seeded) at::manual_seed(DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch, k));
+      const std::size_t layer = static_cast<std::size_t>(k);
+      const std::size_t last = layer + 1 < p.starts.size() ? p.starts[layer + 1] : p.nodes.size();
+      for (std::size_t i = p.starts[layer]; i < last; ++i) CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values));
     }
     const bool at_end = static_cast<std::size_t>(end_) == p.starts.size();
     Tensors out;
