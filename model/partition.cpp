@@ -169,16 +169,17 @@ void ToChannelsLast(Partition& layers) {
 
 StatusOr<v1::DescribeReply> DescribeJob(const v1::JobSpec& spec) {
   v1::DescribeReply reply;
+  auto layers = [&](const std::vector<std::string>& names, const std::vector<int64_t>& parameters) {
+    reply.set_num_layers(static_cast<int>(names.size()));
+    for (const auto& n : names) reply.add_layer_names(n);
+    for (int64_t n : parameters) reply.add_layer_parameters(n);
+  };
   if (spec.model().kind() == v1::MODEL_EXPORTED) {
     CONVEYOR_ASSIGN_OR_RETURN(ExportedSummary s, DescribeExportedProgram(spec.model().exported(), spec.model().cut_before()));
-    reply.set_num_layers(static_cast<int>(s.layer_names.size()));
-    for (const auto& n : s.layer_names) reply.add_layer_names(n);
-    for (int64_t n : s.layer_parameters) reply.add_layer_parameters(n);
+    layers(s.layer_names, s.layer_parameters);
   } else if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {
     CONVEYOR_ASSIGN_OR_RETURN(TorchScriptSummary s, DescribeTorchScript(spec.model().torchscript()));
-    reply.set_num_layers(static_cast<int>(s.layer_names.size()));
-    for (const auto& n : s.layer_names) reply.add_layer_names(n);
-    for (int64_t n : s.layer_parameters) reply.add_layer_parameters(n);
+    layers(s.layer_names, s.layer_parameters);
   } else {
     reply.set_num_layers(NumLayers(spec.model()));
   }
