@@ -11,7 +11,8 @@ batch size, seed and epochs, eval after every epoch) four ways, one after the ot
   conveyor-1dev   `conveyor train JOB --reference --device cuda:0 --json`
   conveyor-2x1    `conveyor local JOB --json` with `replicas: 2` and `partition: {stages: 1}`: two stage
                   servers, one per GPU (`conveyor local` puts server i on cuda:i), their gradients
-                  summed through c10d's Gloo group (docs/parallelism.md)
+                  summed by NCCL on the devices (docs/parallelism.md); their passes replayed as CUDA graphs
+  conveyor-2x1-eager  the same with `cuda_graphs: false` (only when asked by name in --variants)
 
 The PyTorch loops start from Conveyor's initial weights (model/models.cpp InitLayer: each Conv2d and
 Linear layer U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a generator of its own) and walk each epoch in
@@ -66,6 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 EXAMPLE = os.path.join(ROOT, "examples", "fashion-convnet.yaml")
 VARIANTS = ("pytorch-1gpu", "pytorch-ddp-2", "conveyor-1dev", "conveyor-2x1")
+OPTIONAL = ("conveyor-2x1-eager",)  # asked by name: the replicas without CUDA graphs
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 
@@ -388,24 +390,24 @@ def channels_last(args):
     return args.memory_format == "channels_last"
 
 
-def job_text(args, name, replicas, data_line):
-    """The example job with one stage, R replicas, --epochs, --micro-batches and our data line."""
+def job_text(args, name, replicas, data_line, extra=()):
+    """The example job with one stage, R replicas, --epochs, --micro-batches, our data line and `extra` lines."""
     drop = ("name:", "partition:", "replicas:", "micro_batches:", "split_size:", "epochs:", "steps:", "data:",
             "eval:", "memory_format:")
     lines = ["# bench/dp_fmnist.py's %s: examples/fashion-convnet.yaml on one stage, %d replica(s)" % (name, replicas)]
     lines += [l for l in open(EXAMPLE).read().splitlines() if not l.startswith(drop + ("#",))]
     lines += ["name: %s" % name, data_line, "partition: {stages: 1}", "replicas: %d" % replicas,
-              "micro_batches: %d" % args.micro_batches, "epochs: %d" % args.epochs, "eval: true"]
+              "micro_batches: %d" % args.micro_batches, "epochs: %d" % args.epochs, "eval: true"] + list(extra)
     if args.memory_format != "auto":
         lines.append("memory_format: %s" % args.memory_format)
     return "\n".join(lines) + "\n"
 
 
-def run_conveyor(args, variant, replicas, data_line):
+def run_conveyor(args, variant, replicas, data_line, extra=()):
     tag = os.path.join(args.out, variant)
     job = tag + ".yaml"
     with open(job, "w") as f:
-        f.write(job_text(args, "fmnist-" + variant, max(1, replicas), data_line))
+        f.write(job_text(args, "fmnist-" + variant, max(1, replicas), data_line, extra))
     exe = os.path.join(args.bin, "conveyor")
     if not os.access(exe, os.X_OK):
         raise RuntimeError("no %s (build first, or --bin)" % exe)
@@ -522,7 +524,7 @@ def main(argv=None):
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="the folder holding conveyor")
     ap.add_argument("--out", default="dp-fmnist")
     ap.add_argument("--epochs", type=int, default=None, help="default: the example's (3)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS + OPTIONAL))
     ap.add_argument("--timeout", type=int, default=120, help="seconds per variant")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--data-dir", default=None, help="the IDX .gz files (default: the example's data.path)")
@@ -539,9 +541,9 @@ def main(argv=None):
     args.epochs = args.epochs or st["epochs"]
     args.data_dir = args.data_dir or st["data_path"]
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
+    unknown = [v for v in names if v not in VARIANTS + OPTIONAL]
     if unknown:
-        ap.error("unknown variant(s) %s; choose from %s" % (", ".join(unknown), ", ".join(VARIANTS)))
+        ap.error("unknown variant(s) %s; choose from %s" % (", ".join(unknown), ", ".join(VARIANTS + OPTIONAL)))
     if st["batch_size"] % 2:
         ap.error("the example's batch %d does not split over 2" % st["batch_size"])
     args.out = os.path.abspath(args.out)
@@ -570,6 +572,7 @@ def main(argv=None):
         "pytorch-ddp-2": lambda: run_torch(args, st, "pytorch-ddp-2", 2, data_dir),
         "conveyor-1dev": lambda: run_conveyor(args, "conveyor-1dev", 0, data_line),
         "conveyor-2x1": lambda: run_conveyor(args, "conveyor-2x1", 2, data_line),
+        "conveyor-2x1-eager": lambda: run_conveyor(args, "conveyor-2x1-eager", 2, data_line, ["cuda_graphs: false"]),
     }
     results = []
     for name in names:

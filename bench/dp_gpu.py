@@ -11,14 +11,16 @@ and each against one GPU of its own kind:
   conveyor-1x1           one stage server on one GPU (`conveyor local`, replicas: 1): what a replica costs
                          before any all-reduce
   conveyor-Rx1           `conveyor local` with replicas: R, one stage each on its own GPU; the gradients
-                         summed by NCCL on the devices (collectives: auto chooses it there)
+                         summed by NCCL on the devices (collectives: auto chooses it there); their passes
+                         replayed as CUDA graphs (cuda_graphs: auto), the buckets all-reduced after them
+  conveyor-Rx1-eager     the same with cuda_graphs: false: the buckets all-reduced during backward
   conveyor-Rx1-gloo      the same with collectives: gloo, c10d's Gloo group through host memory (what
                          replicas used before NCCL). Replicas need gloo's headers to build against the
                          PyTorch wheel (-DCONVEYOR_GLOO_INCLUDE_DIR): the NCCL group's id travels through
                          the Gloo group's store
 
 usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
-                                             [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-gloo]
+                                             [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager,...]
 """
 import argparse
 import csv
@@ -78,18 +80,20 @@ def run_torch_single(batch, steps):
     return r["ms_per_iter"]
 
 
-def job_text(batch, steps, replicas, collectives="auto"):
+def job_text(batch, steps, replicas, collectives="auto", graphs=None):
     base = open(os.path.join(os.path.dirname(HERE), "examples", "resnet50-w1.yaml")).read()
     lines = [l for l in base.splitlines() if not l.startswith(("batch_size:", "steps:", "partition:", "replicas:",
                                                                "micro_batches:", "epochs:", "split_size:", "data:"))]
     lines += ["data: {name: synthetic, train_samples: %d, test_samples: 0}" % batch, "batch_size: %d" % batch, "steps: %d" % (steps + WARMUP), "partition: {stages: 1}",
               "replicas: %d" % replicas, "micro_batches: 1", "collectives: %s" % collectives]
+    if graphs is not None:
+        lines.append("cuda_graphs: %s" % ("true" if graphs else "false"))
     return "\n".join(lines) + "\n"
 
 
-def run_conveyor(args, replicas, collectives="auto"):
+def run_conveyor(args, replicas, collectives="auto", graphs=None):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(args.batch, args.steps, max(1, replicas), collectives))
+        f.write(job_text(args.batch, args.steps, max(1, replicas), collectives, graphs))
         path = f.name
     exe = os.path.join(args.bin, "conveyor")
     if replicas == 0:
@@ -124,6 +128,7 @@ def main(argv=None):
                           ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
                           ("conveyor-1x1", "conveyor-1x1", lambda: run_conveyor(args, 1)),
                           ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),
+                          ("conveyor-rx1-eager", "conveyor-%dx1-eager" % r, lambda: run_conveyor(args, r, graphs=False)),
                           ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
         if key not in chosen:
             continue

@@ -139,8 +139,8 @@ inline int StepsInFlight(const v1::JobSpec& spec) { return spec.steps_in_flight(
 // batch, the activations an eager step holds), one stage, one micro-batch or
 // gpipe (which holds every micro-batch's activations anyway); off for 1f1b and
 // interleaved pipelines (a graph pair per micro-batch keeps its activations,
-// where those schedules hold at most one per stage in flight), replicas'
-// stages (their all-reduce hooks run inside backward), TorchScript models (a
+// where those schedules hold at most one per stage in flight), replicas of
+// a pipeline of several stages (untried), TorchScript models (a
 // user's module may not be capturable), mixed precision, loss scaling,
 // recompute and zero-bubble. `why_off` names the reason, for the one
 // line a job says.

@@ -32,7 +32,7 @@
 #                                   torch.distributed.pipelining over 4 ranks and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
-#                                   480 against DDP: NCCL collectives, Gloo's, one GPU of each kind
+#                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
 #                                   each one's timeline and the profile of its last step
 #   (issue 36, "The pipeline at GPU speed")
@@ -74,7 +74,8 @@ for part in "$@"; do
       done ;;
     dp)
       ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
-      timeout 200 python3 bench/dp_fmnist.py --bin "$bin" --out "$out/dp" --epochs 3 | grep '^|' ;;
+      timeout 200 python3 bench/dp_fmnist.py --bin "$bin" --out "$out/dp" --epochs 3 \
+        --variants pytorch-1gpu,pytorch-ddp-2,conveyor-1dev,conveyor-2x1,conveyor-2x1-eager | grep '^|' ;;
     torchscript)
       timeout 400 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/torchscript" \
         --variants zoo-gpt-2stage,torchscript-gpt-2stage --steps 6 | grep -vE '^epoch' | tail -15 ;;
@@ -160,11 +161,11 @@ for part in "$@"; do
       timeout 150 "$bin/stage_server_test" --gtest_filter='*Nccl*:ReplicaGroup.*:GradientReducer.*' \
         > "$out/replicas-unit.log" 2>&1
       echo "stage_server_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-unit.log" | tr '\n' ' ')"
-      timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*' > "$out/replicas-gpu.log" 2>&1
+      timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
       echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
-      for b in 240 480; do
+      for b in 240 480; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
         timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 30 --out "$out/dp-w1-b$b" \
-          --variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1 | grep '^|'
+          --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
     overhead)
       mkdir -p "$out/overhead"

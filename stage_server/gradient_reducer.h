@@ -59,8 +59,9 @@ class GradientReducer {
   // group.
   Status Arm(std::size_t first, std::size_t last);
   // Starts the buckets not started yet, waits for all of them, and leaves
-  // each parameter's gradient summed over the replicas. Disarms. The errors
-  // of ReplicaGroup.
+  // each parameter's gradient summed over the replicas. Disarms. Without Arm
+  // (passes replayed as CUDA graphs, which run no hooks) every bucket starts
+  // here, in order. The errors of ReplicaGroup.
   Status Finish();
 
   struct Span {

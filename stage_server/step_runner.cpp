@@ -275,10 +275,12 @@ Status Stage::Impl::RunActions(StepState& st) {
   const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
   // replicas: each chunk's last backward (or weight) pass of the optimizer
   // step gives its final gradients, all-reduced bucket by bucket as they come.
+  // Replayed passes run no hooks (and a recorded one must not hold a
+  // collective): the buckets are all-reduced after them, all at once.
   const bool reduce = st.train && job_->reducer && last_batch;
   std::vector<int> arm_at(actions.size(), -1);  // action -> the local chunk to arm before it
-  if (reduce) {
-    job_->reducer->Reset();
+  if (reduce) job_->reducer->Reset();
+  if (reduce && !st.graphed) {
     std::vector<int> last(static_cast<std::size_t>(local_chunks), -1);
     for (std::size_t i = 0; i < actions.size(); ++i)
       if (actions[i].type != ActionType::kForward) last[static_cast<std::size_t>(actions[i].chunk)] = static_cast<int>(i);
@@ -736,10 +738,10 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     for (Chunk& c : job_->chunks) c.layers->Train(st.train);
     if (st.train) {
       // Recorded graphs accumulate into the gradients they saw: zeroed in place.
-      if (job_->graphs) {
+      if (job_->reducer) {
+        job_->reducer->ZeroGrads();  // the gradients are views of its buckets: in place
+      } else if (job_->graphs) {
         for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
-      } else if (job_->reducer) {
-        job_->reducer->ZeroGrads();  // the gradients are views of its buckets
       } else if (job_->optimizer) {
         job_->optimizer->zero_grad();
       }

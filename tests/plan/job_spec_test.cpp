@@ -124,7 +124,8 @@ TEST(JobSpec, CudaGraphsAutoIsOnWhereGraphsHoldNoMoreThanTheSchedule) {
            {"model: toy\n" + pipe + "schedule: zero-bubble\n", false, false, "zero-bubble"},
            {"model: toy\nprecision: bf16-mixed\n", true, false, "mixed precision"},
            {"model: toy\nrecompute: true\n", true, false, "recompute"},
-           {"model: toy\nreplicas: 2\n", false, false, "replicas"},
+           {"model: toy\nreplicas: 2\n", false, true, ""},  // replicas of one stage: reduced after the replays
+           {"model: toy\nreplicas: 2\n" + pipe + "schedule: gpipe\n", false, false, "replicas of a pipeline"},
            {"model: toy\nreplicas: 2\n", true, true, ""},
            {"model: toy\n" + pipe + "schedule: 1f1b\ncuda_graphs: true\n", false, true, ""},
            {"model: toy\ncuda_graphs: false\n", true, false, "cuda_graphs: false"},

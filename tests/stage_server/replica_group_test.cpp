@@ -229,6 +229,36 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
   ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/false);
 }
 
+// Passes replayed as CUDA graphs run no hooks: a reducer never armed (nor
+// joined) starts every bucket in Finish, in order, and sums them all.
+TEST(GradientReducer, UnarmedFinishStartsAndSumsEveryBucket) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  TinyStage whole;
+  for (int r = 0; r < 2; ++r)
+    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  std::vector<at::Tensor> got[2];
+  std::size_t spans[2] = {0, 0};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    TinyStage stage;
+    GradientReducer reducer(&g, stage.params(), 16 * 4);
+    reducer.ZeroGrads();
+    reducer.Reset();
+    for (int mb = 0; mb < 2; ++mb) stage.Backward(Rows(g.rank(), mb));
+    Status st = reducer.Finish();
+    spans[g.rank()] = reducer.spans().size();
+    for (const at::Tensor& p : stage.params()) got[g.rank()].push_back(p.grad().clone());
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(spans[r], 3u) << "replica " << r;
+    for (std::size_t i = 1; i < 4; ++i)
+      EXPECT_TRUE(at::allclose(got[r][i], whole.params()[i].grad(), 1e-5, 1e-6)) << "replica " << r << " parameter " << i;
+    EXPECT_TRUE(at::equal(got[r][0], at::zeros({5})));
+  }
+}
+
 bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaDeviceCount() >= 2; }
 
 // The same over NCCL on two GPUs: the buckets' sums on the devices, each
