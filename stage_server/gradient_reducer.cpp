@@ -10,7 +10,8 @@
 
 namespace conveyor {
 
-GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes)
+GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes,
+                                 bool hooks)
     : group_(group), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), ready_(params_.size()) {
   // Reverse order, one open bucket per (dtype, device); a bucket closes when
   // the next parameter would take it past bucket_bytes.
@@ -37,8 +38,8 @@ GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> pa
   }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) view_data_.push_back(View(i).data_ptr());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Attach(i);
+  for (std::size_t i = 0; i < params_.size(); ++i) Attach(i);
+  for (std::size_t i = 0; hooks && i < params_.size(); ++i) {
     // After the accumulator has added a gradient (DDP's Reducer hooks the
     // same place): the view then holds it.
     accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i]));

@@ -42,8 +42,10 @@ class GradientReducer {
  public:
   // `params`: the stage's trainable parameters, in the order they are
   // created (forward order); their gradients become views of the buckets
-  // (holding what they held). `group` outlives the reducer.
-  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes);
+  // (holding what they held). `group` outlives the reducer. Without `hooks`
+  // (passes replayed as CUDA graphs) no bucket starts during backward: all
+  // start in Finish.
+  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes, bool hooks = true);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -60,8 +62,7 @@ class GradientReducer {
   Status Arm(std::size_t first, std::size_t last);
   // Starts the buckets not started yet, waits for all of them, and leaves
   // each parameter's gradient summed over the replicas. Disarms. Without Arm
-  // (passes replayed as CUDA graphs, which run no hooks) every bucket starts
-  // here, in order. The errors of ReplicaGroup.
+  // or hooks every bucket starts here, in order. The errors of ReplicaGroup.
   Status Finish();
 
   struct Span {

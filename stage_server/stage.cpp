@@ -378,6 +378,24 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     // Bad targets named now, not as an INTERNAL error at the first step.
     if (job->data) CONVEYOR_RETURN_IF_ERROR(Annotate(job->data->CheckTargets(output), who));
   }
+  const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
+    return c.inputs.size() == 1 && c.outputs.size() == 1;
+  });
+  const GraphsChoice graphs = CudaGraphsFor(a.spec(), /*reference=*/false);
+  if (device_.is_cuda() && !graphs.on && !a.spec().has_cuda_graphs()) {
+    LOG_INFO("job ", a.job_id(), " ", who, ": ", graphs.why_off);
+  }
+  if (graphs.on) {
+    if (!one_tensor) {
+      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
+    } else if (GraphedPasses::Available(device_)) {
+      job->graphs = std::make_unique<GraphedPasses>(device_);
+    } else if (a.spec().has_cuda_graphs()) {
+      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
+    }
+  }
+
+  // After the graphs: a stage that replays them keeps no hooks on its gradients.
   CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
   ParameterGroups groups;
   NamedTensors updated = all_params;  // by this stage's optimizer
@@ -396,23 +414,6 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     }
   }
   if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);
-  const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
-    return c.inputs.size() == 1 && c.outputs.size() == 1;
-  });
-  const GraphsChoice graphs = CudaGraphsFor(a.spec(), /*reference=*/false);
-  if (device_.is_cuda() && !graphs.on && !a.spec().has_cuda_graphs()) {
-    LOG_INFO("job ", a.job_id(), " ", who, ": ", graphs.why_off);
-  }
-  if (graphs.on) {
-    if (!one_tensor) {
-      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
-    } else if (GraphedPasses::Available(device_)) {
-      job->graphs = std::make_unique<GraphedPasses>(device_);
-    } else if (a.spec().has_cuda_graphs()) {
-      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
-    }
-  }
-
   const v1::JobSpec& spec = a.spec();
   std::vector<int64_t> train_mbs = MicroBatchSizes(spec, spec.batch_size());
   std::vector<int64_t> eval_mbs = MicroBatchSizes(spec, spec.eval_batch_size());
@@ -517,8 +518,13 @@ Status Stage::Impl::JoinReplicas(Job& job) {
     params.insert(params.end(), c.params.begin(), c.params.end());
   }
   job.chunk_params.push_back(params.size());
+  // Replayed passes run no hooks, and a hook's gradient accumulator, kept
+  // alive, would keep the stream it was made on: backward captured on the
+  // graph's stream then made the legacy stream wait on it, which CUDA refuses
+  // (2x H100, session 20). With graphs the buckets all start after backward.
   job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
-                                                  static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024));
+                                                  static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024),
+                                                  /*hooks=*/job.graphs == nullptr);
   return absl::OkStatus();
 }
 

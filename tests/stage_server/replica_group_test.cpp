@@ -229,9 +229,9 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
   ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/false);
 }
 
-// Passes replayed as CUDA graphs run no hooks: a reducer never armed (nor
-// joined) starts every bucket in Finish, in order, and sums them all.
-TEST(GradientReducer, UnarmedFinishStartsAndSumsEveryBucket) {
+// Passes replayed as CUDA graphs run no hooks: a reducer without hooks
+// (armed or not) starts every bucket in Finish, in order, and sums them all.
+TEST(GradientReducer, WithoutHooksFinishStartsAndSumsEveryBucket) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
   TinyStage whole;
   for (int r = 0; r < 2; ++r)
@@ -240,12 +240,19 @@ TEST(GradientReducer, UnarmedFinishStartsAndSumsEveryBucket) {
   std::size_t spans[2] = {0, 0};
   auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
     TinyStage stage;
-    GradientReducer reducer(&g, stage.params(), 16 * 4);
+    GradientReducer reducer(&g, stage.params(), 16 * 4, /*hooks=*/false);
     reducer.ZeroGrads();
     reducer.Reset();
-    for (int mb = 0; mb < 2; ++mb) stage.Backward(Rows(g.rank(), mb));
-    Status st = reducer.Finish();
-    spans[g.rank()] = reducer.spans().size();
+    stage.Backward(Rows(g.rank(), 0));
+    // Replica 1 arms for its last pass, replica 0 does not: the same either way.
+    Status st = g.rank() == 1 ? reducer.Arm(0, 4) : Status();
+    if (!st.ok()) return st;
+    stage.Backward(Rows(g.rank(), 1));
+    const int64_t before_finish =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    st = reducer.Finish();
+    for (const GradientReducer::Span& s : reducer.spans())
+      if (s.start_us >= before_finish) ++spans[g.rank()];  // none started in backward
     for (const at::Tensor& p : stage.params()) got[g.rank()].push_back(p.grad().clone());
     return st;
   });
