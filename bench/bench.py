@@ -68,7 +68,9 @@ variant run again for more steps, the difference of the two lengths' shortest
 wall times over the difference of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
 where the two clocks disagree by more than 5% says so in its note (CLOCKS DISAGREE), unless the difference
 lies within the runs' own spread and that spread is past 5%: then the note says the outside clock was too
-noisy to judge it. A row whose runs recovered from a failure says so too (RECOVERED): its steady clock
+noisy to judge it. Each run's own clock is kept too (`runs_own_ms`), and `outside_same_runs_ratio` compares
+the outside figure with the own clock of the long run it came from: where that agrees and the row's run
+does not, the note says the row's run was off the others (run-to-run spread), not its clock. A row whose runs recovered from a failure says so too (RECOVERED): its steady clock
 leaves the recovery out.
 
 usage: bench/bench.py w1|w2 [--bin build-gpu/bin] [--out DIR] [--csv FILE] [--steps 10]
@@ -107,7 +109,7 @@ SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleav
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_walls", "final_loss", "busy_fraction",
+          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_same_runs_ratio", "outside_walls", "runs_own_ms", "final_loss", "busy_fraction",
           "theoretical_idle_fraction", "peak_gib", "note"]
 OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
 
@@ -333,6 +335,7 @@ def outside_check(args, workload, v, first):
     if not more or more <= args.steps:
         return {}
     walls = {args.steps: [first["wall_s"]], more: []}
+    clocks = {args.steps: [inside_ms], more: []}  # each run's own clock, ms/step
     extra_recoveries = 0
     for i in range(2 * args.outside_repeats - 1):
         n = more if i % 2 == 0 else args.steps
@@ -340,26 +343,45 @@ def outside_check(args, workload, v, first):
         if not r:
             return {"note": "outside check failed (a run of %d steps)" % n}
         walls[n].append(r["wall_s"])
+        clocks[n].append(1000.0 * batch_size(workload, args) / r["steady_samples_per_second"]
+                         if r.get("steady_samples_per_second") else float("nan"))
         extra_recoveries += int(r.get("recoveries") or 0)
     recoveries = int(first.get("recoveries") or 0) + extra_recoveries
-    outside_ms, ratio, notes = judge_outside(inside_ms, walls, recoveries)
+    outside_ms, ratio, notes = judge_outside(inside_ms, walls, recoveries, clocks)
     out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
            "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
-                                      for n, ws in sorted(walls.items()))}
+                                      for n, ws in sorted(walls.items())),
+           "runs_own_ms": "; ".join("%d steps: %s" % (n, "/".join("%.2f" % c for c in cs))
+                                    for n, cs in sorted(clocks.items()))}
+    same = same_runs_ratio(outside_ms, walls, clocks)
+    if same is not None:
+        out["outside_same_runs_ratio"] = "%.3f" % same
     if notes:
         out["note"] = "; ".join(notes)
     return out
 
 
-def judge_outside(inside_ms, walls, recoveries=0):
+def same_runs_ratio(outside_ms, walls, clocks):
+    """The outside figure over the own clock of the long run it came from (the long length's shortest
+    wall): the two clocks of the same run, which run-to-run spread does not move; None without it."""
+    if not clocks:
+        return None
+    long_ = max(walls)
+    own = clocks[long_][walls[long_].index(min(walls[long_]))]
+    return outside_ms / own if own == own and own > 0 else None
+
+
+def judge_outside(inside_ms, walls, recoveries=0, clocks=None):
     """What the outside clock says of a row: (outside ms/step, outside / inside, notes). `walls` maps
     each of two run lengths (steps) to its runs' wall times (s). The outside figure is the difference
     of the two lengths' shortest wall times over the difference of their steps; its noise, the two
     lengths' spreads (longest minus shortest) over the same. A difference of more than
     OUTSIDE_TOLERANCE is marked CLOCKS DISAGREE, unless it lies within the noise and the noise itself
-    is past the tolerance: then the outside clock was too noisy to judge the row. Recoveries in the
-    runs are named whatever the figures: the steady clock leaves a recovery out, the wall time does
-    not."""
+    is past the tolerance: then the outside clock was too noisy to judge the row. With `clocks` (each
+    run's own ms/step, by length, as `walls`) a row's run that the outside figure disagrees with while
+    the long run it came from agrees (same_runs_ratio) is a slow or fast run, not a wrong clock: the
+    note says so and gives every run's clock. Recoveries in the runs are named whatever the figures:
+    the steady clock leaves a recovery out, the wall time does not."""
     short, long_ = sorted(walls)
     span = long_ - short
     outside_ms = 1000.0 * (min(walls[long_]) - min(walls[short])) / span
@@ -368,8 +390,14 @@ def judge_outside(inside_ms, walls, recoveries=0):
     notes = []
     if recoveries:
         notes.append("RECOVERED %d time(s) in these runs: the row's steady clock leaves recoveries out" % recoveries)
+    same = same_runs_ratio(outside_ms, walls, clocks)
     if clocks_disagree(ratio):
-        if noise_ms > OUTSIDE_TOLERANCE * inside_ms and abs(outside_ms - inside_ms) <= noise_ms:
+        if same is not None and not clocks_disagree(same):
+            notes.append("this run's clock is off the check's runs (run-to-run spread; each run's own ms/step: %s); "
+                         "the long run's own clock agrees with the outside one (%.3fx)"
+                         % ("; ".join("%d steps: %s" % (n, "/".join("%.1f" % c for c in cs))
+                                      for n, cs in sorted(clocks.items())), same))
+        elif noise_ms > OUTSIDE_TOLERANCE * inside_ms and abs(outside_ms - inside_ms) <= noise_ms:
             notes.append("outside clock too noisy to judge: %.1f +- %.1f ms/step (runs of %d and %d steps)"
                          % (outside_ms, noise_ms, short, long_))
         else:
@@ -478,6 +506,8 @@ def table(rows, workload):
         outside = r.get("outside_ms_per_step") or ""
         if outside:  # the row's figure checked from outside (two run lengths)
             outside = "%.1f (%s)" % (float(outside), x(r["outside_ratio"]))
+            if r.get("outside_same_runs_ratio"):
+                outside = outside[:-1] + "; same run %s)" % x(r["outside_same_runs_ratio"])
             if clocks_disagree(r["outside_ratio"]):
                 outside = "**%s**" % outside
         lines.append("| %s | %.1f | %.0f | %s | %s | %s | %s |" % (

@@ -41,6 +41,24 @@ class OutsideJudgement(unittest.TestCase):
         self.assertEqual(len(notes), 1)
         self.assertIn("CLOCKS DISAGREE: outside 20.1 ms/step", notes[0])
 
+    def test_a_slow_run_whose_check_runs_agree_is_spread_not_a_wrong_clock(self):
+        # Session 20's W1 over two H100s: the row's 100-step run at 21.18 ms, the check's own runs at 19.6 to 19.8.
+        walls = {100: [20.24, 15.96], 1753: [49.14, 48.19]}
+        clocks = {100: [21.18, 19.78], 1753: [19.70, 19.64]}
+        ms, ratio, notes = bench.judge_outside(21.18, walls, clocks=clocks)
+        self.assertAlmostEqual(ms, 19.50, places=1)
+        self.assertTrue(bench.clocks_disagree(ratio))
+        self.assertAlmostEqual(bench.same_runs_ratio(ms, walls, clocks), ms / 19.64)
+        self.assertEqual(len(notes), 1)
+        self.assertIn("the long run's own clock agrees with the outside one (0.993x)", notes[0])
+        self.assertIn("100 steps: 21.2/19.8", notes[0])
+
+    def test_a_long_run_whose_own_clock_disagrees_is_still_a_disagreement(self):
+        walls = {20: [10.49, 11.71], 833: [26.84, 26.88]}
+        _, _, notes = bench.judge_outside(18.47, walls, clocks={20: [18.47, 18.5], 833: [18.4, 18.45]})
+        self.assertEqual(len(notes), 1)
+        self.assertIn("CLOCKS DISAGREE: outside 20.1 ms/step", notes[0])
+
 
 if __name__ == "__main__":
     unittest.main()
