@@ -22,6 +22,12 @@
 namespace conveyor {
 namespace {
 
+// LibTorch's message without the C++ stack that c10::Error appends to what().
+std::string WithoutBacktrace(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
 using json = nlohmann::json;
 
 // torch/_export/serde/schema.py's ScalarType.
@@ -213,7 +219,7 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
       weights = json::parse(static_cast<const char*>(w.get()), static_cast<const char*>(w.get()) + m);
     }
   } catch (const std::exception& e) {
-    return Bad(*p, std::string("not a program saved by torch.export.save: ") + e.what());
+    return Bad(*p, std::string("not a program saved by torch.export.save: ") + WithoutBacktrace(e));
   }
   try {
     const json& gm = model.at("graph_module");
@@ -303,7 +309,7 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
       cuts.push_back(at);
     }
   } catch (const json::exception& e) {
-    return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + e.what());
+    return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + WithoutBacktrace(e));
   }
   // Layers: from each cut to the next (empty ones dropped).
   std::set<std::size_t> bounds(cuts.begin(), cuts.end());
@@ -624,7 +630,7 @@ class ExportedPartition final : public Partition {
       // error, which the stage answers with RESOURCE_EXHAUSTED.
       if (IsOutOfMemory(e)) throw;
       return absl::InvalidArgumentError("model.exported: node '" + node.name + "' (" + node.target +
-                                        ") failed: " + std::string(e.what()).substr(0, 600));
+                                        ") failed: " + WithoutBacktrace(e).substr(0, 600));
     }
     for (std::size_t k = 0; k < node.outs.size() && k < stack.size(); ++k) {
       const std::vector<int>& slots = node.outs[k];
@@ -684,7 +690,7 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
       }
     }
   } catch (const std::exception& e) {  // a damaged archive
-    return Bad(*p, std::string("reading its weights: ") + e.what());
+    return Bad(*p, std::string("reading its weights: ") + WithoutBacktrace(e));
   }
   return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end, std::move(held)));
 }

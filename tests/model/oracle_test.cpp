@@ -45,7 +45,7 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp
   int stages;
   int micro_batches;
   std::string schedule;
@@ -115,6 +115,14 @@ nlohmann::json DataBlock(const Case& c) {
   return {{"format", "tensors"},
           {"train", c.model + (c.shards ? "/train-shard-*.pt" : "/train.pt")},
           {"test", c.model + "/test.pt"}};
+}
+
+// The job's model: a TorchScript archive, or a program from PyTorch 2.11
+// (exported-*: the loop trains the module it came from, model.pt beside it).
+nlohmann::json ModelBlock(const Case& c) {
+  if (c.model == "exported-cnn") return {{"exported", c.model + "/cnn.pt2"}, {"cut_before", "bn, fc"}};
+  if (c.model == "exported-mlp") return {{"exported", c.model + "/mlp.pt2"}};  // cut at its pipe_split() mark
+  return {{"torchscript", c.model + "/model.pt"}};
 }
 
 std::string Name(const ::testing::TestParamInfo<Case>& info) {
@@ -193,9 +201,7 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   // The job, as JSON (which is YAML): PyTorch's loop reads the same file.
   nlohmann::json job = {
       {"name", tag},
-      {"model", c.model == "exported-cnn"  // a program from PyTorch 2.11; the loop trains its module (model.pt)
-                    ? nlohmann::json{{"exported", c.model + "/cnn.pt2"}, {"cut_before", "bn, fc"}}
-                    : nlohmann::json{{"torchscript", c.model + "/model.pt"}}},
+      {"model", ModelBlock(c)},
       {"data", DataBlock(c)},
       {"partition", {{"stages", c.stages}}},
       {"batch_size", 16},
@@ -335,7 +341,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"exported-cnn", 2, 2, "1f1b", false, "tensors", "cross_entropy", /*recompute=*/true},
                       Case{"cnn-bn", 2, 4, "1f1b", false, "tensors", "cross_entropy", /*recompute=*/true},
                       Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"},
-                      Case{"exported-cnn", 2, 4, "1f1b", /*init_from=*/true}),
+                      Case{"exported-cnn", 2, 4, "1f1b", /*init_from=*/true},
+                      // A program cut by the pipe_split() mark PyTorch 2.11 exported in it.
+                      Case{"exported-mlp", 2, 4, "1f1b"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

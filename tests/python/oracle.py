@@ -38,7 +38,8 @@ states and a bool per-sample attention mask), decoder-ids (the same with
 (hidden, token ids) crossing: int64 ids that the head reads again), dropout (an
 MLP with nn.Dropout), exported-cnn (tests/fixtures/pt2/cnn.pt2, a program PyTorch 2.11's
 torch.export.save wrote, which Conveyor trains; the loop trains the module it was exported
-from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), frozen (an MLP whose first layer has
+from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported-mlp (mlp.pt2
+there, cut by the pipe_split() mark in the program), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -192,8 +193,8 @@ def build(name):
         model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32),
                               nn.Tanh(), nn.Dropout(0.5), nn.Linear(32, 10))
         return model, "images"
-    if name == "exported-cnn":
-        return exported_cnn(), "images3"
+    if name in EXPORTED:
+        return EXPORTED[name][2](), EXPORTED[name][3]
     if name == "tokens":
         vocab, width = 64, 16
         model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
@@ -202,8 +203,9 @@ def build(name):
     raise SystemExit(f"oracle.py: unknown model {name}")
 
 
-# tests/fixtures/pt2/cnn.pt2: a program PyTorch 2.11 exported (export_programs.py there).
-EXPORTED_CNN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "pt2", "cnn.pt2")
+# tests/fixtures/pt2: programs PyTorch 2.11 exported (export_programs.py there).
+PT2 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "pt2")
+EXPORTED_CNN = os.path.join(PT2, "cnn.pt2")
 EXPORTED_CNN_CUTS = "bn, fc"  # model.cut_before: three layers
 
 
@@ -240,8 +242,27 @@ def exported_cnn():
     return model
 
 
+def exported_mlp():
+    """mlp.pt2's module as the two layers its pipe_split() mark cuts it into, with its weights."""
+    from collections import OrderedDict
+    model = nn.Sequential(nn.Sequential(OrderedDict(l1=nn.Linear(16, 32), relu=nn.ReLU())),
+                          nn.Sequential(OrderedDict(l2=nn.Linear(32, 32), relu=nn.ReLU(), l3=nn.Linear(32, 4))))
+    layer = {"l1": 0, "l2": 1, "l3": 1}
+    state = {f"{layer[name.split('.')[0]]}.{name}": t
+             for name, t in exported_weights(os.path.join(PT2, "mlp.pt2")).items()}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+# model name -> (the program's file, model.cut_before or None, the module it came from, data kind)
+EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images3"),
+            "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16")}
+
+
 def make_data(kind, n, seed):
     g = torch.Generator().manual_seed(seed)
+    if kind == "vectors16":  # mlp.pt2's input: 16 features, 4 classes
+        return {"inputs": torch.randn(n, 16, generator=g), "targets": torch.randint(0, 4, (n,), generator=g)}
     if kind in ("images", "images3"):
         x = torch.randn(n, 1, 8, 8, generator=g)
         y = torch.randint(0, 3 if kind == "images3" else 10, (n,), generator=g)
@@ -293,7 +314,7 @@ def make(name, out):
     model, kind = build(name)
     torch.jit.script(model).save(f"{out}/model.pt")
     init = model.state_dict()
-    if name == "exported-cnn":  # the program's names: each layer's own, without the layer's index
+    if name in EXPORTED:  # the program's names: each layer's own, without the layer's index
         init = {k.split(".", 1)[1]: t for k, t in init.items()}
     torch.save(init, f"{out}/init.pt")
     if kind == "token-file":
@@ -310,10 +331,13 @@ def make(name, out):
         torch.save(make_data(kind, 32, 2), f"{out}/test.pt")
         data = {"format": "tensors", "train": "train.pt", "test": "test.pt"}
     model_spec = {"torchscript": "model.pt"}
-    if name == "exported-cnn":  # Conveyor trains the program; the loop, model.pt beside it
+    if name in EXPORTED:  # Conveyor trains the program; the loop, model.pt beside it
         import shutil
-        shutil.copy(EXPORTED_CNN, f"{out}/cnn.pt2")
-        model_spec = {"exported": "cnn.pt2", "cut_before": EXPORTED_CNN_CUTS}
+        program, cuts = EXPORTED[name][:2]
+        shutil.copy(os.path.join(PT2, program), f"{out}/{program}")
+        model_spec = {"exported": program}
+        if cuts:
+            model_spec["cut_before"] = cuts
     job = {
         "name": name,
         "model": model_spec,
