@@ -45,7 +45,7 @@ std::string Python() {
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec
   int stages;
   int micro_batches;
   std::string schedule;
@@ -122,6 +122,7 @@ nlohmann::json DataBlock(const Case& c) {
 nlohmann::json ModelBlock(const Case& c) {
   if (c.model == "exported-cnn") return {{"exported", c.model + "/cnn.pt2"}, {"cut_before", "bn, fc"}};
   if (c.model == "exported-mlp") return {{"exported", c.model + "/mlp.pt2"}};  // cut at its pipe_split() mark
+  if (c.model == "exported-dec") return {{"exported", c.model + "/dec_pair.pt2"}};  // a pair at its mark
   return {{"torchscript", c.model + "/model.pt"}};
 }
 
@@ -343,7 +344,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"exported-cnn", 2, 2, "gpipe", false, "tensors", "cross_entropy", false, "adamw"},
                       Case{"exported-cnn", 2, 4, "1f1b", /*init_from=*/true},
                       // A program cut by the pipe_split() mark PyTorch 2.11 exported in it.
-                      Case{"exported-mlp", 2, 4, "1f1b"}),
+                      Case{"exported-mlp", 2, 4, "1f1b"},
+                      // A decoder whose mark cuts the pair (hidden, positions), on token data.
+                      Case{"exported-dec", 1, 2, "gpipe", false, "tokens"},
+                      Case{"exported-dec", 2, 4, "1f1b", false, "tokens"},
+                      Case{"exported-dec", 2, 2, "gpipe", false, "tokens", "cross_entropy", false, "adamw"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

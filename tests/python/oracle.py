@@ -39,7 +39,8 @@ states and a bool per-sample attention mask), decoder-ids (the same with
 MLP with nn.Dropout), exported-cnn (tests/fixtures/pt2/cnn.pt2, a program PyTorch 2.11's
 torch.export.save wrote, which Conveyor trains; the loop trains the module it was exported
 from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported-mlp (mlp.pt2
-there, cut by the pipe_split() mark in the program), frozen (an MLP whose first layer has
+there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 there: a decoder
+whose mark cuts the pair (hidden, positions), on token data), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -254,9 +255,61 @@ def exported_mlp():
     return model
 
 
+class MathBlock(nn.Module):
+    """export_programs.py's MathBlock: attention written out, then x + o(attention) + pos, pos."""
+    def __init__(self, width: int, seq: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.o = nn.Linear(width, width)
+        self.register_buffer("mask", torch.zeros(seq, seq))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.qkv(self.ln(x)).chunk(3, dim=-1)
+        s = torch.matmul(c[0], c[1].transpose(-2, -1)) * 0.25 + self.mask  # 16 ** -0.5, as exported
+        return x + self.o(torch.matmul(torch.softmax(s, dim=-1), c[2])) + pos, pos
+
+
+class PairHead(nn.Module):
+    """dec_pair.pt2's first layer: embedding, the positions broadcast over the batch, block 1; the pair out."""
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(8, 16))
+        self.emb = nn.Embedding(50, 16)
+        self.b1 = MathBlock(16, 8)
+
+    def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e = self.emb(t)
+        return self.b1(e, torch.zeros_like(e) + self.pos)
+
+
+class PairTail(nn.Module):
+    """dec_pair.pt2's second layer: block 2 on the pair, then the vocabulary head."""
+    def __init__(self):
+        super().__init__()
+        self.b2 = MathBlock(16, 8)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h, pos = self.b2(x[0], x[1])
+        return self.head(h)
+
+
+def exported_dec():
+    """dec_pair.pt2's module (tests/fixtures/pt2/pair_program.py) as the two layers its mark cuts it
+    into, the pair (hidden, positions) between them, with its weights."""
+    model = nn.Sequential(PairHead(), PairTail())
+    layer = {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1}
+    state = {f"{layer[name.split('.')[0]]}.{name}": t
+             for name, t in exported_weights(os.path.join(PT2, "dec_pair.pt2")).items()}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 # model name -> (the program's file, model.cut_before or None, the module it came from, data kind)
 EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images3"),
-            "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16")}
+            "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16"),
+            "exported-dec": ("dec_pair.pt2", None, exported_dec, "token-file50")}
 
 
 def make_data(kind, n, seed):
@@ -317,10 +370,11 @@ def make(name, out):
     if name in EXPORTED:  # the program's names: each layer's own, without the layer's index
         init = {k.split(".", 1)[1]: t for k, t in init.items()}
     torch.save(init, f"{out}/init.pt")
-    if kind == "token-file":
+    if kind.startswith("token-file"):
         # 96 windows of 8 and the token after the last, then a tail of 3 that is dropped.
-        write_tokens(f"{out}/train.bin", 96 * 8 + 1 + 3, 1)
-        write_tokens(f"{out}/test.bin", 32 * 8 + 1, 2)
+        vocab = 50 if kind == "token-file50" else 64
+        write_tokens(f"{out}/train.bin", 96 * 8 + 1 + 3, 1, vocab)
+        write_tokens(f"{out}/test.bin", 32 * 8 + 1, 2, vocab)
         data = {"format": "tokens", "train": "train.bin", "test": "test.bin", "dtype": "uint16", "seq_len": 8}
     else:
         train = make_data(kind, 96, 1)
