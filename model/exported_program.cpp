@@ -89,6 +89,9 @@ struct Program {
   std::vector<std::size_t> starts;
   std::vector<std::vector<std::string>> crossing;
   std::vector<std::vector<std::string>> layer_state;  // the state each layer holds, signature order
+  // State that several layers use (tied): its first and last user. The first
+  // holds it; a partition must hold all of them.
+  std::map<std::string, std::pair<std::size_t, std::size_t>> tied;
   // Every value has a slot in a partition's values (Compile).
   std::map<std::string, int> slot_of;
   std::vector<std::vector<int>> crossing_slots;
@@ -330,7 +333,8 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
     for (const std::string& o : outs) made[o] = i;
   }
   for (const std::string& o : p->user_outputs) last_read[o] = p->nodes.size();
-  // The state each layer uses; a parameter used by two layers is tied across a cut.
+  // The state each layer uses; one used by several layers is held by the
+  // first, and a partition must hold every user (LoadExportedPartition).
   p->layer_state.assign(layers, {});
   std::map<std::string, std::size_t> owner;
   for (std::size_t i = 0; i < p->nodes.size(); ++i) {
@@ -340,8 +344,8 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
       const std::size_t layer = layer_of(i);
       auto [it, first] = owner.emplace(s->second, layer);
       if (!first && it->second != layer) {
-        return Bad(*p, "'" + s->second + "' is used by layers " + std::to_string(it->second) + " and " +
-                           std::to_string(layer) + " (tied across a cut): cut elsewhere");
+        auto [span, added] = p->tied.emplace(s->second, std::make_pair(it->second, layer));
+        if (!added) span->second.second = std::max(span->second.second, layer);
       }
     }
   }
@@ -681,6 +685,15 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
   if (begin < 0 || end > layers || begin >= end) {
     return absl::InvalidArgumentError("model.exported: layers [" + std::to_string(begin) + ", " +
                                       std::to_string(end) + ") of a program of " + std::to_string(layers) + " layers");
+  }
+  for (const auto& [name, span] : p->tied) {
+    const auto [first, last] = span;
+    const bool some = static_cast<int>(last) >= begin && static_cast<int>(first) < end;
+    if (some && (static_cast<int>(first) < begin || static_cast<int>(last) >= end)) {
+      return Bad(*p, "'" + name + "' is used by layers " + std::to_string(first) + " to " + std::to_string(last) +
+                         ", and a stage holds layers [" + std::to_string(begin) + ", " + std::to_string(end) +
+                         "): a parameter tied across a stage boundary; cut elsewhere, or keep those layers on one stage");
+    }
   }
   std::map<std::string, at::Tensor> held;
   try {

@@ -139,11 +139,50 @@ TEST(ExportedProgram, RealProgramsCutAtTheirMarksOrSayWhyNot) {
               std::string::npos)
         << dec.status();
   }
-  auto math = LoadExportedPartition(pt2 + "dec_math.pt2", "", 0, 1);
+  auto math = LoadExportedPartition(pt2 + "dec_math.pt2", "", 1, 2);
   EXPECT_EQ(math.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(math.status().message()).find("'pos' is used by layers 0 and 1 (tied across a cut): cut elsewhere"),
+  EXPECT_NE(std::string(math.status().message())
+                .find("'pos' is used by layers 0 to 1, and a stage holds layers [1, 2): a parameter tied across a "
+                      "stage boundary"),
             std::string::npos)
       << math.status();
+}
+
+// A parameter that two layers use (dec_math.pt2's positions, added in both
+// blocks) is one tensor where one partition holds both layers: its gradient
+// is the sum of both uses. dec_pair.pt2 (the same weights, the positions
+// broadcast over the batch before the mark) computes the same thing.
+TEST(ExportedProgram, AParameterTwoLayersUseIsOneTensorOnTheirStage) {
+  const std::string pt2 = std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/";
+  auto tied = LoadExportedPartition(pt2 + "dec_math.pt2", "", 0, 2);
+  ASSERT_TRUE(tied.ok()) << tied.status();
+  auto pair = LoadExportedPartition(pt2 + "dec_pair.pt2", "", 0, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  const at::Tensor tokens = at::randint(0, 50, {4, 8}, at::TensorOptions(at::kLong));
+  std::map<std::string, at::Tensor> grads[2];
+  at::Tensor outs[2];
+  int k = 0;
+  for (Partition* p : {tied->get(), pair->get()}) {
+    p->Train(true);
+    auto y = p->Forward({tokens});
+    ASSERT_TRUE(y.ok()) << y.status();
+    ASSERT_EQ(y->size(), 1u);
+    outs[k] = y->front();
+    y->front().pow(2).mean().backward();
+    std::size_t pos_entries = 0;
+    for (const auto& [name, t] : p->NamedParameters()) {
+      grads[k][name] = t.grad();
+      pos_entries += name == "pos";
+    }
+    EXPECT_EQ(pos_entries, 1u) << "one tensor named pos";
+    ++k;
+  }
+  EXPECT_TRUE(at::equal(outs[0], outs[1]));
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (const auto& [name, g] : grads[0]) {
+    ASSERT_TRUE(g.defined()) << name;
+    EXPECT_TRUE(at::allclose(g, grads[1].at(name), 1e-5, 1e-7)) << name;
+  }
 }
 
 // The three layers chained, in evaluation: the operations of the program

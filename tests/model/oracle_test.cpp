@@ -422,6 +422,12 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/cnn.pt2", dir + "/cnn.pt2");
   fails("model: {exported: cnn.pt2, cut_before: head}\n" + exported_data, "INVALID_ARGUMENT",
         "cut_before: no module 'head' in the program");
+  // A decoder whose two blocks both add its positions, cut between them.
+  std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/dec_math.pt2",
+                             dir + "/dec_math.pt2");
+  fails("model: {exported: dec_math.pt2}\n" + exported_data,
+        "INVALID_ARGUMENT", "'pos' is used by layers 0 to 1, and a stage holds layers [0, 1): a parameter tied across a "
+        "stage boundary");
   ASSERT_EQ(RunCommand({python, Oracle(), "losses", dir + "/losses"}).exit_code, 0);
   fails(good + "loss: {torchscript: bad/notscript.pt}\n", "INVALID_ARGUMENT",
         "/bad/notscript.pt is not a TorchScript archive");
