@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "cli/local_cluster.h"
 #include "common/files.h"
@@ -630,6 +631,54 @@ TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
   const int64_t whole = runs[0].stages(0).optimizer_state_bytes();
   EXPECT_EQ(runs[1].stages(0).optimizer_state_bytes() + runs[1].stages(1).optimizer_state_bytes(), whole);
   EXPECT_LT(runs[1].stages(0).optimizer_state_bytes(), whole);
+}
+
+// Issue 35, live against PyTorch 2: the GPU machine's python3 (PyTorch 2.x)
+// trains each program's own module (torch.export.load(PATH).module(),
+// tests/python/oracle.py train --live) on the CPU in Conveyor's order, and
+// Conveyor trains the program on the GPU: mlp.pt2 over two stages cut at its
+// pipe_split() mark, dec.pt2 (scaled_dot_product_attention, which LibTorch
+// 1.13 lacks) on one. Every step's loss and the evaluation within the GPU
+// tests' bound. Skips without a python3 whose torch has torch.export.
+TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
+  if (testing::RunCommand({"python3", "-c", "import sys, torch; sys.exit(0 if hasattr(torch, 'export') else 1)"})
+          .exit_code != 0)
+    GTEST_SKIP() << "no python3 with PyTorch 2 (torch.export)";
+  const std::string dir = testing::MakeTempDir("gpu-exported");
+  const std::string oracle = std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py";
+  for (const auto& [model, stages] : std::vector<std::pair<std::string, int>>{{"exported-mlp", 2}, {"exported-sdpa", 1}}) {
+    SCOPED_TRACE(model);
+    const std::string folder = dir + "/" + model;
+    auto made = testing::RunCommand({"python3", oracle, "make", model, folder});
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    nlohmann::json job = nlohmann::json::parse(std::ifstream(folder + "/job.json"));
+    job["partition"] = {{"stages", stages}};
+    job["eval"] = true;
+    job["eval_batch_size"] = 10;
+    std::ofstream(folder + "/job.json") << job.dump(1);
+    auto ref = testing::RunCommand({"python3", oracle, "train", folder + "/job.json", folder + "/ref.json", "--live"});
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    const nlohmann::json want = nlohmann::json::parse(std::ifstream(folder + "/ref.json"));
+
+    cli::LocalClusterOptions options;
+    options.remove_run_dir = true;
+    options.stages = stages;
+    options.devices.assign(static_cast<std::size_t>(stages), "cuda:0");
+    options.bin_dir = CONVEYOR_BIN_DIR;
+    options.data_roots = {folder};  // the job's paths are relative to its folder
+    auto cluster = cli::LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), job.dump());
+    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+    ASSERT_EQ(run.losses_size(), static_cast<int>(want["losses"].size()));
+    for (int i = 0; i < run.losses_size(); ++i) {
+      const double w = want["losses"][static_cast<std::size_t>(i)];
+      EXPECT_NEAR(run.losses(i), w, 1e-4 + 1e-4 * std::abs(w)) << "step " << i + 1;
+    }
+    const double eval_loss = want["eval_loss"];
+    EXPECT_NEAR(run.eval_loss(), eval_loss, 1e-4 + 1e-4 * std::abs(eval_loss));
+  }
+  RemoveTree(dir);
 }
 
 }  // namespace

@@ -16,6 +16,9 @@ per-step losses and final parameters a Conveyor run must equal.
                                   every step and OUT.pt, the final state_dict;
                                   with eval: true also the test split's mean
                                   loss, accuracy and perplexity (evaluate())
+    oracle.py train JOB OUT.json --live
+                                  PyTorch 2, an exported program: its own module
+                                  (torch.export.load) trains, not model.pt
     oracle.py compare OUT.json RUN.json STATE_A.pt STATE_B.pt
                                   the largest differences, as JSON
     oracle.py pretrained DIR      DIR/pretrained.pt: DIR's initial weights,
@@ -194,8 +197,9 @@ def build(name):
         model = nn.Sequential(Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 32),
                               nn.Tanh(), nn.Dropout(0.5), nn.Linear(32, 10))
         return model, "images"
-    if name in EXPORTED:
-        return EXPORTED[name][2](), EXPORTED[name][3]
+    if name in EXPORTED:  # no module for PyTorch 1.13 where the program needs PyTorch 2 (train --live)
+        builder = EXPORTED[name][2]
+        return (builder() if builder else None), EXPORTED[name][3]
     if name == "tokens":
         vocab, width = 64, 16
         model = nn.Sequential(nn.Embedding(vocab, width), nn.Linear(width, width), nn.GELU(),
@@ -309,7 +313,9 @@ def exported_dec():
 # model name -> (the program's file, model.cut_before or None, the module it came from, data kind)
 EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images3"),
             "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16"),
-            "exported-dec": ("dec_pair.pt2", None, exported_dec, "token-file50")}
+            "exported-dec": ("dec_pair.pt2", None, exported_dec, "token-file50"),
+            # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
+            "exported-sdpa": ("dec.pt2", None, None, "token-file50")}
 
 
 def make_data(kind, n, seed):
@@ -365,11 +371,12 @@ def make(name, out):
     import os
     os.makedirs(out, exist_ok=True)
     model, kind = build(name)
-    torch.jit.script(model).save(f"{out}/model.pt")
-    init = model.state_dict()
-    if name in EXPORTED:  # the program's names: each layer's own, without the layer's index
-        init = {k.split(".", 1)[1]: t for k, t in init.items()}
-    torch.save(init, f"{out}/init.pt")
+    if model is not None:
+        torch.jit.script(model).save(f"{out}/model.pt")
+        init = model.state_dict()
+        if name in EXPORTED:  # the program's names: each layer's own, without the layer's index
+            init = {k.split(".", 1)[1]: t for k, t in init.items()}
+        torch.save(init, f"{out}/init.pt")
     if kind.startswith("token-file"):
         # 96 windows of 8 and the token after the last, then a tail of 3 that is dropped.
         vocab = 50 if kind == "token-file50" else 64
@@ -499,14 +506,42 @@ def loss_fn(name, out, y):
     raise SystemExit(f"oracle.py: unknown loss {name}")
 
 
-def train(job_path, out_json):
+class LiveProgram(nn.Sequential):
+    """An exported program's own module (torch.export.load(PATH).module()) as the one layer of the
+    loop. Such a module refuses train() and eval() (it runs in the mode it was exported in): the flag
+    alone is set, for this loop's own use."""
+
+    def train(self, mode=True):
+        self.training = mode
+        return self
+
+
+def load_live(path):
+    """PyTorch 2: the module of the program at `path`, as LiveProgram."""
+    if not hasattr(torch, "export"):
+        raise SystemExit(f"oracle.py train --live: PyTorch {torch.__version__} has no torch.export")
+    import importlib
+    try:
+        importlib.import_module("torch.distributed.pipelining")  # registers pipe_split's operator
+    except ImportError:
+        pass
+    return LiveProgram(torch.export.load(path).module())
+
+
+def train(job_path, out_json, live=False):
+    """PyTorch's loop over the job. `live`, for an exported program (PyTorch 2): the program's own
+    module, loaded by torch.export.load, rather than the module rebuilt beside it (model.pt); its
+    layers run as one, so only programs without dropout match Conveyor's cut step for step."""
     import os
     folder = os.path.dirname(os.path.abspath(job_path))
     with open(job_path) as f:
         job = json.load(f)
     exported = "exported" in job["model"]  # an exported program: the module it came from, beside it
     script = os.path.join(os.path.dirname(job["model"]["exported"]), "model.pt") if exported else job["model"]["torchscript"]
-    model = torch.jit.load(f"{folder}/{script}")
+    if live and exported:
+        model = load_live(f"{folder}/{job['model']['exported']}")
+    else:
+        model = torch.jit.load(f"{folder}/{script}")
     if isinstance(job.get("loss"), dict):
         job["loss"] = {"torchscript": f"{folder}/{job['loss']['torchscript']}"}
     if "init_from" in job:
@@ -702,6 +737,8 @@ if __name__ == "__main__":
         make(sys.argv[2], sys.argv[3])
     elif cmd == ["train"] and len(sys.argv) == 4:
         train(sys.argv[2], sys.argv[3])
+    elif cmd == ["train"] and len(sys.argv) == 5 and sys.argv[4] == "--live":
+        train(sys.argv[2], sys.argv[3], live=True)
     elif cmd == ["compare"] and len(sys.argv) == 6:
         compare(*sys.argv[2:6])
     elif cmd == ["pretrained"] and len(sys.argv) == 3:
