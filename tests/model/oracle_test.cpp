@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 
 #include "cli/local_cluster.h"
+#include "common/files.h"
 #include "model/state_dict.h"
 #include "tests/support/test_util.h"
 
@@ -376,6 +378,38 @@ INSTANTIATE_TEST_SUITE_P(
                       // turns the rounding noise of a different summation order into steps of lr.)
                       Case{"mlp", 3, 4, "1f1b", false, "tensors", "cross_entropy", false, "loss-scale"}),
     Name);
+
+// An exported program in pure bf16 (parameters, optimizer state and
+// activations; the loss in fp32) over two stage servers trains as the
+// single-process bf16 reference does: bf16 keeps 8 bits of mantissa, so the
+// same training within 0.05 a step, not the same bits.
+TEST(ExportedJobs, Bf16OverTwoStagesTrainsAsTheBf16Reference) {
+  const std::string python = Python();
+  if (python.empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
+  const std::string dir = testing::MakeTempDir("exported-bf16");
+  ASSERT_EQ(RunCommand({python, Oracle(), "make", "exported-mlp", dir}).exit_code, 0);
+  const std::string job = "data: {format: tensors, train: train.pt}\nbatch_size: 16\nmicro_batches: 4\nsteps: 8\n"
+                          "optimizer: {name: adamw, lr: 0.01}\nprecision: bf16\n";
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 2;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.data_roots = {dir};
+  auto cluster = cli::LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(),
+                                                   "model: {exported: mlp.pt2}\npartition: {stages: 2}\n" + job);
+  ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
+  const std::string absolute = "model: {exported: " + dir + "/mlp.pt2}\n" + job;
+  const cli::ReferenceResult ref = testing::Reference(std::regex_replace(absolute, std::regex("train: "), "train: " + dir + "/"));
+  ASSERT_EQ(run.losses_size(), ref.status.losses_size());
+  for (int i = 0; i < run.losses_size(); ++i) EXPECT_NEAR(run.losses(i), ref.status.losses(i), 0.05) << "step " << i + 1;
+  EXPECT_LT(run.losses(run.losses_size() - 1), run.losses(0));
+  EXPECT_EQ(run.stages(1).layer_begin(), 1);  // cut at the program's pipe_split() mark
+  EXPECT_EQ(run.stages(0).parameter_bytes(), (16 * 32 + 32) * 2) << "l1's weight and bias in bf16";
+  cluster->reset();
+  RemoveTree(dir);
+}
 
 // Files a job must refuse, each with a named error, the servers serving on.
 TEST(TorchScriptJobs, BadFilesAreNamed) {
