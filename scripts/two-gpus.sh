@@ -33,6 +33,7 @@
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
+#   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
 #                                   each one's timeline and the profile of its last step
 #   (issue 36, "The pipeline at GPU speed")
@@ -167,6 +168,16 @@ for part in "$@"; do
         timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 30 --out "$out/dp-w1-b$b" \
           --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
+    w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory
+      mkdir -p "$out/w2-replicas"
+      for zero in 0 1; do
+        timeout 240 "$bin/conveyor" local examples/gpt-w2.yaml --json --set partition.stages=1 --set replicas=2 \
+          --set micro_batches=4 --set steps=12 --set "optimizer={name: adamw, lr: 0.0001}" --set "zero=$zero" \
+          > "$out/w2-replicas/zero$zero.json" 2> "$out/w2-replicas/zero$zero.log"
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('W2 2x1 zero', sys.argv[2], 'ms/step', round(1000*32/j['steady_samples_per_second'],1), [(s.get('replica'), round(s['memory'].get('device_peak_bytes',0)/2**30,2), round(s['memory'].get('optimizer_state_bytes',0)/2**30,2)) for s in j.get('stages',[])], '(replica, peak GiB, optimizer GiB)')" \
+          "$out/w2-replicas/zero$zero.json" "$zero" 2>&1 | tail -1
+      done
+      tar -czf "$out/w2-replicas.tgz" -C "$out" w2-replicas && rm -rf "$out/w2-replicas" ;;
     overhead)
       mkdir -p "$out/overhead"
       for v in "ref 240 1" "stage 240 1" "replicas 480 2"; do
