@@ -68,7 +68,9 @@ variant run again for more steps, the difference of the two lengths' shortest
 wall times over the difference of their steps; `outside_ms_per_step` and `outside_ratio` hold it, and a row
 where the two clocks disagree by more than 5% says so in its note (CLOCKS DISAGREE), unless the difference
 lies within the runs' own spread and that spread is past 5%: then the note says the outside clock was too
-noisy to judge it. Each run's own clock is kept too (`runs_own_ms`), and `outside_same_runs_ratio` compares
+noisy to judge it. With --repeats N every row, PyTorch's and Conveyor's alike, is run N times and is its median
+run (the `statistic` column says so); a Conveyor row's N runs are also the outside check's runs
+of --steps. Each run's own clock is kept too (`runs_own_ms`), and `outside_same_runs_ratio` compares
 the outside figure with the own clock of the long run it came from: where that agrees and the row's run
 does not, the note says the row's run was off the others (run-to-run spread), not its clock. A row whose runs recovered from a failure says so too (RECOVERED): its steady clock
 leaves the recovery out.
@@ -322,31 +324,49 @@ def run_conveyor(args, workload, v, steps=None):
     return result, note
 
 
-def outside_check(args, workload, v, first):
-    """The variant run again, at --steps and at --outside-steps alternately (--outside-repeats runs of
-    each length, `first` counting as one of --steps): ms per step from the difference of the two
-    lengths' shortest wall times (start-up, loading and teardown cancel; the shortest, since what
-    varies from run to run there, cuDNN's autotuning, the page cache, only ever adds), and its ratio to
-    the row's own clock."""
-    inside_ms = 1000.0 * batch_size(workload, args) / first["steady_samples_per_second"]
+def own_ms(workload, args, r):
+    """A run's own clock, ms per step (nan where it has none)."""
+    sps = r.get("steady_samples_per_second")
+    return 1000.0 * batch_size(workload, args) / sps if sps else float("nan")
+
+
+def repeated(args, statistic):
+    """The statistic column of a row measured --repeats times: the median run's."""
+    return statistic if args.repeats <= 1 else "median of %d runs, each the %s" % (args.repeats, statistic)
+
+
+def median_run(runs, key):
+    """The run whose `key` is the median of `runs` (the lower middle one of an even count)."""
+    ordered = sorted(runs, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def outside_check(args, workload, v, firsts, inside_ms):
+    """The variant run again, at --outside-steps and at --steps (--outside-repeats runs of each
+    length, the row's own runs `firsts` counting as runs of --steps): ms per step from the difference
+    of the two lengths' shortest wall times (start-up, loading and teardown cancel; the shortest,
+    since what varies from run to run there, cuDNN's autotuning, the page cache, only ever adds), and
+    its ratio to the row's figure `inside_ms`."""
     more = args.outside_steps
     if more is None:  # long enough that the steps' time dwarfs what start-up varies by (seconds on W2)
         more = args.steps + max(2 * args.steps + 2, int(1000.0 * args.outside_seconds / inside_ms) + 1)
     if not more or more <= args.steps:
         return {}
-    walls = {args.steps: [first["wall_s"]], more: []}
-    clocks = {args.steps: [inside_ms], more: []}  # each run's own clock, ms/step
-    extra_recoveries = 0
-    for i in range(2 * args.outside_repeats - 1):
-        n = more if i % 2 == 0 else args.steps
+    walls = {args.steps: [r["wall_s"] for r in firsts], more: []}
+    clocks = {args.steps: [own_ms(workload, args, r) for r in firsts], more: []}  # each run's own clock, ms/step
+    recoveries = sum(int(r.get("recoveries") or 0) for r in firsts)
+    # Alternated, long first: what drifts during the call falls on both lengths.
+    n_long, n_short = args.outside_repeats, max(0, args.outside_repeats - len(firsts))
+    order = []
+    for i in range(max(n_long, n_short)):
+        order += ([more] if i < n_long else []) + ([args.steps] if i < n_short else [])
+    for n in order:
         r, _ = run_conveyor(args, workload, v, steps=n)
         if not r:
             return {"note": "outside check failed (a run of %d steps)" % n}
         walls[n].append(r["wall_s"])
-        clocks[n].append(1000.0 * batch_size(workload, args) / r["steady_samples_per_second"]
-                         if r.get("steady_samples_per_second") else float("nan"))
-        extra_recoveries += int(r.get("recoveries") or 0)
-    recoveries = int(first.get("recoveries") or 0) + extra_recoveries
+        clocks[n].append(own_ms(workload, args, r))
+        recoveries += int(r.get("recoveries") or 0)
     outside_ms, ratio, notes = judge_outside(inside_ms, walls, recoveries, clocks)
     out = {"outside_ms_per_step": "%.2f" % outside_ms, "outside_ratio": "%.3f" % ratio,
            "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in ws))
@@ -727,6 +747,9 @@ def main(argv):
     p.add_argument("--outside-seconds", type=float, default=30,
                    help="how much longer the outside check's long runs last, by the row's own clock (default 30: on "
                         "two H200s W2's start-up varied by 3 s from run to run, W1's by 0.5 s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each row, PyTorch's and Conveyor's alike; the row is the median run's (two-GPU "
+                        "runs of one job varied by 7%% in their steady rate on H100s)")
     p.add_argument("--outside-repeats", type=int, default=2,
                    help="runs of each length for the outside check, alternated; the shortest of each counts")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
@@ -839,17 +862,19 @@ def main(argv):
         else:
             print("  %s: torch sees %d GPU(s)" % (args.python, gpus), flush=True)
     for group, g in torch_groups.items():
-        got = run_torch(args, w, group, g["schedules"], g["mbs"], g["names"])
+        calls = [run_torch(args, w, group, g["schedules"], g["mbs"], g["names"]) for _ in range(args.repeats)]
         for v in variants:
             if v["impl"] != "pytorch" or v["schedule"] not in g["schedules"]:
                 continue
-            r = got.get(v["variant"])
+            results = [c.get(v["variant"]) for c in calls]
+            ok = [x for x in results if x and "error" not in x and x.get("samples_per_second")]
+            r = median_run(ok, lambda x: x["samples_per_second"]) if len(ok) == len(results) else results[-1]
             if not r or "error" in r or not r.get("samples_per_second"):
                 print("  %s: %s" % (v["variant"], (r or {}).get("error", "no result, see the log")),
                       file=sys.stderr)
                 failed.append(v["variant"])
                 continue
-            add(v, r["samples_per_second"], r.get("statistic") or tp.statistic(r["iters"], r["warmup"]),
+            add(v, r["samples_per_second"], repeated(args, r.get("statistic") or tp.statistic(r["iters"], r["warmup"])),
                 note="channels-last, cudnn.benchmark" if args.torch_channels_last and v["schedule"] != "best" else "",
                 stages=r.get("stages", ""), final_loss=r.get("loss", ""),
                 peak_gib="/".join(str(g) for g in r["peak_gib"]) if isinstance(r.get("peak_gib"), list)
@@ -858,14 +883,21 @@ def main(argv):
     for v in variants:
         if v["impl"] != "conveyor":
             continue
-        r, note = run_conveyor(args, w, v)
-        if not r:
+        runs, note = [], ""
+        for _ in range(args.repeats):
+            r, note = run_conveyor(args, w, v)
+            if not r:
+                break
+            runs.append(r)
+        if len(runs) < args.repeats:
             failed.append(v["variant"])
             continue
-        outside = outside_check(args, w, v, r)
+        r = median_run(runs, lambda x: x["steady_samples_per_second"])
+        outside = outside_check(args, w, v, runs, own_ms(w, args, r))
         note = "; ".join(x for x in (note, outside.pop("note", "")) if x)
         st = r.get("stages", [])
-        add(v, r["steady_samples_per_second"], tp.statistic(r.get("steady_steps", args.steps - WARMUP), WARMUP), note,
+        add(v, r["steady_samples_per_second"],
+            repeated(args, tp.statistic(r.get("steady_steps", args.steps - WARMUP), WARMUP)), note,
             **outside,
             stages=len(st) or 1, final_loss=r.get("final_loss", ""),
             busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),

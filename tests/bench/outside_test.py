@@ -60,5 +60,46 @@ class OutsideJudgement(unittest.TestCase):
         self.assertIn("CLOCKS DISAGREE: outside 20.1 ms/step", notes[0])
 
 
+class RepeatedRows(unittest.TestCase):
+    """--repeats: a row is its median run, and the outside check counts the row's runs as its short ones."""
+
+    def setUp(self):
+        self.lengths = []
+        self.saved = bench.run_conveyor
+
+        def fake(args, workload, v, steps=None):  # 10 ms a step and 2 s of start-up, by every clock
+            n = steps or args.steps
+            self.lengths.append(n)
+            return {"wall_s": 2.0 + 0.01 * n, "steady_samples_per_second": 120 / 0.01, "recoveries": 0}, ""
+        bench.run_conveyor = fake
+
+    def tearDown(self):
+        bench.run_conveyor = self.saved
+
+    def args(self, repeats):
+        import argparse
+        return argparse.Namespace(steps=20, outside_steps=220, outside_seconds=30, outside_repeats=2,
+                                  repeats=repeats, batch=None, global_batch=120)
+
+    def test_the_median_run_is_the_row(self):
+        runs = [{"steady_samples_per_second": s} for s in (5.0, 9.0, 7.0)]
+        self.assertEqual(bench.median_run(runs, lambda r: r["steady_samples_per_second"])["steady_samples_per_second"], 7.0)
+        self.assertEqual(bench.median_run(runs[:2], lambda r: r["steady_samples_per_second"])["steady_samples_per_second"], 5.0)
+
+    def test_one_run_a_row_alternates_long_short_long(self):
+        args = self.args(1)
+        first = {"wall_s": 2.2, "steady_samples_per_second": 12000.0}
+        out = bench.outside_check(args, "w1", {}, [first], 10.0)
+        self.assertEqual(self.lengths, [220, 20, 220])
+        self.assertAlmostEqual(float(out["outside_ms_per_step"]), 10.0, places=2)
+        self.assertEqual(out["runs_own_ms"], "20 steps: 10.00/10.00; 220 steps: 10.00/10.00")
+
+    def test_a_rows_repeats_are_the_short_runs(self):
+        args = self.args(3)
+        firsts = [{"wall_s": 2.2, "steady_samples_per_second": 12000.0}] * 3
+        bench.outside_check(args, "w1", {}, firsts, 10.0)
+        self.assertEqual(self.lengths, [220, 220])
+
+
 if __name__ == "__main__":
     unittest.main()
