@@ -167,6 +167,9 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
   static void TearDownTestSuite() {
     delete clusters_;
     clusters_ = nullptr;
+    if (dir_) RemoveTree(*dir_);  // the models, data and runs of every case (also outside ctest's TMPDIR)
+    delete dir_;
+    dir_ = nullptr;
   }
 
   // One cluster per stage count, its data root the fixtures' folder.
@@ -516,6 +519,8 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   EXPECT_THAT(r.err, HasSubstr("step 3: the loss is not finite; no update was made (FAILED_PRECONDITION)"));
   // The cluster still trains.
   EXPECT_EQ(testing::SubmitAndWait(coord, good).state(), v1::JOB_STATE_SUCCEEDED);
+  cluster->reset();
+  RemoveTree(dir);
 }
 
 }  // namespace
