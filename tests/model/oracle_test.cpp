@@ -46,6 +46,16 @@ std::string Python() {
 
 std::string Oracle() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py"; }
 
+// A local cluster of `stages` stage servers whose one data root is `root`.
+StatusOr<std::unique_ptr<cli::LocalCluster>> ClusterOver(const std::string& root, int stages) {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = stages;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.data_roots = {root};
+  return cli::LocalCluster::Start(options);
+}
+
 struct Case {
   std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec
   int stages;
@@ -176,12 +186,7 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
   static cli::LocalCluster* Cluster(int stages) {
     auto& c = (*clusters_)[stages];
     if (!c) {
-      cli::LocalClusterOptions options;
-      options.remove_run_dir = true;
-      options.stages = stages;
-      options.bin_dir = CONVEYOR_BIN_DIR;
-      options.data_roots = {*dir_};
-      auto started = cli::LocalCluster::Start(options);
+      auto started = ClusterOver(*dir_, stages);
       EXPECT_TRUE(started.ok()) << started.status();
       if (started.ok()) c = std::move(*started);
     }
@@ -393,12 +398,7 @@ TEST(ExportedJobs, Bf16OverTwoStagesTrainsAsTheBf16Reference) {
   ASSERT_EQ(RunCommand({python, Oracle(), "make", "exported-mlp", dir}).exit_code, 0);
   const std::string job = "data: {format: tensors, train: train.pt}\nbatch_size: 16\nmicro_batches: 4\nsteps: 8\n"
                           "optimizer: {name: adamw, lr: 0.01}\nprecision: bf16\n";
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.data_roots = {dir};
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = ClusterOver(dir, 2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(),
                                                    "model: {exported: mlp.pt2}\npartition: {stages: 2}\n" + job);
@@ -421,12 +421,7 @@ TEST(TorchScriptJobs, BadFilesAreNamed) {
   const std::string dir = testing::MakeTempDir("oracle-bad");
   ASSERT_EQ(RunCommand({python, Oracle(), "make", "mlp", dir + "/mlp"}).exit_code, 0);
   ASSERT_EQ(RunCommand({python, Oracle(), "bad", dir + "/bad"}).exit_code, 0);
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 2;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.data_roots = {dir};
-  auto cluster = cli::LocalCluster::Start(options);
+  auto cluster = ClusterOver(dir, 2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string coord = (*cluster)->coordinator_address();
   const std::string good =
