@@ -868,7 +868,9 @@ def main(argv):
                 continue
             results = [c.get(v["variant"]) for c in calls]
             ok = [x for x in results if x and "error" not in x and x.get("samples_per_second")]
-            r = median_run(ok, lambda x: x["samples_per_second"]) if len(ok) == len(results) else results[-1]
+            # A row whose runs did not all succeed is not measured: the first failure says why.
+            failures = [x for x in results if x not in ok]
+            r = median_run(ok, lambda x: x["samples_per_second"]) if not failures else failures[0]
             if not r or "error" in r or not r.get("samples_per_second"):
                 print("  %s: %s" % (v["variant"], (r or {}).get("error", "no result, see the log")),
                       file=sys.stderr)
