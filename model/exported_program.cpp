@@ -692,7 +692,8 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
     if (some && (static_cast<int>(first) < begin || static_cast<int>(last) >= end)) {
       return Bad(*p, "'" + name + "' is used by layers " + std::to_string(first) + " to " + std::to_string(last) +
                          ", and a stage holds layers [" + std::to_string(begin) + ", " + std::to_string(end) +
-                         "): a parameter tied across a stage boundary; cut elsewhere, or keep those layers on one stage");
+                         "): a " + (p->parameters.count(name) ? "parameter" : "buffer") +
+                         " tied across a stage boundary; cut elsewhere, or keep those layers on one stage");
     }
   }
   std::map<std::string, at::Tensor> held;
