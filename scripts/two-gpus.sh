@@ -21,7 +21,7 @@
 #   scripts/two-gpus.sh clocks      W2 and W1 single-device rows, each Conveyor row checked from outside
 #   scripts/two-gpus.sh outside     W1 at batch 120: the single device, one stage server and two stages (two steps
 #                                   in flight), 100 steps, every row the median of 3 runs, each Conveyor row checked
-#                                   from outside with 25 s more of steps
+#                                   from outside with 20 s more of steps
 #   scripts/two-gpus.sh warmup      W1 over two stages with graphs, five runs: their recoveries (the hang around
 #                                   graph recording that the coordinator's GraphWarmup keeps steps apart for)
 #   scripts/two-gpus.sh fold        the Quick start job (2 epochs) on two GPUs as `conveyor local` runs it (folded
@@ -142,11 +142,11 @@ for part in "$@"; do
       timeout 200 python3 bench/bench.py w1 --bin "$bin" --steps 10 --timeout 90 --out "$out/clocks" \
         --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
     outside)
-      # 100 steps inside and 25 s more outside: with 18 to 28 steps and 15 s, start-up effects and the
+      # 100 steps inside and 20 s more outside: with 18 to 28 steps and 15 s, start-up effects and the
       # start-up's spread (seconds for two GPUs) left rows unjudged (bench/RESULTS.md, session 19); each
       # row the median of 3 runs: one two-GPU run was 8% off the others (session 20)
       timeout 560 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs --steps 100 \
-        --repeats 3 --outside-seconds 25 --timeout 150 --out "$out/outside" \
+        --repeats 3 --outside-seconds 20 --timeout 150 --out "$out/outside" \
         --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
         | grep -A8 "^| variant"
       tar -czf "$out/outside.tgz" -C "$out" outside && rm -rf "$out/outside" ;;
