@@ -101,15 +101,17 @@ class GpuTest : public ::testing::Test {
 
 // Stage server processes (and a coordinator), one on each of `devices`, their
 // folder removed when they stop; `restart_stages`: a killed server is started
-// again.
+// again; `data_roots`: every server's --data-root (empty: their default).
 StatusOr<std::unique_ptr<cli::LocalCluster>> Servers(const std::vector<std::string>& devices,
-                                                     bool restart_stages = false) {
+                                                     bool restart_stages = false,
+                                                     std::vector<std::string> data_roots = {}) {
   cli::LocalClusterOptions options;
   options.remove_run_dir = true;
   options.stages = static_cast<int>(devices.size());
   options.devices = devices;
   options.bin_dir = CONVEYOR_BIN_DIR;
   options.restart_stages = restart_stages;
+  options.data_roots = std::move(data_roots);
   return cli::LocalCluster::Start(options);
 }
 
@@ -660,13 +662,8 @@ TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
     ASSERT_EQ(ref.exit_code, 0) << ref.err;
     const nlohmann::json want = nlohmann::json::parse(std::ifstream(folder + "/ref.json"));
 
-    cli::LocalClusterOptions options;
-    options.remove_run_dir = true;
-    options.stages = stages;
-    options.devices.assign(static_cast<std::size_t>(stages), "cuda:0");
-    options.bin_dir = CONVEYOR_BIN_DIR;
-    options.data_roots = {folder};  // the job's paths are relative to its folder
-    auto cluster = cli::LocalCluster::Start(options);
+    // The job's paths are relative to its folder.
+    auto cluster = Servers(std::vector<std::string>(static_cast<std::size_t>(stages), "cuda:0"), false, {folder});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), job.dump());
     ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();

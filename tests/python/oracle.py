@@ -231,6 +231,14 @@ def exported_weights(path):
     return state
 
 
+def with_exported_weights(model, path, layer):
+    """`model` (an nn.Sequential of the program's layers) with the program's weights: each state
+    name goes to the layer `layer` maps its first component to, strictly."""
+    state = {f"{layer[name.split('.')[0]]}.{name}": t for name, t in exported_weights(path).items()}
+    model.load_state_dict(state, strict=True)
+    return model
+
+
 def exported_cnn():
     """The module the program in EXPORTED_CNN was exported from, as the nn.Sequential of the
     three layers Conveyor cuts it into (cut_before: bn, fc), each keeping its modules' names, with
@@ -241,10 +249,7 @@ def exported_cnn():
         nn.Sequential(OrderedDict(bn=nn.BatchNorm2d(4), relu=nn.ReLU(), pool=nn.MaxPool2d(2), drop=nn.Dropout(0.1),
                                   flat=Flatten())),
         nn.Sequential(OrderedDict(fc=nn.Linear(64, 3))))
-    layer = {"conv": 0, "bn": 1, "fc": 2}
-    state = {f"{layer[name.split('.')[0]]}.{name}": t for name, t in exported_weights(EXPORTED_CNN).items()}
-    model.load_state_dict(state, strict=True)
-    return model
+    return with_exported_weights(model, EXPORTED_CNN, {"conv": 0, "bn": 1, "fc": 2})
 
 
 def exported_mlp():
@@ -252,11 +257,7 @@ def exported_mlp():
     from collections import OrderedDict
     model = nn.Sequential(nn.Sequential(OrderedDict(l1=nn.Linear(16, 32), relu=nn.ReLU())),
                           nn.Sequential(OrderedDict(l2=nn.Linear(32, 32), relu=nn.ReLU(), l3=nn.Linear(32, 4))))
-    layer = {"l1": 0, "l2": 1, "l3": 1}
-    state = {f"{layer[name.split('.')[0]]}.{name}": t
-             for name, t in exported_weights(os.path.join(PT2, "mlp.pt2")).items()}
-    model.load_state_dict(state, strict=True)
-    return model
+    return with_exported_weights(model, os.path.join(PT2, "mlp.pt2"), {"l1": 0, "l2": 1, "l3": 1})
 
 
 class MathBlock(nn.Module):
@@ -303,11 +304,8 @@ def exported_dec():
     """dec_pair.pt2's module (tests/fixtures/pt2/pair_program.py) as the two layers its mark cuts it
     into, the pair (hidden, positions) between them, with its weights."""
     model = nn.Sequential(PairHead(), PairTail())
-    layer = {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1}
-    state = {f"{layer[name.split('.')[0]]}.{name}": t
-             for name, t in exported_weights(os.path.join(PT2, "dec_pair.pt2")).items()}
-    model.load_state_dict(state, strict=True)
-    return model
+    return with_exported_weights(model, os.path.join(PT2, "dec_pair.pt2"),
+                                 {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
 # model name -> (the program's file, model.cut_before or None, the module it came from, data kind)
