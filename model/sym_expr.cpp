@@ -1,0 +1,229 @@
+#include "model/sym_expr.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace conveyor {
+
+struct SymExpr::Term {
+  enum Kind { kInt, kSymbol, kNeg, kAdd, kSub, kMul, kFloorDiv, kCeilDiv, kMod, kPow, kMax, kMin } kind = kInt;
+  int64_t value = 0;
+  std::string symbol;
+  std::vector<std::shared_ptr<const Term>> args;
+};
+
+namespace {
+
+using TermPtr = std::shared_ptr<const SymExpr::Term>;
+using Term = SymExpr::Term;
+
+TermPtr Make(Term::Kind kind, std::vector<TermPtr> args) {
+  auto t = std::make_shared<Term>();
+  t->kind = kind;
+  t->args = std::move(args);
+  return t;
+}
+
+// Recursive descent over the text; `error` holds the first problem.
+class Parser {
+ public:
+  explicit Parser(const std::string& text) : s_(text) {}
+
+  TermPtr Whole() {
+    TermPtr t = Sum();
+    Space();
+    if (t && i_ != s_.size()) return Fail("unexpected '" + s_.substr(i_, 8) + "'");
+    return t;
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  TermPtr Fail(const std::string& why) {
+    if (error_.empty()) error_ = why;
+    return nullptr;
+  }
+  void Space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool Eat(const std::string& token) {
+    Space();
+    if (s_.compare(i_, token.size(), token) != 0) return false;
+    i_ += token.size();
+    return true;
+  }
+  TermPtr Sum() {
+    TermPtr t = Product();
+    for (;;) {
+      if (!t) return t;
+      Space();
+      if (Eat("+")) {
+        t = Pair(Term::kAdd, t, Product());
+      } else if (i_ < s_.size() && s_[i_] == '-') {
+        ++i_;
+        t = Pair(Term::kSub, t, Product());
+      } else {
+        return t;
+      }
+    }
+  }
+  TermPtr Product() {
+    TermPtr t = Unary();
+    for (;;) {
+      if (!t) return t;
+      Space();
+      if (Eat("//")) {
+        t = Pair(Term::kFloorDiv, t, Unary());
+      } else if (Eat("*")) {
+        t = Pair(Term::kMul, t, Unary());
+      } else if (Eat("%")) {
+        t = Pair(Term::kMod, t, Unary());
+      } else if (i_ < s_.size() && s_[i_] == '/') {
+        return Fail("a true division ('/'), which has no integer value");
+      } else {
+        return t;
+      }
+    }
+  }
+  TermPtr Pair(Term::Kind kind, TermPtr a, TermPtr b) {
+    if (!a || !b) return nullptr;
+    return Make(kind, {std::move(a), std::move(b)});
+  }
+  TermPtr Unary() {
+    if (Eat("-")) {
+      TermPtr t = Unary();
+      return t ? Make(Term::kNeg, {t}) : nullptr;
+    }
+    TermPtr base = Atom();
+    if (base && Eat("**")) return Pair(Term::kPow, base, Unary());
+    return base;
+  }
+  TermPtr Atom() {
+    Space();
+    if (i_ >= s_.size()) return Fail("the expression ends early");
+    const char c = s_[i_];
+    if (c == '(') {
+      ++i_;
+      TermPtr t = Sum();
+      if (t && !Eat(")")) return Fail("a '(' without its ')'");
+      return t;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      std::size_t end = i_;
+      while (end < s_.size() && std::isdigit(static_cast<unsigned char>(s_[end]))) ++end;
+      if (end < s_.size() && (s_[end] == '.' || s_[end] == 'e')) return Fail("a number that is not an integer");
+      auto t = std::make_shared<Term>();
+      try {
+        t->value = std::stoll(s_.substr(i_, end - i_));
+      } catch (const std::exception&) {
+        return Fail("an integer out of range");
+      }
+      i_ = end;
+      return t;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      std::size_t end = i_;
+      while (end < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[end])) || s_[end] == '_')) ++end;
+      const std::string name = s_.substr(i_, end - i_);
+      i_ = end;
+      Space();
+      if (i_ < s_.size() && s_[i_] == '(') return Call(name);
+      auto t = std::make_shared<Term>();
+      t->kind = Term::kSymbol;
+      t->symbol = name;
+      return t;
+    }
+    return Fail(std::string("unexpected '") + c + "'");
+  }
+  TermPtr Call(const std::string& name) {
+    ++i_;  // '('
+    std::vector<TermPtr> args;
+    do {
+      TermPtr a = Sum();
+      if (!a) return nullptr;
+      args.push_back(std::move(a));
+    } while (Eat(","));
+    if (!Eat(")")) return Fail("a call of " + name + " without its ')'");
+    static const std::map<std::string, Term::Kind> binary = {
+        {"Mod", Term::kMod}, {"PythonMod", Term::kMod}, {"FloorDiv", Term::kFloorDiv}, {"CeilDiv", Term::kCeilDiv}};
+    if (auto it = binary.find(name); it != binary.end()) {
+      if (args.size() != 2) return Fail(name + " takes two arguments");
+      return Make(it->second, std::move(args));
+    }
+    if (name == "Max" || name == "Min") return Make(name == "Max" ? Term::kMax : Term::kMin, std::move(args));
+    return Fail("the function " + name + ", which is not read here");
+  }
+
+  const std::string& s_;
+  std::size_t i_ = 0;
+  std::string error_;
+};
+
+int64_t FloorDiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+StatusOr<int64_t> Value(const Term& t, const std::map<std::string, int64_t>& symbols, const std::string& text) {
+  if (t.kind == Term::kInt) return t.value;
+  if (t.kind == Term::kSymbol) {
+    auto it = symbols.find(t.symbol);
+    if (it == symbols.end())
+      return absl::FailedPreconditionError("the size '" + text + "' reads " + t.symbol + ", which has no value here");
+    return it->second;
+  }
+  std::vector<int64_t> v;
+  for (const TermPtr& a : t.args) {
+    CONVEYOR_ASSIGN_OR_RETURN(int64_t x, Value(*a, symbols, text));
+    v.push_back(x);
+  }
+  auto by_zero = [&] { return absl::InvalidArgumentError("the size '" + text + "' divides by zero"); };
+  switch (t.kind) {
+    case Term::kNeg: return -v[0];
+    case Term::kAdd: return v[0] + v[1];
+    case Term::kSub: return v[0] - v[1];
+    case Term::kMul: return v[0] * v[1];
+    case Term::kFloorDiv:
+      if (v[1] == 0) return by_zero();
+      return FloorDiv(v[0], v[1]);
+    case Term::kCeilDiv:
+      if (v[1] == 0) return by_zero();
+      return -FloorDiv(-v[0], v[1]);
+    case Term::kMod:
+      if (v[1] == 0) return by_zero();
+      return v[0] - FloorDiv(v[0], v[1]) * v[1];  // Python's sign: the divisor's
+    case Term::kPow: {
+      if (v[1] < 0) return absl::InvalidArgumentError("the size '" + text + "' raises to a negative power");
+      int64_t r = 1;
+      for (int64_t k = 0; k < v[1]; ++k) r *= v[0];
+      return r;
+    }
+    case Term::kMax: return *std::max_element(v.begin(), v.end());
+    case Term::kMin: return *std::min_element(v.begin(), v.end());
+    default: return absl::InternalError("the size '" + text + "': unknown term");
+  }
+}
+
+void Collect(const Term& t, std::set<std::string>* out) {
+  if (t.kind == Term::kSymbol) out->insert(t.symbol);
+  for (const TermPtr& a : t.args) Collect(*a, out);
+}
+
+}  // namespace
+
+StatusOr<SymExpr> SymExpr::Parse(const std::string& text) {
+  Parser parser(text);
+  TermPtr root = parser.Whole();
+  if (!root) return absl::InvalidArgumentError("the symbolic size '" + text + "': " + parser.error());
+  SymExpr e;
+  e.text_ = text;
+  e.root_ = std::move(root);
+  return e;
+}
+
+StatusOr<int64_t> SymExpr::Eval(const std::map<std::string, int64_t>& symbols) const {
+  return Value(*root_, symbols, text_);
+}
+
+void SymExpr::Symbols(std::set<std::string>* out) const { Collect(*root_, out); }
+
+}  // namespace conveyor

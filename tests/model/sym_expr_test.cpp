@@ -1,0 +1,64 @@
+// The symbolic sizes of programs exported with dynamic shapes
+// (model/sym_expr.h), as torch.export's serializer prints them.
+#include "model/sym_expr.h"
+
+#include <gtest/gtest.h>
+
+namespace conveyor {
+namespace {
+
+int64_t Eval(const std::string& text, const std::map<std::string, int64_t>& symbols) {
+  auto e = SymExpr::Parse(text);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return -999;
+  auto v = e->Eval(symbols);
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.ok() ? *v : -999;
+}
+
+TEST(SymExpr, EvaluatesWhatSympyPrintsForSizes) {
+  const std::map<std::string, int64_t> s = {{"s0", 6}, {"s77", 5}};
+  EXPECT_EQ(Eval("s0", s), 6);
+  EXPECT_EQ(Eval("8*s0", s), 48);
+  EXPECT_EQ(Eval("s0*s77", s), 30);
+  EXPECT_EQ(Eval("s0 + 1", s), 7);
+  EXPECT_EQ(Eval("-s0 + 4", s), -2);
+  EXPECT_EQ(Eval("2*s0**2 - 3", s), 69);  // ** binds tighter than * and unary minus
+  EXPECT_EQ(Eval("-2**2", s), -4);
+  EXPECT_EQ(Eval("(s77//2)", s), 2);
+  EXPECT_EQ(Eval("FloorDiv(-s77, 2)", s), -3);  // Python's floor, not C++'s truncation
+  EXPECT_EQ(Eval("CeilDiv(s77, 2)", s), 3);
+  EXPECT_EQ(Eval("Mod(s77, 3)", s), 2);
+  EXPECT_EQ(Eval("Mod(-s77, 3)", s), 1);  // the divisor's sign, as Python's %
+  EXPECT_EQ(Eval("s0 % 4", s), 2);
+  EXPECT_EQ(Eval("Max(1, s0 - 10, s77)", s), 5);
+  EXPECT_EQ(Eval("Min(s0, s77)", s), 5);
+  EXPECT_EQ(Eval("12", {}), 12);
+}
+
+TEST(SymExpr, NamesItsSymbols) {
+  auto e = SymExpr::Parse("Max(s0*s1, 4) + s0");
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::set<std::string> symbols;
+  e->Symbols(&symbols);
+  EXPECT_EQ(symbols, (std::set<std::string>{"s0", "s1"}));
+  auto unbound = e->Eval({{"s0", 2}});
+  EXPECT_EQ(unbound.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(unbound.status().message()).find("reads s1, which has no value here"), std::string::npos)
+      << unbound.status();
+}
+
+TEST(SymExpr, RefusesWhatIsNoIntegerSize) {
+  for (const std::string bad : {"s0/2", "0.5*s0", "sqrt(s0)", "s0 +", "(s0 + 1", "Mod(s0)", "s0 $ 2", ""}) {
+    auto e = SymExpr::Parse(bad);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(std::string(e.status().message()).find("the symbolic size '" + bad + "'"), std::string::npos)
+        << e.status();
+  }
+  auto zero = SymExpr::Parse("s0 // (s0 - 6)");
+  ASSERT_TRUE(zero.ok());
+  EXPECT_EQ(zero->Eval({{"s0", 6}}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace conveyor
