@@ -8,6 +8,7 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include <sstream>
 
 #include "model/out_of_memory.h"
+#include "model/sym_expr.h"
 
 namespace conveyor {
 namespace {
@@ -50,9 +52,21 @@ std::optional<at::ScalarType> ScalarTypeOf(int code) {
 // One argument of a call, resolved when the program is read: a constant, or
 // where in the values the tensors come from.
 struct ArgPlan {
-  enum Kind { kConstant, kTensor, kTensorList, kOptionalTensorList, kTrainingFlag } kind = kConstant;
+  enum Kind { kConstant, kTensor, kTensorList, kOptionalTensorList, kTrainingFlag, kSymInt, kSymInts } kind = kConstant;
   c10::IValue constant;    // kConstant: the value as the schema takes it
   std::vector<int> slots;  // kTensor: one; the lists: each element's (-1: None)
+  // kSymInt: one size, kSymInts: a list, each evaluated on the symbols a
+  // forward's inputs bind (a program exported with dynamic shapes).
+  std::vector<SymExpr> sizes;
+  bool as_tensor = false;  // kSymInt where the operator takes a tensor (a wrapped number)
+};
+
+// A size symbol of a program exported with dynamic shapes, read from a
+// tensor that enters a layer: dimension `dim` of its `input`-th tensor.
+struct SymBinding {
+  std::size_t input;
+  int64_t dim;
+  std::string symbol;
 };
 
 // One call of the graph.
@@ -97,6 +111,12 @@ struct Program {
   std::vector<std::vector<int>> crossing_slots;
   std::vector<int> user_output_slots;
   std::vector<std::pair<int, std::string>> state_slots;  // a placeholder's slot, its state_dict name
+  // Dynamic shapes: each symbolic value's expression (graph.sym_int_values),
+  // the symbols each layer's entering tensors carry as sizes, and the ones
+  // each layer's nodes read.
+  std::map<std::string, SymExpr> sym_values;
+  std::vector<std::vector<SymBinding>> bindings;
+  std::vector<std::set<std::string>> layer_symbols;
 };
 
 Status Compile(Program& p);
@@ -129,6 +149,71 @@ std::optional<c10::OperatorName> OperatorNameOf(const std::string& target) {
 }
 
 bool IsPipeSplit(const std::string& target) { return target.find("_pipe_split") != std::string::npos; }
+
+// A node that computes sizes only (`aten.sym_size.int`, Python's operator.mul
+// on sizes) or checks them (`_assert_scalar`) in a program exported with
+// dynamic shapes: not run. The sizes it makes are evaluated from their
+// expressions (graph.sym_int_values) where an operator takes them, on the
+// symbols the layer's entering tensors carry, so that no integer crosses a
+// cut.
+bool OnSizesOnly(const std::string& target, const json& outputs) {
+  for (const char* check : {"_assert_scalar", "sym_constrain_range"})
+    if (target.find(check) != std::string::npos) return true;
+  if (!outputs.is_array() || outputs.empty()) return false;
+  for (const json& o : outputs) {
+    if (!o.is_object() || o.empty() || o.begin().key().rfind("as_sym_", 0) != 0) return false;
+  }
+  return true;
+}
+
+// A symbolic value of graph.sym_int_values: {as_expr: {expr_str, hint}} (a
+// bare string in older archives) or {as_int}.
+StatusOr<SymExpr> SymValueOf(const Program& p, const std::string& name, const json& v) {
+  std::string text;
+  if (v.contains("as_int")) {
+    text = std::to_string(v["as_int"].get<int64_t>());
+  } else if (v.contains("as_expr")) {
+    const json& e = v["as_expr"];
+    text = e.is_string() ? e.get<std::string>() : e.at("expr_str").get<std::string>();
+  } else {
+    return Bad(p, "the symbolic value '" + name + "' is " + v.dump() + ", which this reader does not read");
+  }
+  auto e = SymExpr::Parse(text);
+  if (!e.ok()) return Bad(p, "the symbolic value '" + name + "': " + std::string(e.status().message()));
+  return *std::move(e);
+}
+
+bool IsSymbol(const std::string& text) {
+  if (text.empty() || !(std::isalpha(static_cast<unsigned char>(text[0])) || text[0] == '_')) return false;
+  for (char c : text)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+// Dynamic shapes: for each layer, the size symbols its entering tensors
+// carry as a whole dimension (the batch's "s0" of a [s0, 8, 16] activation),
+// from the graph's tensor_values.
+void BindSymbols(Program& p, const json& tensor_values) {
+  p.bindings.assign(p.crossing.size(), {});
+  for (std::size_t k = 0; k < p.crossing.size(); ++k) {
+    std::set<std::string> bound;
+    for (std::size_t i = 0; i < p.crossing[k].size(); ++i) {
+      auto tv = tensor_values.find(p.crossing[k][i]);
+      if (tv == tensor_values.end()) continue;
+      const json& meta = tv->contains("meta") ? (*tv)["meta"] : *tv;  // TensorValue{meta} in older archives
+      if (!meta.contains("sizes")) continue;
+      int64_t d = 0;
+      for (const json& size : meta["sizes"]) {
+        if (size.contains("as_expr")) {
+          const json& e = size["as_expr"];
+          const std::string text = e.is_string() ? e.get<std::string>() : e.value("expr_str", std::string());
+          if (IsSymbol(text) && bound.insert(text).second) p.bindings[k].push_back({i, d, text});
+        }
+        ++d;
+      }
+    }
+  }
+}
 
 // nn_module_stack: "L__self__,,__main__.CNN;L__self__conv,conv,torch.nn.modules.conv.Conv2d".
 std::vector<std::string> ModulePaths(const json& metadata) {
@@ -209,7 +294,7 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   p->path = path;
   if (!std::ifstream(path).good()) return absl::NotFoundError("model.exported: no file " + path);
   std::shared_ptr<caffe2::serialize::PyTorchStreamReader> reader;
-  json model, weights;
+  json model, weights, tensor_values;
   std::vector<std::size_t> cuts;  // node indices a layer starts at
   try {
     reader = std::make_shared<caffe2::serialize::PyTorchStreamReader>(path);
@@ -227,6 +312,13 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   try {
     const json& gm = model.at("graph_module");
     const json& graph = gm.at("graph");
+    if (graph.contains("sym_int_values")) {
+      for (const auto& [name, v] : graph["sym_int_values"].items()) {
+        CONVEYOR_ASSIGN_OR_RETURN(SymExpr e, SymValueOf(*p, name, v));
+        p->sym_values.emplace(name, std::move(e));
+      }
+    }
+    if (graph.contains("tensor_values")) tensor_values = graph["tensor_values"];
     // The signature: which placeholders are state, which the caller's.
     for (const json& spec : gm.at("signature").at("input_specs")) {
       if (spec.contains("parameter")) {
@@ -278,6 +370,7 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
         cuts.push_back(p->nodes.size());
         continue;
       }
+      if (OnSizesOnly(node.target, node.outputs)) continue;
       auto op_name = OperatorNameOf(node.target);
       if (!op_name) {
         return Bad(*p, "node '" + node.name + "' calls " + node.target +
@@ -369,6 +462,7 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
         p->crossing[k].push_back(name);
     }
   }
+  BindSymbols(*p, tensor_values);
   CONVEYOR_RETURN_IF_ERROR(Compile(*p));
   return std::shared_ptr<const Program>(std::move(p));
 }
@@ -400,6 +494,31 @@ StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, c
       }
     }
     return a;
+  }
+  // A size the program computes (dynamic shapes), or a list with some.
+  const bool named_sizes = kind == "as_sym_ints" && std::any_of(v.begin(), v.end(), [](const json& i) {
+    return i.contains("as_name");
+  });
+  if ((kind == "as_sym_int" && v.contains("as_name")) || named_sizes) {
+    auto size = [&](const json& i) -> StatusOr<SymExpr> {
+      if (i.contains("as_int")) return SymExpr::Parse(std::to_string(i["as_int"].get<int64_t>()));
+      const std::string name = i.at("as_name").get<std::string>();
+      auto it = p.sym_values.find(name);
+      if (it == p.sym_values.end())
+        return Bad(p, "node '" + node.name + "' takes the size '" + name + "', which the program does not define");
+      return it->second;
+    };
+    a.kind = named_sizes ? ArgPlan::kSymInts : ArgPlan::kSymInt;
+    for (const json& i : named_sizes ? v : json::array({v})) {
+      CONVEYOR_ASSIGN_OR_RETURN(SymExpr e, size(i));
+      a.sizes.push_back(std::move(e));
+    }
+    a.as_tensor = type->kind() == c10::TypeKind::TensorType;
+    return a;
+  }
+  if ((kind == "as_sym_float" || kind == "as_sym_bool") && v.contains("as_name")) {
+    return Bad(p, "node '" + node.name + "' (" + node.target + ") takes a symbolic " +
+                      (kind == "as_sym_float" ? "float" : "bool") + ", which this route does not run");
   }
   c10::IValue& c = a.constant;
   if (kind == "as_none") {
@@ -473,7 +592,11 @@ Status Compile(Program& p) {
     if (it == p.slot_of.end()) return Bad(p, "the program returns '" + n + "', which no node makes");
     p.user_output_slots.push_back(it->second);
   }
-  for (Node& node : p.nodes) {
+  p.layer_symbols.assign(p.starts.size(), {});
+  for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+    Node& node = p.nodes[i];
+    const std::size_t layer =
+        static_cast<std::size_t>(std::upper_bound(p.starts.begin(), p.starts.end(), i) - p.starts.begin() - 1);
     const c10::FunctionSchema& schema = node.op->schema();
     const std::string& op = schema.name();
     std::map<std::string, const json*> given;
@@ -489,6 +612,7 @@ Status Compile(Program& p) {
       auto it = given.find(a.name());
       if (it != given.end()) {
         CONVEYOR_ASSIGN_OR_RETURN(ArgPlan plan, PlanArg(p, node, *it->second, a.type()));
+        for (const SymExpr& e : plan.sizes) e.Symbols(&p.layer_symbols[layer]);
         node.args.push_back(std::move(plan));
       } else if (a.default_value()) {
         ArgPlan plan;
@@ -552,6 +676,17 @@ class ExportedPartition final : public Partition {
                                         std::to_string(in_slots.size()) + " tensor(s), got " +
                                         std::to_string(inputs.size()));
     }
+    // Dynamic shapes: the sizes of this forward's tensors give the symbols' values.
+    std::map<std::string, int64_t> symbols;
+    for (const SymBinding& b : p.bindings[static_cast<std::size_t>(begin_)]) {
+      const at::Tensor& t = inputs[b.input];
+      if (b.dim >= t.dim()) {
+        return Bad(p, "tensor " + std::to_string(b.input) + " entering layer " + std::to_string(begin_) + " has " +
+                          std::to_string(t.dim()) + " dimensions; the program reads size " + b.symbol +
+                          " from its dimension " + std::to_string(b.dim));
+      }
+      symbols.emplace(b.symbol, t.size(b.dim));
+    }
     std::vector<at::Tensor> values(p.slot_of.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) values[static_cast<std::size_t>(in_slots[i])] = inputs[i];
     for (const auto& [slot, t] : held_slots_) values[static_cast<std::size_t>(slot)] = t;
@@ -564,7 +699,7 @@ class ExportedPartition final : public Partition {
       if (seeded) at::manual_seed(DropoutSeed(random_key_->seed, random_key_->step, random_key_->micro_batch, k));
       const std::size_t layer = static_cast<std::size_t>(k);
       const std::size_t last = layer + 1 < p.starts.size() ? p.starts[layer + 1] : p.nodes.size();
-      for (std::size_t i = p.starts[layer]; i < last; ++i) CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values));
+      for (std::size_t i = p.starts[layer]; i < last; ++i) CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values, symbols));
     }
     const bool at_end = static_cast<std::size_t>(end_) == p.starts.size();
     Tensors out;
@@ -594,7 +729,7 @@ class ExportedPartition final : public Partition {
   bool is_training() const override { return training_; }
 
  private:
-  Status Run(const Node& node, std::vector<at::Tensor>& values) {
+  Status Run(const Node& node, std::vector<at::Tensor>& values, const std::map<std::string, int64_t>& symbols) {
     if (!training_ && node.counts_batches >= 0) {  // evaluation does not count batches
       for (const std::vector<int>& o : node.outs)
         if (o.size() == 1) values[static_cast<std::size_t>(o[0])] = values[static_cast<std::size_t>(node.counts_batches)];
@@ -607,6 +742,28 @@ class ExportedPartition final : public Partition {
         case ArgPlan::kConstant: stack.push_back(a.constant); break;
         case ArgPlan::kTrainingFlag: stack.emplace_back(training_); break;
         case ArgPlan::kTensor: stack.emplace_back(values[static_cast<std::size_t>(a.slots[0])]); break;
+        case ArgPlan::kSymInt:
+        case ArgPlan::kSymInts: {
+          std::vector<int64_t> sizes;
+          for (const SymExpr& e : a.sizes) {
+            auto v = e.Eval(symbols);
+            if (!v.ok()) {
+              return absl::InvalidArgumentError("model.exported: node '" + node.name + "' (" + node.target +
+                                                "): " + std::string(v.status().message()));
+            }
+            sizes.push_back(*v);
+          }
+          if (a.kind == ArgPlan::kSymInts) {
+            stack.emplace_back(std::move(sizes));
+          } else if (a.as_tensor) {  // a number where the operator takes a tensor, as PlanArg's constants
+            at::Tensor t = at::scalar_to_tensor(c10::Scalar(sizes[0]));
+            t.unsafeGetTensorImpl()->set_wrapped_number(true);
+            stack.emplace_back(std::move(t));
+          } else {
+            stack.emplace_back(sizes[0]);
+          }
+          break;
+        }
         case ArgPlan::kTensorList: {
           c10::List<at::Tensor> list;
           for (int s : a.slots) list.push_back(values[static_cast<std::size_t>(s)]);
@@ -694,6 +851,19 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
                          ", and a stage holds layers [" + std::to_string(begin) + ", " + std::to_string(end) +
                          "): a " + (p->parameters.count(name) ? "parameter" : "buffer") +
                          " tied across a stage boundary; cut elsewhere, or keep those layers on one stage");
+    }
+  }
+  // Dynamic shapes: every size the stage's layers take comes from a symbol
+  // that the tensors entering its first layer carry.
+  std::set<std::string> bound;
+  for (const SymBinding& b : p->bindings[static_cast<std::size_t>(begin)]) bound.insert(b.symbol);
+  for (int k = begin; k < end; ++k) {
+    for (const std::string& symbol : p->layer_symbols[static_cast<std::size_t>(k)]) {
+      if (bound.count(symbol)) continue;
+      return Bad(*p, "layer " + std::to_string(k) + " takes sizes computed from the symbol " + symbol +
+                         ", and no tensor entering layer " + std::to_string(begin) +
+                         " (this stage's first) has it as a dimension: a size that comes from the data "
+                         "(.item(), nonzero) or from a tensor that does not cross into the stage is not run");
     }
   }
   std::map<std::string, at::Tensor> held;

@@ -23,6 +23,11 @@
 // export read and write the user's own names. A parameter used on both sides
 // of a cut (tied weights) is refused naming it.
 //
+// Dynamic shapes (a batch dimension exported as a symbol): sizes the graph
+// computes from it are not run as nodes but evaluated from their expressions
+// (model/sym_expr.h) on the symbols that the tensors entering the partition
+// carry as dimensions, so no integer crosses a cut.
+//
 // Training IR records the mode it was exported in: BatchNorm's `training`
 // and dropout's `train` arguments follow the partition's Train() instead, and
 // a BatchNorm's num_batches_tracked is not counted in evaluation, as the

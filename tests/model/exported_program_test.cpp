@@ -25,11 +25,13 @@ std::string Cnn() { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/p
 
 std::map<std::string, at::Tensor> ByName(const NamedTensors& named) { return {named.begin(), named.end()}; }
 
-// A copy of cnn.pt2 with its model.json edited by `edit`.
-std::string EditedCnn(const std::string& dir, const std::string& name,
-                      const std::function<void(std::string&)>& edit) {
+std::string Fixture(const std::string& name) { return std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/" + name; }
+
+// A copy of the program at `from` with its model.json edited by `edit`.
+std::string Edited(const std::string& from, const std::string& dir, const std::string& name,
+                   const std::function<void(std::string&)>& edit) {
   const std::string path = dir + "/" + name;
-  caffe2::serialize::PyTorchStreamReader in(Cnn());
+  caffe2::serialize::PyTorchStreamReader in(from);
   caffe2::serialize::PyTorchStreamWriter out(path);
   for (const std::string& record : in.getAllRecords()) {
     auto [data, size] = in.getRecord(record);
@@ -71,7 +73,7 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
             std::string::npos)
       << module.status();
   // The same archive with one operator this LibTorch does not have.
-  const std::string odd = EditedCnn(dir, "odd.pt2", [](std::string& json) {
+  const std::string odd = Edited(Cnn(), dir, "odd.pt2", [](std::string& json) {
     const std::string from = "torch.ops.aten.relu.default", to = "torch.ops.aten.not_an_operator.default";
     json.replace(json.find(from), from.size(), to);
   });
@@ -90,7 +92,7 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
 // program edited to carry one before the linear layer.
 TEST(ExportedProgram, APipeSplitMarkCutsTheProgram) {
   const std::string dir = testing::MakeTempDir("exported");
-  const std::string marked = EditedCnn(dir, "marked.pt2", [](std::string& json) {
+  const std::string marked = Edited(Cnn(), dir, "marked.pt2", [](std::string& json) {
     const std::string linear = "{\"target\": \"torch.ops.aten.linear.default\"";
     const std::size_t at = json.find(linear);
     ASSERT_NE(at, std::string::npos);
@@ -182,6 +184,90 @@ TEST(ExportedProgram, AParameterTwoLayersUseIsOneTensorOnTheirStage) {
     ASSERT_TRUE(g.defined()) << name;
     EXPECT_TRUE(at::allclose(g, grads[1].at(name), 1e-5, 1e-7)) << name;
   }
+}
+
+// Replaces every `from` in `text` with `to`.
+void ReplaceAll(std::string& text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+}
+
+// A program exported with a dynamic batch (dec_dyn.pt2: dynamic_program.py
+// edits dec_pair.pt2 as torch.export writes one) takes sizes computed from
+// the batch: B read from the input before the mark, B * 8 and B used by the
+// views after it. Each stage evaluates them on the batch of the tensors that
+// enter it, at any batch, and computes what dec_pair.pt2 computes. The same
+// graph with those sizes written for the example's batch of 4 (as a static
+// export writes them) fails on another batch, naming the node.
+TEST(ExportedProgram, ADynamicBatchIsTheBatchOfTheTensorsEnteringEachStage) {
+  auto pair = LoadExportedPartition(Fixture("dec_pair.pt2"), "", 0, 2);
+  auto first = LoadExportedPartition(Fixture("dec_dyn.pt2"), "", 0, 1);
+  auto second = LoadExportedPartition(Fixture("dec_dyn.pt2"), "", 1, 2);
+  auto whole = LoadExportedPartition(Fixture("dec_dyn.pt2"), "", 0, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  for (Partition* p : {pair->get(), first->get(), second->get(), whole->get()}) p->Train(false);
+  for (int64_t batch : {1, 3, 4, 6}) {
+    const at::Tensor tokens = at::randint(0, 50, {batch, 8}, at::TensorOptions(at::kLong));
+    auto want = (*pair)->Forward({tokens});
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto h = (*first)->Forward({tokens});
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->size(), 2u) << "the pair (hidden, positions) crosses the mark; the batch size does not";
+    auto y = (*second)->Forward(*h);
+    ASSERT_TRUE(y.ok()) << "batch " << batch << ": " << y.status();
+    auto one = (*whole)->Forward({tokens});
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(y->front().sizes(), want->front().sizes());
+    EXPECT_TRUE(at::allclose(y->front(), want->front(), 1e-6, 1e-6)) << "batch " << batch;
+    EXPECT_TRUE(at::equal(one->front(), y->front())) << "batch " << batch;
+  }
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string fixed = Edited(Fixture("dec_dyn.pt2"), dir, "static.pt2", [](std::string& json) {
+    ReplaceAll(json, "{\"as_name\": \"mul_2\"}", "{\"as_int\": 32}");
+    ReplaceAll(json, "{\"as_name\": \"sym_size_int_1\"}", "{\"as_int\": 4}");
+  });
+  auto batch4 = LoadExportedPartition(fixed, "", 0, 2);
+  ASSERT_TRUE(batch4.ok()) << batch4.status();
+  (*batch4)->Train(false);
+  EXPECT_TRUE((*batch4)->Forward({at::randint(0, 50, {4, 8}, at::TensorOptions(at::kLong))}).ok());
+  auto other = (*batch4)->Forward({at::randint(0, 50, {3, 8}, at::TensorOptions(at::kLong))});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(other.status().message()).find("node 'view' (torch.ops.aten.view.default) failed"),
+            std::string::npos)
+      << other.status();
+  RemoveTree(dir);
+}
+
+// A stage whose layers take a size that none of the tensors entering it
+// carries (here the batch symbol struck from every tensor's sizes) is
+// refused when it loads, naming the symbol; the stage that reads the
+// batch from the program's input is not.
+TEST(ExportedProgram, ASizeNoEnteringTensorCarriesIsRefusedNamingItsSymbol) {
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string unbound = Edited(Fixture("dec_dyn.pt2"), dir, "unbound.pt2", [](std::string& json) {
+    ReplaceAll(json, "{\"as_expr\": {\"expr_str\": \"s0\", \"hint\": {\"as_int\": 4}}}", "{\"as_int\": 4}");
+  });
+  EXPECT_TRUE(LoadExportedPartition(unbound, "", 0, 1).ok());
+  auto second = LoadExportedPartition(unbound, "", 1, 2);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(second.status().message())
+                .find("layer 1 takes sizes computed from the symbol s0, and no tensor entering layer 1 (this "
+                      "stage's first) has it as a dimension"),
+            std::string::npos)
+      << second.status();
+  const std::string odd = Edited(Fixture("dec_dyn.pt2"), dir, "odd.pt2", [](std::string& json) {
+    ReplaceAll(json, "\"expr_str\": \"8*s0\"", "\"expr_str\": \"s0/2\"");
+  });
+  auto bad = DescribeExportedProgram(odd, "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message())
+                .find("the symbolic value 'mul_2': the symbolic size 's0/2': a true division"),
+            std::string::npos)
+      << bad.status();
+  RemoveTree(dir);
 }
 
 // The three layers chained, in evaluation: the operations of the program

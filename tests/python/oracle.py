@@ -43,7 +43,8 @@ MLP with nn.Dropout), exported-cnn (tests/fixtures/pt2/cnn.pt2, a program PyTorc
 torch.export.save wrote, which Conveyor trains; the loop trains the module it was exported
 from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported-mlp (mlp.pt2
 there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 there: a decoder
-whose mark cuts the pair (hidden, positions), on token data), frozen (an MLP whose first layer has
+whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
+same with its batch dynamic), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -300,11 +301,12 @@ class PairTail(nn.Module):
         return self.head(h)
 
 
-def exported_dec():
+def exported_dec(program="dec_pair.pt2"):
     """dec_pair.pt2's module (tests/fixtures/pt2/pair_program.py) as the two layers its mark cuts it
-    into, the pair (hidden, positions) between them, with its weights."""
+    into, the pair (hidden, positions) between them, with the weights of `program` (dec_pair.pt2,
+    or dec_dyn.pt2: the same graph and weights with a dynamic batch, dynamic_program.py)."""
     model = nn.Sequential(PairHead(), PairTail())
-    return with_exported_weights(model, os.path.join(PT2, "dec_pair.pt2"),
+    return with_exported_weights(model, os.path.join(PT2, program),
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
@@ -312,6 +314,8 @@ def exported_dec():
 EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images3"),
             "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16"),
             "exported-dec": ("dec_pair.pt2", None, exported_dec, "token-file50"),
+            # the batch dynamic: sizes computed from it before the mark, used after it
+            "exported-dyn": ("dec_dyn.pt2", None, lambda: exported_dec("dec_dyn.pt2"), "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
             "exported-sdpa": ("dec.pt2", None, None, "token-file50")}
 
