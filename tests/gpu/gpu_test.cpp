@@ -640,15 +640,19 @@ TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
 // tests/python/oracle.py train --live) on the CPU in Conveyor's order, and
 // Conveyor trains the program on the GPU: mlp.pt2 over two stages cut at its
 // pipe_split() mark, dec.pt2 (scaled_dot_product_attention, which LibTorch
-// 1.13 lacks) on one. Every step's loss and the evaluation within the GPU
-// tests' bound. Skips without a python3 whose torch has torch.export.
+// 1.13 lacks) on one, and dec_dyn.pt2 (a dynamic batch, written by
+// dynamic_program.py as torch.export's serializer writes one: PyTorch 2's
+// own torch.export.load reading it is part of the check) over two. Every
+// step's loss and the evaluation within the GPU tests' bound. Skips without
+// a python3 whose torch has torch.export.
 TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
   if (testing::RunCommand({"python3", "-c", "import sys, torch; sys.exit(0 if hasattr(torch, 'export') else 1)"})
           .exit_code != 0)
     GTEST_SKIP() << "no python3 with PyTorch 2 (torch.export)";
   const std::string dir = testing::MakeTempDir("gpu-exported");
   const std::string oracle = std::string(CONVEYOR_SOURCE_DIR) + "/tests/python/oracle.py";
-  for (const auto& [model, stages] : std::vector<std::pair<std::string, int>>{{"exported-mlp", 2}, {"exported-sdpa", 1}}) {
+  const std::vector<std::pair<std::string, int>> programs = {{"exported-mlp", 2}, {"exported-sdpa", 1}, {"exported-dyn", 2}};
+  for (const auto& [model, stages] : programs) {
     SCOPED_TRACE(model);
     const std::string folder = dir + "/" + model;
     auto made = testing::RunCommand({"python3", oracle, "make", model, folder});
