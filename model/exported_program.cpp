@@ -78,6 +78,9 @@ struct Node {
   json outputs;  // [{as_tensor: {name}} | {as_tensors: [...]} | ...]
   std::vector<std::string> modules;  // the module paths on its nn_module_stack, outermost first
   std::vector<std::string> reads;    // the values it reads, by name
+  // Its outputs do not depend on the batch: it reads only buffers that no
+  // node writes, constants and other such values, and draws no random numbers.
+  bool batch_free = false;
   // Resolved (Compile): the schema's arguments in order; each return's slots
   // (a tensor: one; a list: one a element; nothing kept: empty).
   std::vector<ArgPlan> args;
@@ -99,9 +102,15 @@ struct Program {
   std::map<std::string, int64_t> numel;         // state_dict name -> elements
   std::vector<std::string> state_order;         // the signature's order
   // Layer k runs nodes [starts[k], starts[k+1]); crossing[k] the values
-  // alive at its start (crossing[0]: the user inputs).
+  // alive at its start that depend on the batch (crossing[0]: the user
+  // inputs). Those that do not (a mask or rotary table sliced from a buffer,
+  // an arange) do not cross: a partition that starts at layer k runs again
+  // the nodes replay[k] that made them, on its own copies of the buffers
+  // replay_state[k] they read.
   std::vector<std::size_t> starts;
   std::vector<std::vector<std::string>> crossing;
+  std::vector<std::vector<std::size_t>> replay;
+  std::vector<std::vector<std::string>> replay_state;
   std::vector<std::vector<std::string>> layer_state;  // the state each layer holds, signature order
   // State that several layers use (tied): its first and last user. The first
   // holds it; a partition must hold all of them.
@@ -188,6 +197,42 @@ bool IsSymbol(const std::string& text) {
   for (char c : text)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
   return true;
+}
+
+// Which nodes make values that do not depend on the batch (Node::batch_free):
+// those reading only buffers no node writes, constants and such values, and
+// drawing no random numbers. Returns the values they make.
+std::set<std::string> MarkBatchFree(Program& p) {
+  std::set<std::string> written;  // placeholders some node writes in place (BatchNorm's statistics)
+  for (const Node& n : p.nodes) {
+    for (const c10::Argument& a : n.op->schema().arguments()) {
+      if (!a.alias_info() || !a.alias_info()->isWrite()) continue;
+      for (const json& in : n.inputs) {
+        if (in.value("name", std::string()) != a.name()) continue;
+        std::vector<std::string> names;
+        CollectReads(in.at("arg"), &names);
+        written.insert(names.begin(), names.end());
+      }
+    }
+  }
+  std::set<std::string> free;
+  for (const auto& [placeholder, name] : p.state_of)
+    if (!p.parameters.count(name) && !written.count(placeholder)) free.insert(placeholder);
+  for (Node& n : p.nodes) {
+    const std::string& op = n.op->schema().name();
+    bool random = false;
+    for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "exponential"})
+      random = random || op.find(word) != std::string::npos;
+    bool writes = false;
+    for (const c10::Argument& a : n.op->schema().arguments()) writes = writes || (a.alias_info() && a.alias_info()->isWrite());
+    n.batch_free = !random && !writes &&
+                   std::all_of(n.reads.begin(), n.reads.end(), [&](const std::string& r) { return free.count(r) > 0; });
+    if (!n.batch_free) continue;
+    std::vector<std::string> outs;
+    for (const json& o : n.outputs) CollectReads(o, &outs);
+    free.insert(outs.begin(), outs.end());
+  }
+  return free;
 }
 
 // Dynamic shapes: for each layer, the size symbols its entering tensors
@@ -454,13 +499,40 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   for (const std::string& u : p->user_inputs) values.emplace_back(0, u);
   for (const auto& [name, at] : made) values.emplace_back(at + 1, name);
   std::stable_sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // Those that do not depend on the batch are made again after the cut, by
+  // the nodes that made them and those before them (all batch-free).
+  const std::set<std::string> batch_free = MarkBatchFree(*p);
+  p->replay.assign(layers, {});
+  p->replay_state.assign(layers, {});
   for (std::size_t k = 1; k < layers; ++k) {
     const std::size_t start = p->starts[k];
+    std::set<std::size_t> replay;
+    std::vector<std::string> wanted;
     for (const auto& [at, name] : values) {
       auto r = last_read.find(name);
-      if (at <= start && r != last_read.end() && r->second >= start && !p->state_of.count(name))
+      if (!(at <= start && r != last_read.end() && r->second >= start && !p->state_of.count(name))) continue;
+      if (batch_free.count(name) && made.count(name)) {
+        wanted.push_back(name);
+      } else {
         p->crossing[k].push_back(name);
+      }
     }
+    std::set<std::string> state;
+    while (!wanted.empty()) {
+      const std::string name = wanted.back();
+      wanted.pop_back();
+      auto s = p->state_of.find(name);
+      if (s != p->state_of.end()) {
+        state.insert(s->second);
+        continue;
+      }
+      const std::size_t node = made.at(name);
+      if (!replay.insert(node).second) continue;
+      wanted.insert(wanted.end(), p->nodes[node].reads.begin(), p->nodes[node].reads.end());
+    }
+    p->replay[k].assign(replay.begin(), replay.end());
+    for (const std::string& name : p->state_order)
+      if (state.count(name)) p->replay_state[k].push_back(name);
   }
   BindSymbols(*p, tensor_values);
   CONVEYOR_RETURN_IF_ERROR(Compile(*p));
@@ -642,9 +714,16 @@ Status Compile(Program& p) {
 
 class ExportedPartition final : public Partition {
  public:
-  // `held`: the state of layers [begin, end), read from the archive.
-  ExportedPartition(std::shared_ptr<const Program> program, int begin, int end, std::map<std::string, at::Tensor> held)
+  // `held`: the state of layers [begin, end), read from the archive;
+  // `copies`: the buffers that the nodes replayed at `begin` read (held by an
+  // earlier stage, copied here, not this partition's state).
+  ExportedPartition(std::shared_ptr<const Program> program, int begin, int end, std::map<std::string, at::Tensor> held,
+                    std::map<std::string, at::Tensor> copies)
       : program_(std::move(program)), begin_(begin), end_(end) {
+    for (auto& [name, t] : copies) {
+      held.emplace(name, t);
+      copies_.emplace_back(name, t);
+    }
     for (int k = begin; k < end; ++k) {
       layers_.push_back({k, ""});
       NamedTensors params, buffers;
@@ -690,6 +769,8 @@ class ExportedPartition final : public Partition {
     std::vector<at::Tensor> values(p.slot_of.size());
     for (std::size_t i = 0; i < inputs.size(); ++i) values[static_cast<std::size_t>(in_slots[i])] = inputs[i];
     for (const auto& [slot, t] : held_slots_) values[static_cast<std::size_t>(slot)] = t;
+    // What entered the earlier stage's layers without depending on the batch, made again.
+    for (std::size_t i : p.replay[static_cast<std::size_t>(begin_)]) CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values, symbols));
     // Seeded per layer (training), as other partitions are: nothing else may
     // draw from the process's generators until the layers held are done.
     const bool seeded = random_key_.has_value() && training_;
@@ -716,12 +797,13 @@ class ExportedPartition final : public Partition {
 
   void To(const c10::Device& device, c10::ScalarType dtype) override {
     at::NoGradGuard no_grad;
-    for (auto* group : {&params_, &buffers_}) {
-      for (NamedTensors& layer : *group) {
-        for (auto& [name, t] : layer) {
-          const bool convert = dtype != c10::ScalarType::Undefined && at::isFloatingType(t.scalar_type());
-          t.set_data(convert ? t.data().to(device, dtype) : t.data().to(device));
-        }
+    std::vector<NamedTensors*> all = {&copies_};
+    for (auto* group : {&params_, &buffers_})
+      for (NamedTensors& layer : *group) all.push_back(&layer);
+    for (NamedTensors* tensors : all) {
+      for (auto& [name, t] : *tensors) {
+        const bool convert = dtype != c10::ScalarType::Undefined && at::isFloatingType(t.scalar_type());
+        t.set_data(convert ? t.data().to(device, dtype) : t.data().to(device));
       }
     }
   }
@@ -811,6 +893,7 @@ class ExportedPartition final : public Partition {
   std::shared_ptr<const Program> program_;
   int begin_, end_;
   std::vector<NamedTensors> params_, buffers_;  // per layer held
+  NamedTensors copies_;                          // buffers the replayed nodes read
   std::vector<std::pair<int, at::Tensor>> held_slots_;  // each held tensor's placeholder slot
   bool training_ = true;
 };
@@ -857,8 +940,14 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
   // that the tensors entering its first layer carry.
   std::set<std::string> bound;
   for (const SymBinding& b : p->bindings[static_cast<std::size_t>(begin)]) bound.insert(b.symbol);
+  std::set<std::string> replayed;  // the sizes of the nodes made again at `begin`
+  for (std::size_t i : p->replay[static_cast<std::size_t>(begin)])
+    for (const ArgPlan& a : p->nodes[i].args)
+      for (const SymExpr& e : a.sizes) e.Symbols(&replayed);
   for (int k = begin; k < end; ++k) {
-    for (const std::string& symbol : p->layer_symbols[static_cast<std::size_t>(k)]) {
+    std::set<std::string> symbols = p->layer_symbols[static_cast<std::size_t>(k)];
+    if (k == begin) symbols.insert(replayed.begin(), replayed.end());
+    for (const std::string& symbol : symbols) {
       if (bound.count(symbol)) continue;
       return Bad(*p, "layer " + std::to_string(k) + " takes sizes computed from the symbol " + symbol +
                          ", and no tensor entering layer " + std::to_string(begin) +
@@ -866,17 +955,20 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
                          "(.item(), nonzero) or from a tensor that does not cross into the stage is not run");
     }
   }
-  std::map<std::string, at::Tensor> held;
+  std::map<std::string, at::Tensor> held, copies;
   try {
     for (int k = begin; k < end; ++k) {
       for (const std::string& name : p->layer_state[static_cast<std::size_t>(k)]) {
         CONVEYOR_ASSIGN_OR_RETURN(held[name], ReadWeight(*p, name));
       }
     }
+    for (const std::string& name : p->replay_state[static_cast<std::size_t>(begin)]) {
+      CONVEYOR_ASSIGN_OR_RETURN(copies[name], ReadWeight(*p, name));
+    }
   } catch (const std::exception& e) {  // a damaged archive
     return Bad(*p, std::string("reading its weights: ") + WithoutBacktrace(e));
   }
-  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end, std::move(held)));
+  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end, std::move(held), std::move(copies)));
 }
 
 }  // namespace conveyor

@@ -26,7 +26,9 @@
 // Dynamic shapes (a batch dimension exported as a symbol): sizes the graph
 // computes from it are not run as nodes but evaluated from their expressions
 // (model/sym_expr.h) on the symbols that the tensors entering the partition
-// carry as dimensions, so no integer crosses a cut.
+// carry as dimensions, so no integer crosses a cut. Likewise a value that
+// does not depend on the batch (sliced from a buffer, an arange) is made again
+// after a cut from copies of the buffers it reads, not sent.
 //
 // Training IR records the mode it was exported in: BatchNorm's `training`
 // and dropout's `train` arguments follow the partition's Train() instead, and

@@ -270,6 +270,35 @@ TEST(ExportedProgram, ASizeNoEnteringTensorCarriesIsRefusedNamingItsSymbol) {
   RemoveTree(dir);
 }
 
+// A tensor without the batch that crosses a mark (dec_mask.pt2: a causal
+// mask sliced from a buffer before the mark and read after it, as
+// LLaMA-style models hand their rotary table to every block) is not sent:
+// the stage after the mark slices it again from its own copy of the buffer,
+// which is not part of that stage's state (the stage before holds it).
+TEST(ExportedProgram, ATensorWithoutTheBatchIsMadeAgainAfterTheCutNotSent) {
+  auto pair = LoadExportedPartition(Fixture("dec_pair.pt2"), "", 0, 2);
+  auto first = LoadExportedPartition(Fixture("dec_mask.pt2"), "", 0, 1);
+  auto second = LoadExportedPartition(Fixture("dec_mask.pt2"), "", 1, 2);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(ByName((*first)->NamedBuffers()).count("b1.mask"));
+  EXPECT_FALSE(ByName((*second)->NamedBuffers()).count("b1.mask")) << "a copy, not the stage's state";
+  for (bool training : {false, true}) {
+    for (Partition* p : {pair->get(), first->get(), second->get()}) p->Train(training);
+    const at::Tensor tokens = at::randint(0, 50, {3, 8}, at::TensorOptions(at::kLong));
+    auto want = (*pair)->Forward({tokens});
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto h = (*first)->Forward({tokens});
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_EQ(h->size(), 2u) << "(hidden, positions) cross; the [8, 8] mask does not";
+    for (const at::Tensor& t : *h) EXPECT_EQ(t.size(0), 3);
+    auto y = (*second)->Forward(*h);
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(at::allclose(y->front(), want->front(), 1e-6, 1e-6)) << "training " << training;
+  }
+}
+
 // The three layers chained, in evaluation: the operations of the program
 // called directly on its weights (BatchNorm on its running statistics, no
 // dropout); the names are the module's state_dict() names.

@@ -44,7 +44,8 @@ torch.export.save wrote, which Conveyor trains; the loop trains the module it wa
 from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported-mlp (mlp.pt2
 there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 there: a decoder
 whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
-same with its batch dynamic), frozen (an MLP whose first layer has
+same with its batch dynamic), exported-mask (dec_mask.pt2: the same with a mask sliced from a
+buffer crossing the mark), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -304,7 +305,8 @@ class PairTail(nn.Module):
 def exported_dec(program="dec_pair.pt2"):
     """dec_pair.pt2's module (tests/fixtures/pt2/pair_program.py) as the two layers its mark cuts it
     into, the pair (hidden, positions) between them, with the weights of `program` (dec_pair.pt2,
-    or dec_dyn.pt2: the same graph and weights with a dynamic batch, dynamic_program.py)."""
+    or dec_dyn.pt2 and dec_mask.pt2: the same weights, their graphs edited by dynamic_program.py
+    and mask_program.py)."""
     model = nn.Sequential(PairHead(), PairTail())
     return with_exported_weights(model, os.path.join(PT2, program),
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
@@ -316,6 +318,8 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             "exported-dec": ("dec_pair.pt2", None, exported_dec, "token-file50"),
             # the batch dynamic: sizes computed from it before the mark, used after it
             "exported-dyn": ("dec_dyn.pt2", None, lambda: exported_dec("dec_dyn.pt2"), "token-file50"),
+            # a mask without the batch, sliced from a buffer before the mark and read after it
+            "exported-mask": ("dec_mask.pt2", None, lambda: exported_dec("dec_mask.pt2"), "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
             "exported-sdpa": ("dec.pt2", None, None, "token-file50")}
 
