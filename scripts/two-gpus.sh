@@ -37,6 +37,10 @@
 #   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
 #                                   each one's timeline and the profile of its last step
+#   (issue 35, "Models from PyTorch 2")
+#   scripts/two-gpus.sh pt2         tests/fixtures/pt2/export_dynamic.py exports gpt_dyn.pt2 with PyTorch 2 (kept in
+#                                   $out/pt2 and put beside the fixtures), then the exported programs' GPU test
+#                                   (live PyTorch 2 against Conveyor, gpt_dyn.pt2 among them)
 #   (issue 36, "The pipeline at GPU speed")
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
@@ -62,6 +66,13 @@ for part in "$@"; do
       echo "ctest -L gpu: $(grep -E 'tests passed' "$out/ctest-gpu.log")"
       timeout 120 "$bin/equality_test" --gtest_filter='Nccl/*' > "$out/equality-nccl.log" 2>&1
       echo "equality Nccl/*: $(grep -E 'PASSED|FAILED' "$out/equality-nccl.log" | head -2 | tr '\n' ' ')" ;;
+    pt2)
+      mkdir -p "$out/pt2"
+      timeout 120 python3 tests/fixtures/pt2/export_dynamic.py "$out/pt2" > "$out/pt2/export.log" 2>&1
+      echo "export_dynamic.py: exit $?; $(grep -E '^exported with|refused|ran, out|train\(\)' "$out/pt2/export.log" | tr '\n' ' ')"
+      [ -f "$out/pt2/gpt_dyn.pt2" ] && cp "$out/pt2/gpt_dyn.pt2" tests/fixtures/pt2/
+      timeout 300 "$bin/gpu_test" --gtest_filter='*Exported*' > "$out/pt2/gpu-exported.log" 2>&1
+      echo "gpu_test *Exported*: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/pt2/gpu-exported.log" | tr '\n' ' ')" ;;
     transport)
       timeout 60 "$bin/transport_bench" --transports nccl --sizes 1M,64M --rounds 5 --nccl-ctas 0 | tee "$out/transport.txt" ;;
     w2)

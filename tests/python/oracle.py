@@ -320,6 +320,9 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             "exported-dyn": ("dec_dyn.pt2", None, lambda: exported_dec("dec_dyn.pt2"), "token-file50"),
             # a mask without the batch, sliced from a buffer before the mark and read after it
             "exported-mask": ("dec_mask.pt2", None, lambda: exported_dec("dec_mask.pt2"), "token-file50"),
+            # export_dynamic.py's nanoGPT-style decoder, its batch dynamic: `train --live` only, and only
+            # once PyTorch 2 wrote gpt_dyn.pt2 (scripts/two-gpus.sh pt2 puts it beside the fixtures)
+            "exported-gpt": ("gpt_dyn.pt2", None, None, "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
             "exported-sdpa": ("dec.pt2", None, None, "token-file50")}
 
