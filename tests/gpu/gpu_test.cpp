@@ -642,7 +642,7 @@ TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
 // Conveyor trains the program on the GPU: mlp.pt2 over two stages cut at its
 // pipe_split() mark, dec.pt2 (scaled_dot_product_attention, which LibTorch
 // 1.13 lacks) on one, and dec_dyn.pt2 (a dynamic batch, written by
-// dynamic_program.py as torch.export's serializer writes one: PyTorch 2's
+// edit_programs.py as torch.export's serializer writes one: PyTorch 2's
 // own torch.export.load reading it is part of the check) over two, and
 // gpt_dyn.pt2 (export_dynamic.py's nanoGPT-style decoder, its batch dynamic,
 // where PyTorch 2 wrote it beside the fixtures) over two. Every

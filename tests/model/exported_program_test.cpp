@@ -192,7 +192,7 @@ void ReplaceAll(std::string& text, const std::string& from, const std::string& t
     text.replace(at, from.size(), to);
 }
 
-// A program exported with a dynamic batch (dec_dyn.pt2: dynamic_program.py
+// A program exported with a dynamic batch (dec_dyn.pt2: edit_programs.py
 // edits dec_pair.pt2 as torch.export writes one) takes sizes computed from
 // the batch: B read from the input before the mark, B * 8 and B used by the
 // views after it. Each stage evaluates them on the batch of the tensors that

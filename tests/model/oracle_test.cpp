@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> ClusterOver(const std::string& root
 }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids
   int stages;
   int micro_batches;
   std::string schedule;
@@ -137,6 +137,7 @@ nlohmann::json ModelBlock(const Case& c) {
   if (c.model == "exported-dec") return {{"exported", c.model + "/dec_pair.pt2"}};  // a pair at its mark
   if (c.model == "exported-dyn") return {{"exported", c.model + "/dec_dyn.pt2"}};  // its batch dynamic
   if (c.model == "exported-mask") return {{"exported", c.model + "/dec_mask.pt2"}};  // a mask crosses its mark
+  if (c.model == "exported-ids") return {{"exported", c.model + "/dec_ids.pt2"}};    // int64 ids cross it
   return {{"torchscript", c.model + "/model.pt"}};
 }
 
@@ -364,7 +365,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Micro-batches of 8 and evaluation batches of 10 and 2: not the example's 4.
                       Case{"exported-dyn", 2, 2, "1f1b", false, "tokens"},
                       // A mask without the batch sliced from a buffer before the mark, read after it.
-                      Case{"exported-mask", 2, 4, "1f1b", false, "tokens"}),
+                      Case{"exported-mask", 2, 4, "1f1b", false, "tokens"},
+                      // The token ids (int64, no gradient) cross the mark beside the pair.
+                      Case{"exported-ids", 2, 4, "1f1b", false, "tokens"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

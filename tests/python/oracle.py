@@ -45,7 +45,7 @@ from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported
 there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 there: a decoder
 whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
 same with its batch dynamic), exported-mask (dec_mask.pt2: the same with a mask sliced from a
-buffer crossing the mark), frozen (an MLP whose first layer has
+buffer crossing the mark), exported-ids (dec_ids.pt2: the token ids crossing it), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -303,12 +303,43 @@ class PairTail(nn.Module):
 
 
 def exported_dec(program="dec_pair.pt2"):
-    """dec_pair.pt2's module (tests/fixtures/pt2/pair_program.py) as the two layers its mark cuts it
+    """dec_pair.pt2's module (tests/fixtures/pt2/edit_programs.py) as the two layers its mark cuts it
     into, the pair (hidden, positions) between them, with the weights of `program` (dec_pair.pt2,
-    or dec_dyn.pt2 and dec_mask.pt2: the same weights, their graphs edited by dynamic_program.py
-    and mask_program.py)."""
+    or dec_dyn.pt2 and dec_mask.pt2: the same weights and numbers, their graphs edited further)."""
     model = nn.Sequential(PairHead(), PairTail())
     return with_exported_weights(model, os.path.join(PT2, program),
+                                 {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
+
+
+class IdsHead(nn.Module):
+    """dec_ids.pt2's first layer: PairHead's, and the token ids passed on."""
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.zeros(8, 16))
+        self.emb = nn.Embedding(50, 16)
+        self.b1 = MathBlock(16, 8)
+
+    def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        e = self.emb(t)
+        h, pos = self.b1(e, torch.zeros_like(e) + self.pos)
+        return h, pos, t
+
+
+class IdsTail(nn.Module):
+    """dec_ids.pt2's second layer: block 2, the positions whose token id is 0 zeroed, the head."""
+    def __init__(self):
+        super().__init__()
+        self.b2 = MathBlock(16, 8)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        h, pos = self.b2(x[0], x[1])
+        return self.head(h * (x[2] != 0).unsqueeze(-1))
+
+
+def exported_ids():
+    """dec_ids.pt2's module: the token ids cross its mark beside the pair."""
+    return with_exported_weights(nn.Sequential(IdsHead(), IdsTail()), os.path.join(PT2, "dec_ids.pt2"),
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
@@ -323,6 +354,8 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             # export_dynamic.py's nanoGPT-style decoder, its batch dynamic: `train --live` only, and only
             # once PyTorch 2 wrote gpt_dyn.pt2 (scripts/two-gpus.sh pt2 puts it beside the fixtures)
             "exported-gpt": ("gpt_dyn.pt2", None, None, "token-file50"),
+            # the token ids (int64) cross the mark: the head skips padding (id 0)
+            "exported-ids": ("dec_ids.pt2", None, exported_ids, "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
             "exported-sdpa": ("dec.pt2", None, None, "token-file50")}
 
