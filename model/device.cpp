@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <thread>
 
 namespace conveyor {
@@ -20,13 +21,21 @@ AllCoresWhileBuilding::~AllCoresWhileBuilding() {
   if (saved_ > 0) at::set_num_threads(saved_);
 }
 
+namespace {
+std::atomic<int> compute_threads{0};  // SetComputeThreads's, 0 before
+}  // namespace
+
 void SetComputeThreads(int threads) {
   if (threads > 0) {
     at::set_num_threads(threads);
   }
+  compute_threads = at::get_num_threads();
 }
 
-int ComputeThreads() { return at::get_num_threads(); }
+int ComputeThreads() {
+  const int threads = compute_threads.load();
+  return threads > 0 ? threads : at::get_num_threads();
+}
 
 int CudaDeviceCount() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 

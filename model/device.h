@@ -30,6 +30,11 @@ class AllCoresWhileBuilding {
 
 // Intra-op threads for this process; 0 leaves LibTorch's default.
 void SetComputeThreads(int threads);
+// The count SetComputeThreads left, from any thread without touching
+// LibTorch's pools: at::get_num_threads() on a thread that never ran
+// LibTorch work initialises that thread's pools (LibTorch 1.13 recreates its
+// pthreadpool, whose workers then spin), which a gRPC handler thread must not
+// do once a step (2.7 ms a step of a tiny CPU job, most of it spinning).
 int ComputeThreads();
 
 // CUDA devices this process can use (0 in a CPU-only build).
