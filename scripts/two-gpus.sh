@@ -41,6 +41,8 @@
 #   scripts/two-gpus.sh pt2         tests/fixtures/pt2/export_dynamic.py exports gpt_dyn.pt2 with PyTorch 2 (kept in
 #                                   $out/pt2 and put beside the fixtures), then the exported programs' GPU test
 #                                   (live PyTorch 2 against Conveyor, gpt_dyn.pt2 among them)
+#   scripts/two-gpus.sh exported-w2 W2's decoder exported (torch.export, batch dynamic) against the zoo's gpt, one GPU
+#                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants)
 #   (issue 36, "The pipeline at GPU speed")
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
@@ -73,6 +75,9 @@ for part in "$@"; do
       [ -f "$out/pt2/gpt_dyn.pt2" ] && cp "$out/pt2/gpt_dyn.pt2" tests/fixtures/pt2/
       timeout 300 "$bin/gpu_test" --gtest_filter='*Exported*' > "$out/pt2/gpu-exported.log" 2>&1
       echo "gpu_test *Exported*: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/pt2/gpu-exported.log" | tr '\n' ' ')" ;;
+    exported-w2)
+      timeout 560 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/exported-w2" --steps 6 \
+        --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15 ;;
     transport)
       timeout 60 "$bin/transport_bench" --transports nccl --sizes 1M,64M --rounds 5 --nccl-ctas 0 | tee "$out/transport.txt" ;;
     w2)
