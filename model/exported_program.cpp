@@ -501,7 +501,12 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   std::stable_sort(values.begin(), values.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Those that do not depend on the batch are made again after the cut, by
   // the nodes that made them and those before them (all batch-free).
-  const std::set<std::string> batch_free = MarkBatchFree(*p);
+  std::set<std::string> batch_free;
+  try {
+    batch_free = MarkBatchFree(*p);
+  } catch (const json::exception& e) {
+    return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + WithoutBacktrace(e));
+  }
   p->replay.assign(layers, {});
   p->replay_state.assign(layers, {});
   for (std::size_t k = 1; k < layers; ++k) {
@@ -534,7 +539,12 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
     for (const std::string& name : p->state_order)
       if (state.count(name)) p->replay_state[k].push_back(name);
   }
-  BindSymbols(*p, tensor_values);
+  try {
+    BindSymbols(*p, tensor_values);
+  } catch (const json::exception& e) {
+    return Bad(*p, std::string("the program's tensor_values are not as torch.export.save writes them: ") +
+                       WithoutBacktrace(e));
+  }
   CONVEYOR_RETURN_IF_ERROR(Compile(*p));
   return std::shared_ptr<const Program>(std::move(p));
 }

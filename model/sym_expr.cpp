@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 namespace conveyor {
 
@@ -23,6 +24,10 @@ TermPtr Make(Term::Kind kind, std::vector<TermPtr> args) {
   t->args = std::move(args);
   return t;
 }
+
+// Nesting deeper than this is refused (the parser recurses: a program file's
+// "((((...))))" must not exhaust the stack).
+constexpr int kMaxDepth = 64;
 
 // Recursive descent over the text; `error` holds the first problem.
 class Parser {
@@ -89,6 +94,12 @@ class Parser {
     return Make(kind, {std::move(a), std::move(b)});
   }
   TermPtr Unary() {
+    struct Nested {  // every recursion passes here
+      int& depth;
+      explicit Nested(int& d) : depth(++d) {}
+      ~Nested() { --depth; }
+    } nested(depth_);
+    if (depth_ > kMaxDepth) return Fail("nested more than " + std::to_string(kMaxDepth) + " deep");
     if (Eat("-")) {
       TermPtr t = Unary();
       return t ? Make(Term::kNeg, {t}) : nullptr;
@@ -155,12 +166,26 @@ class Parser {
 
   const std::string& s_;
   std::size_t i_ = 0;
+  int depth_ = 0;
   std::string error_;
 };
 
+// REQUIRES: b != 0, and not (a == INT64_MIN and b == -1).
 int64_t FloorDiv(int64_t a, int64_t b) {
   const int64_t q = a / b;
   return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// a ** b for b >= 0 by squaring; false where it leaves int64.
+bool Power(int64_t a, int64_t b, int64_t* out) {
+  int64_t r = 1;
+  while (b > 0) {
+    if ((b & 1) && __builtin_mul_overflow(r, a, &r)) return false;
+    b >>= 1;
+    if (b > 0 && __builtin_mul_overflow(a, a, &a)) return false;
+  }
+  *out = r;
+  return true;
 }
 
 StatusOr<int64_t> Value(const Term& t, const std::map<std::string, int64_t>& symbols, const std::string& text) {
@@ -177,26 +202,36 @@ StatusOr<int64_t> Value(const Term& t, const std::map<std::string, int64_t>& sym
     v.push_back(x);
   }
   auto by_zero = [&] { return absl::InvalidArgumentError("the size '" + text + "' divides by zero"); };
+  auto overflow = [&] { return absl::InvalidArgumentError("the size '" + text + "' leaves the range of int64"); };
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  int64_t r = 0;
   switch (t.kind) {
-    case Term::kNeg: return -v[0];
-    case Term::kAdd: return v[0] + v[1];
-    case Term::kSub: return v[0] - v[1];
-    case Term::kMul: return v[0] * v[1];
-    case Term::kFloorDiv:
-      if (v[1] == 0) return by_zero();
-      return FloorDiv(v[0], v[1]);
-    case Term::kCeilDiv:
-      if (v[1] == 0) return by_zero();
-      return -FloorDiv(-v[0], v[1]);
-    case Term::kMod:
-      if (v[1] == 0) return by_zero();
-      return v[0] - FloorDiv(v[0], v[1]) * v[1];  // Python's sign: the divisor's
-    case Term::kPow: {
-      if (v[1] < 0) return absl::InvalidArgumentError("the size '" + text + "' raises to a negative power");
-      int64_t r = 1;
-      for (int64_t k = 0; k < v[1]; ++k) r *= v[0];
+    case Term::kNeg:
+      if (v[0] == kMin) return overflow();
+      return -v[0];
+    case Term::kAdd:
+      if (__builtin_add_overflow(v[0], v[1], &r)) return overflow();
       return r;
+    case Term::kSub:
+      if (__builtin_sub_overflow(v[0], v[1], &r)) return overflow();
+      return r;
+    case Term::kMul:
+      if (__builtin_mul_overflow(v[0], v[1], &r)) return overflow();
+      return r;
+    case Term::kFloorDiv:
+    case Term::kCeilDiv:
+    case Term::kMod: {
+      if (v[1] == 0) return by_zero();
+      if (v[0] == kMin && (v[1] == -1 || t.kind == Term::kCeilDiv)) return overflow();  // kMin / -1, or -kMin
+      if (t.kind == Term::kFloorDiv) return FloorDiv(v[0], v[1]);
+      if (t.kind == Term::kCeilDiv) return -FloorDiv(-v[0], v[1]);
+      r = v[0] % v[1];
+      return r != 0 && ((r < 0) != (v[1] < 0)) ? r + v[1] : r;  // Python's sign: the divisor's
     }
+    case Term::kPow:
+      if (v[1] < 0) return absl::InvalidArgumentError("the size '" + text + "' raises to a negative power");
+      if (!Power(v[0], v[1], &r)) return overflow();
+      return r;
     case Term::kMax: return *std::max_element(v.begin(), v.end());
     case Term::kMin: return *std::min_element(v.begin(), v.end());
     default: return absl::InternalError("the size '" + text + "': unknown term");

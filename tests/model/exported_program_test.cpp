@@ -267,6 +267,18 @@ TEST(ExportedProgram, ASizeNoEnteringTensorCarriesIsRefusedNamingItsSymbol) {
                 .find("the symbolic value 'mul_2': the symbolic size 's0/2': a true division"),
             std::string::npos)
       << bad.status();
+  // A tensor's size garbled (the first such size is in tensor_values, before sym_int_values).
+  const std::string garbled = Edited(Fixture("dec_dyn.pt2"), dir, "garbled.pt2", [](std::string& json) {
+    const std::string size = "{\"as_expr\": {\"expr_str\": \"s0\", \"hint\": {\"as_int\": 4}}}";
+    const std::size_t at = json.find(size);
+    ASSERT_LT(at, json.find("\"sym_int_values\""));
+    json.replace(at, size.size(), "{\"as_expr\": 7}");
+  });
+  auto sizes = DescribeExportedProgram(garbled, "");
+  EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(sizes.status().message()).find("tensor_values are not as torch.export.save writes them"),
+            std::string::npos)
+      << sizes.status();
   RemoveTree(dir);
 }
 

@@ -55,6 +55,23 @@ TEST(SymExpr, RefusesWhatIsNoIntegerSize) {
     EXPECT_NE(std::string(e.status().message()).find("the symbolic size '" + bad + "'"), std::string::npos)
         << e.status();
   }
+  // A program file is input: no stack exhausted, no undefined arithmetic, no long loop.
+  auto deep = SymExpr::Parse(std::string(100000, '(') + "s0" + std::string(100000, ')'));
+  EXPECT_EQ(deep.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(deep.status().message()).find("nested more than 64 deep"), std::string::npos)
+      << deep.status().message().substr(0, 200);
+  for (const std::string big : {"s0 * 9223372036854775807", "-9223372036854775807 - s0", "2**s0",
+                                "(-9223372036854775807 - 1) // -s0 * s0", "Mod(-9223372036854775807 - 1, -1)"}) {
+    auto e = SymExpr::Parse(big);
+    ASSERT_TRUE(e.ok()) << e.status();
+    auto v = e->Eval({{"s0", 2}});
+    if (big == "2**s0") v = e->Eval({{"s0", 64}});
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << big;
+    EXPECT_NE(std::string(v.status().message()).find("leaves the range of int64"), std::string::npos) << v.status();
+  }
+  auto slow = SymExpr::Parse("1**s0");
+  ASSERT_TRUE(slow.ok());
+  EXPECT_EQ(*slow->Eval({{"s0", 9223372036854775807}}), 1);  // by squaring, not a loop of s0 steps
   auto zero = SymExpr::Parse("s0 // (s0 - 6)");
   ASSERT_TRUE(zero.ok());
   EXPECT_EQ(zero->Eval({{"s0", 6}}).status().code(), absl::StatusCode::kInvalidArgument);
