@@ -5,7 +5,8 @@
 
 writes into OUT (default: this script's folder)
 
-    model.pt2  the module, saved by torch.export.save after torch.export.export in training mode,
+    model.pt2  the module, saved by torch.export.save after torch.export.export in training mode
+               with its batch dimension dynamic,
                with a pipe_split() mark between its features and its classifier: where the job's
                two stages are cut (no TorchScript: the module need not script)
     train.pt, test.pt, and job.yaml: make_model.py's, the job naming model: {exported: model.pt2}
@@ -53,6 +54,21 @@ def split():
     pipe_split()
 
 
+def export_with_dynamic_batch(model, example):
+    """torch.export.export(model, (example,)) with the batch dimension dynamic: Conveyor runs the
+    program on micro-batches and evaluation batches of any size, and a model that reads its batch
+    size (x.view(x.size(0), -1)) would otherwise keep the example's in its graph. Dim's forms
+    differ across PyTorch 2 releases: the first that exports."""
+    errors = []
+    for dim in (lambda: torch.export.Dim("batch", min=1, max=65536), lambda: torch.export.Dim.DYNAMIC,
+                lambda: torch.export.Dim("batch", min=2, max=65536)):
+        try:
+            return torch.export.export(model, (example,), dynamic_shapes=({0: dim()},))
+        except Exception as e:
+            errors.append(repr(e)[:300])
+    sys.exit("export_model.py: torch.export with a dynamic batch failed: " + "; ".join(errors))
+
+
 def main():
     if not hasattr(torch, "export"):
         sys.exit(f"export_model.py: PyTorch {torch.__version__} has no torch.export (PyTorch 2 has)")
@@ -60,7 +76,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)  # the initial weights travel inside model.pt2
     model = ConvNet().train()  # training mode: BatchNorm updates its statistics, as Conveyor trains it
-    program = torch.export.export(model, (torch.randn(8, 1, 28, 28),))
+    program = export_with_dynamic_batch(model, torch.randn(8, 1, 28, 28))
     torch.export.save(program, os.path.join(out, "model.pt2"))
     torch.save(make_model.read_idx("train", make_model.TRAIN_SAMPLES), os.path.join(out, "train.pt"))
     torch.save(make_model.read_idx("t10k"), os.path.join(out, "test.pt"))
