@@ -43,6 +43,18 @@ std::string Edited(const std::string& from, const std::string& dir, const std::s
   return path;
 }
 
+// Replaces every `from` in `text` with `to`.
+void ReplaceAll(std::string& text, const std::string& from, const std::string& to) {
+  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+}
+
+// `st` is INVALID_ARGUMENT and its message says `what`.
+void ExpectRefused(const Status& st, const std::string& what) {
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(std::string(st.message()).find(what), std::string::npos) << st;
+}
+
 TEST(ExportedProgram, DescribesItsLayersAtTheCutsAsked) {
   auto whole = DescribeExportedProgram(Cnn(), "");
   ASSERT_TRUE(whole.ok()) << whole.status();
@@ -62,28 +74,17 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
   const std::string dir = testing::MakeTempDir("exported");
   const std::string text = dir + "/not.pt2";
   std::ofstream(text) << "not a zip archive";
-  auto bad = DescribeExportedProgram(text, "");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(bad.status().message()).find("not a program saved by torch.export.save"), std::string::npos)
-      << bad.status();
-  auto module = DescribeExportedProgram(Cnn(), "bn, head");
-  EXPECT_EQ(module.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(module.status().message()).find("cut_before: no module 'head' in the program (its modules: "
-                                                         "bn, conv, drop, fc)"),
-            std::string::npos)
-      << module.status();
+  ExpectRefused(DescribeExportedProgram(text, "").status(), "not a program saved by torch.export.save");
+  ExpectRefused(DescribeExportedProgram(Cnn(), "bn, head").status(),
+                "cut_before: no module 'head' in the program (its modules: bn, conv, drop, fc)");
   // The same archive with one operator this LibTorch does not have.
   const std::string odd = Edited(Cnn(), dir, "odd.pt2", [](std::string& json) {
     const std::string from = "torch.ops.aten.relu.default", to = "torch.ops.aten.not_an_operator.default";
     json.replace(json.find(from), from.size(), to);
   });
-  auto unknown = DescribeExportedProgram(odd, "");
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(unknown.status().message())
-                .find("node 'relu' calls torch.ops.aten.not_an_operator.default (aten::not_an_operator), which this "
-                      "LibTorch does not have"),
-            std::string::npos)
-      << unknown.status();
+  ExpectRefused(DescribeExportedProgram(odd, "").status(),
+                "node 'relu' calls torch.ops.aten.not_an_operator.default (aten::not_an_operator), which this "
+                "LibTorch does not have");
   RemoveTree(dir);
 }
 
@@ -133,20 +134,13 @@ TEST(ExportedProgram, RealProgramsCutAtTheirMarksOrSayWhyNot) {
   if (c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""}).has_value()) {
     EXPECT_TRUE(dec.ok()) << dec.status();
   } else {
-    EXPECT_EQ(dec.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(dec.status().message())
-                  .find("calls torch.ops.aten.scaled_dot_product_attention.default "
-                        "(aten::scaled_dot_product_attention), which this LibTorch does not have"),
-              std::string::npos)
-        << dec.status();
+    ExpectRefused(dec.status(),
+                  "calls torch.ops.aten.scaled_dot_product_attention.default (aten::scaled_dot_product_attention), "
+                  "which this LibTorch does not have");
   }
-  auto math = LoadExportedPartition(pt2 + "dec_math.pt2", "", 1, 2);
-  EXPECT_EQ(math.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(math.status().message())
-                .find("'pos' is used by layers 0 to 1, and a stage holds layers [1, 2): a parameter tied across a "
-                      "stage boundary"),
-            std::string::npos)
-      << math.status();
+  ExpectRefused(LoadExportedPartition(pt2 + "dec_math.pt2", "", 1, 2).status(),
+                "'pos' is used by layers 0 to 1, and a stage holds layers [1, 2): a parameter tied across a stage "
+                "boundary");
 }
 
 // A parameter that two layers use (dec_math.pt2's positions, added in both
@@ -184,12 +178,6 @@ TEST(ExportedProgram, AParameterTwoLayersUseIsOneTensorOnTheirStage) {
     ASSERT_TRUE(g.defined()) << name;
     EXPECT_TRUE(at::allclose(g, grads[1].at(name), 1e-5, 1e-7)) << name;
   }
-}
-
-// Replaces every `from` in `text` with `to`.
-void ReplaceAll(std::string& text, const std::string& from, const std::string& to) {
-  for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
 }
 
 // A program exported with a dynamic batch (dec_dyn.pt2: edit_programs.py
@@ -234,10 +222,7 @@ TEST(ExportedProgram, ADynamicBatchIsTheBatchOfTheTensorsEnteringEachStage) {
   (*batch4)->Train(false);
   EXPECT_TRUE((*batch4)->Forward({at::randint(0, 50, {4, 8}, at::TensorOptions(at::kLong))}).ok());
   auto other = (*batch4)->Forward({at::randint(0, 50, {3, 8}, at::TensorOptions(at::kLong))});
-  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(other.status().message()).find("node 'view' (torch.ops.aten.view.default) failed"),
-            std::string::npos)
-      << other.status();
+  ExpectRefused(other.status(), "node 'view' (torch.ops.aten.view.default) failed");
   RemoveTree(dir);
 }
 
@@ -251,22 +236,14 @@ TEST(ExportedProgram, ASizeNoEnteringTensorCarriesIsRefusedNamingItsSymbol) {
     ReplaceAll(json, "{\"as_expr\": {\"expr_str\": \"s0\", \"hint\": {\"as_int\": 4}}}", "{\"as_int\": 4}");
   });
   EXPECT_TRUE(LoadExportedPartition(unbound, "", 0, 1).ok());
-  auto second = LoadExportedPartition(unbound, "", 1, 2);
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(second.status().message())
-                .find("layer 1 takes sizes computed from the symbol s0, and no tensor entering layer 1 (this "
-                      "stage's first) has it as a dimension"),
-            std::string::npos)
-      << second.status();
+  ExpectRefused(LoadExportedPartition(unbound, "", 1, 2).status(),
+                "layer 1 takes sizes computed from the symbol s0, and no tensor entering layer 1 (this stage's "
+                "first) has it as a dimension");
   const std::string odd = Edited(Fixture("dec_dyn.pt2"), dir, "odd.pt2", [](std::string& json) {
     ReplaceAll(json, "\"expr_str\": \"8*s0\"", "\"expr_str\": \"s0/2\"");
   });
-  auto bad = DescribeExportedProgram(odd, "");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(bad.status().message())
-                .find("the symbolic value 'mul_2': the symbolic size 's0/2': a true division"),
-            std::string::npos)
-      << bad.status();
+  ExpectRefused(DescribeExportedProgram(odd, "").status(),
+                "the symbolic value 'mul_2': the symbolic size 's0/2': a true division");
   // A tensor's size garbled (the first such size is in tensor_values, before sym_int_values).
   const std::string garbled = Edited(Fixture("dec_dyn.pt2"), dir, "garbled.pt2", [](std::string& json) {
     const std::string size = "{\"as_expr\": {\"expr_str\": \"s0\", \"hint\": {\"as_int\": 4}}}";
@@ -274,11 +251,8 @@ TEST(ExportedProgram, ASizeNoEnteringTensorCarriesIsRefusedNamingItsSymbol) {
     ASSERT_LT(at, json.find("\"sym_int_values\""));
     json.replace(at, size.size(), "{\"as_expr\": 7}");
   });
-  auto sizes = DescribeExportedProgram(garbled, "");
-  EXPECT_EQ(sizes.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(sizes.status().message()).find("tensor_values are not as torch.export.save writes them"),
-            std::string::npos)
-      << sizes.status();
+  ExpectRefused(DescribeExportedProgram(garbled, "").status(),
+                "tensor_values are not as torch.export.save writes them");
   RemoveTree(dir);
 }
 
