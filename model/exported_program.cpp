@@ -111,6 +111,7 @@ struct Program {
   std::vector<std::vector<std::string>> crossing;
   std::vector<std::vector<std::size_t>> replay;
   std::vector<std::vector<std::string>> replay_state;
+  std::set<std::string> written;  // state names some node writes in place (BatchNorm's statistics)
   std::vector<std::vector<std::string>> layer_state;  // the state each layer holds, signature order
   // State that several layers use (tied): its first and last user. The first
   // holds it; a partition must hold all of them.
@@ -216,8 +217,10 @@ std::set<std::string> MarkBatchFree(Program& p) {
     }
   }
   std::set<std::string> free;
-  for (const auto& [placeholder, name] : p.state_of)
+  for (const auto& [placeholder, name] : p.state_of) {
+    if (written.count(placeholder)) p.written.insert(name);
     if (!p.parameters.count(name) && !written.count(placeholder)) free.insert(placeholder);
+  }
   for (Node& n : p.nodes) {
     const std::string& op = n.op->schema().name();
     bool random = false;
@@ -936,10 +939,19 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
     return absl::InvalidArgumentError("model.exported: layers [" + std::to_string(begin) + ", " +
                                       std::to_string(end) + ") of a program of " + std::to_string(layers) + " layers");
   }
+  std::set<std::string> copied(p->replay_state[static_cast<std::size_t>(begin)].begin(),
+                               p->replay_state[static_cast<std::size_t>(begin)].end());
   for (const auto& [name, span] : p->tied) {
     const auto [first, last] = span;
     const bool some = static_cast<int>(last) >= begin && static_cast<int>(first) < end;
-    if (some && (static_cast<int>(first) < begin || static_cast<int>(last) >= end)) {
+    // A buffer no node writes, used on both sides of the stage's first cut:
+    // a copy here (an earlier stage holds it as state).
+    const bool read_only = !p->parameters.count(name) && !p->written.count(name);
+    if (some && read_only && static_cast<int>(first) < begin) {
+      copied.insert(name);
+      continue;
+    }
+    if (some && !read_only && (static_cast<int>(first) < begin || static_cast<int>(last) >= end)) {
       return Bad(*p, "'" + name + "' is used by layers " + std::to_string(first) + " to " + std::to_string(last) +
                          ", and a stage holds layers [" + std::to_string(begin) + ", " + std::to_string(end) +
                          "): a " + (p->parameters.count(name) ? "parameter" : "buffer") +
@@ -972,7 +984,7 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
         CONVEYOR_ASSIGN_OR_RETURN(held[name], ReadWeight(*p, name));
       }
     }
-    for (const std::string& name : p->replay_state[static_cast<std::size_t>(begin)]) {
+    for (const std::string& name : copied) {
       CONVEYOR_ASSIGN_OR_RETURN(copies[name], ReadWeight(*p, name));
     }
   } catch (const std::exception& e) {  // a damaged archive

@@ -21,7 +21,8 @@
 // Parameters and buffers are the program's state, named as the module's
 // state_dict() names them ("conv.weight"), so that init_from, save and
 // export read and write the user's own names. A parameter used on both sides
-// of a cut (tied weights) is refused naming it.
+// of a cut (tied weights) is refused naming it; a buffer that no node writes
+// is copied to the later stages that read it.
 //
 // Dynamic shapes (a batch dimension exported as a symbol): sizes the graph
 // computes from it are not run as nodes but evaluated from their expressions

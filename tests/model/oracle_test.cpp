@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> ClusterOver(const std::string& root
 }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids, exported-shared
   int stages;
   int micro_batches;
   std::string schedule;
@@ -138,6 +138,7 @@ nlohmann::json ModelBlock(const Case& c) {
   if (c.model == "exported-dyn") return {{"exported", c.model + "/dec_dyn.pt2"}};  // its batch dynamic
   if (c.model == "exported-mask") return {{"exported", c.model + "/dec_mask.pt2"}};  // a mask crosses its mark
   if (c.model == "exported-ids") return {{"exported", c.model + "/dec_ids.pt2"}};    // int64 ids cross it
+  if (c.model == "exported-shared") return {{"exported", c.model + "/dec_shared.pt2"}};  // a buffer both sides read
   return {{"torchscript", c.model + "/model.pt"}};
 }
 
@@ -367,7 +368,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // A mask without the batch sliced from a buffer before the mark, read after it.
                       Case{"exported-mask", 2, 4, "1f1b", false, "tokens"},
                       // The token ids (int64, no gradient) cross the mark beside the pair.
-                      Case{"exported-ids", 2, 4, "1f1b", false, "tokens"}),
+                      Case{"exported-ids", 2, 4, "1f1b", false, "tokens"},
+                      // A mask buffer read on both sides of the mark: a copy after it.
+                      Case{"exported-shared", 2, 2, "gpipe", false, "tokens"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

@@ -45,7 +45,8 @@ from, rebuilt here with its weights: PyTorch 1.13 has no torch.export), exported
 there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 there: a decoder
 whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
 same with its batch dynamic), exported-mask (dec_mask.pt2: the same with a mask sliced from a
-buffer crossing the mark), exported-ids (dec_ids.pt2: the token ids crossing it), frozen (an MLP whose first layer has
+buffer crossing the mark), exported-shared (dec_shared.pt2: a mask buffer read on both sides
+of the mark), exported-ids (dec_ids.pt2: the token ids crossing it), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -305,7 +306,8 @@ class PairTail(nn.Module):
 def exported_dec(program="dec_pair.pt2"):
     """dec_pair.pt2's module (tests/fixtures/pt2/edit_programs.py) as the two layers its mark cuts it
     into, the pair (hidden, positions) between them, with the weights of `program` (dec_pair.pt2,
-    or dec_dyn.pt2 and dec_mask.pt2: the same weights and numbers, their graphs edited further)."""
+    or dec_dyn.pt2, dec_mask.pt2 and dec_shared.pt2: the same weights and numbers, their graphs
+    edited further)."""
     model = nn.Sequential(PairHead(), PairTail())
     return with_exported_weights(model, os.path.join(PT2, program),
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
@@ -351,6 +353,8 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             "exported-dyn": ("dec_dyn.pt2", None, lambda: exported_dec("dec_dyn.pt2"), "token-file50"),
             # a mask without the batch, sliced from a buffer before the mark and read after it
             "exported-mask": ("dec_mask.pt2", None, lambda: exported_dec("dec_mask.pt2"), "token-file50"),
+            # block 2 adds block 1's mask buffer: read on both sides of the mark, copied after it
+            "exported-shared": ("dec_shared.pt2", None, lambda: exported_dec("dec_shared.pt2"), "token-file50"),
             # export_dynamic.py's nanoGPT-style decoder, its batch dynamic: `train --live` only, and only
             # once PyTorch 2 wrote gpt_dyn.pt2 (scripts/two-gpus.sh pt2 puts it beside the fixtures)
             "exported-gpt": ("gpt_dyn.pt2", None, None, "token-file50"),
