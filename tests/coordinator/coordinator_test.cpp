@@ -208,9 +208,8 @@ TEST(Coordinator, JobsThatFitRunSideBySideAndTheOthersQueueInOrder) {
 // A job that was running when the coordinator stopped runs again after a
 // restart: here without checkpoints, so from step 0.
 TEST(Coordinator, ARestartResumesTheInterruptedJob) {
-  const std::string dir = ::testing::TempDir() + "/coordinator-restart";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const testing::ScopedTempDir folder("coordinator-restart");
+  const std::string& dir = folder.path();
   const std::string yaml = "model: toy\nsteps: 5\n";
   std::string id;
   {
@@ -254,9 +253,8 @@ TEST(Coordinator, ARestartResumesTheInterruptedJob) {
 // cancel: the running job stays running in the job store, and the next
 // coordinator with that state runs it again.
 TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
-  const std::string dir = ::testing::TempDir() + "/coordinator-shutdown";
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  const testing::ScopedTempDir folder("coordinator-shutdown");
+  const std::string& dir = folder.path();
   InProcessCluster cluster(2);
   std::string id;
   {

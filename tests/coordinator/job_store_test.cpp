@@ -2,7 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
+
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -22,8 +23,8 @@ v1::CurvePoint Point(int64_t step, double loss, bool grad_norm) {
 }
 
 TEST(JobStore, KeepsCurvesAcrossReopening) {
-  const std::string path = ::testing::TempDir() + "/job_store_curves.db";
-  std::filesystem::remove(path);
+  const testing::ScopedTempDir folder("job-store");
+  const std::string path = folder.path() + "/curves.db";
   v1::EvalPoint eval;
   eval.set_step(2);
   eval.set_loss(0.75);
@@ -75,8 +76,8 @@ TEST(JobStore, KeepsCurvesAcrossReopening) {
 }
 
 TEST(JobStore, KeepsJobsAcrossReopening) {
-  const std::string path = ::testing::TempDir() + "/job_store_test.db";
-  std::filesystem::remove(path);
+  const testing::ScopedTempDir folder("job-store");
+  const std::string path = folder.path() + "/jobs.db";
   v1::JobSpec spec;
   spec.set_name("first");
   std::string a, b;

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "plan/job_spec.h"
+#include "common/files.h"
 #include "common/net.h"
 #include "transport/tensor_codec.h"
 #include "conveyor.grpc.pb.h"
@@ -102,6 +103,8 @@ std::string MakeTempDir(const std::string& prefix) {
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr) << tmpl;
   return tmpl;
 }
+
+ScopedTempDir::~ScopedTempDir() { RemoveTree(path_); }
 
 TlsFiles MakeCertificate(const std::string& dir, const std::string& name, const std::vector<std::string>& hosts) {
   std::vector<std::string> argv = {"/bin/bash", std::string(CONVEYOR_SOURCE_DIR) + "/scripts/make-certs.sh", dir, name};

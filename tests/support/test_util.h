@@ -66,6 +66,22 @@ std::unique_ptr<cli::LocalCluster> StartCluster(int stages);
 // A fresh, empty folder under the test's temporary folder.
 std::string MakeTempDir(const std::string& prefix);
 
+// MakeTempDir's folder, removed with all in it when this goes out of scope:
+// a test run outside ctest (whose TMPDIR goes when the run ends) leaves
+// nothing in /tmp. Declare it before what writes there (a coordinator with
+// its database open), so that it goes last.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& prefix) : path_(MakeTempDir(prefix)) {}
+  ~ScopedTempDir();
+  ScopedTempDir(const ScopedTempDir&) = delete;
+  ScopedTempDir& operator=(const ScopedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // scripts/make-certs.sh DIR NAME HOST...: DIR/NAME.crt and .key, signed by
 // DIR's CA (made on first use), naming `hosts`; EXPECTs it to work. Returns
 // the three files as a process would be given them.
