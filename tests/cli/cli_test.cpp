@@ -117,7 +117,8 @@ TEST(Cli, JobCommandsAgainstARunningCoordinator) {
   auto cluster = cli::LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string coord = (*cluster)->coordinator_address();
-  const std::string bad = ::testing::TempDir() + "/bad-job.yaml";
+  const testing::ScopedTempDir folder("cli");
+  const std::string bad = folder.path() + "/bad-job.yaml";
   std::ofstream(bad) << "model: toy\nbatch_size: 8\nmicro_batches: 9\n";
   auto r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", bad});
   EXPECT_NE(r.exit_code, 0);
@@ -128,7 +129,7 @@ TEST(Cli, JobCommandsAgainstARunningCoordinator) {
   EXPECT_NE(r.exit_code, 0);  // toy.yaml wants 3 stages; this cluster has 1
   EXPECT_THAT(r.err, HasSubstr("needs 3 stages"));
 
-  const std::string one = ::testing::TempDir() + "/one-stage.yaml";
+  const std::string one = folder.path() + "/one-stage.yaml";
   std::ofstream(one) << "name: tiny\nmodel: toy\nsteps: 3\n";
   r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", one, "--wait", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -189,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(Cli, Interrupt, ::testing::Values(SIGINT, SIGHUP),
                          [](const ::testing::TestParamInfo<int>& i) { return i.param == SIGHUP ? "SIGHUP" : "SIGINT"; });
 
 TEST_P(Interrupt, CancelsTheJobAndStopsTheCluster) {
-  const std::string job = ::testing::TempDir() + "/endless.yaml";
+  const testing::ScopedTempDir folder("cli");
+  const std::string job = folder.path() + "/endless.yaml";
   std::ofstream(job) << "name: endless\nmodel: toy\npartition: {stages: 2}\nsteps: 100000000\n";
   int err[2];
   ASSERT_EQ(pipe2(err, O_CLOEXEC), 0);
@@ -222,11 +224,13 @@ TEST_P(Interrupt, CancelsTheJobAndStopsTheCluster) {
   EXPECT_NE(output.find("interrupted: cancelling the job"), std::string::npos) << output;
   EXPECT_NE(output.find("cancelled"), std::string::npos) << output;
   EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
+  RemoveTree(run_dir);  // logs kept for a failed or interrupted job
 }
 
 TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
   // NCCL between CPU stages: accepted at submission, refused when the links are set up.
-  const std::string job = ::testing::TempDir() + "/cpu-nccl.yaml";
+  const testing::ScopedTempDir folder("cli");
+  const std::string job = folder.path() + "/cpu-nccl.yaml";
   std::ofstream(job) << "model: toy\npartition: {stages: 2}\ntransport: nccl\n";
   auto r = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu", "--curves", ""});
   EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -237,10 +241,12 @@ TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
   const std::string run_dir = r.err.substr(logs + 13, r.err.find('\n', logs) - logs - 13);
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/coordinator.log"));
   EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
+  RemoveTree(run_dir);  // logs kept for a failed or interrupted job
 }
 
 TEST(Cli, ReferenceNamesABadJobFile) {
-  const std::string bad = ::testing::TempDir() + "/typo.yaml";
+  const testing::ScopedTempDir folder("cli");
+  const std::string bad = folder.path() + "/typo.yaml";
   std::ofstream(bad) << "model: toy\nepoch: 3\n";
   auto r = RunCommand({Binary("conveyor"), "train", bad, "--reference"});
   EXPECT_NE(r.exit_code, 0);
@@ -252,7 +258,8 @@ TEST(Cli, ReferenceNamesABadJobFile) {
 // with them; a bad override is named with the nearest key, and a bad value as
 // in a file.
 TEST(Cli, SetOverridesTheJobFileAndDryRunPrintsTheEffectiveJob) {
-  const std::string job = ::testing::TempDir() + "/overrides.yaml";
+  const testing::ScopedTempDir folder("cli");
+  const std::string job = folder.path() + "/overrides.yaml";
   std::ofstream(job) << "model: toy\nbatch_size: 8\nsteps: 5\noptimizer: {name: sgd, lr: 0.1}\n";
   auto dry = RunCommand({Binary("conveyor"), "train", job, "--reference", "--set", "steps=2", "--set",
                          "optimizer.lr=0.05", "--dry-run"});

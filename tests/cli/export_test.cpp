@@ -38,6 +38,7 @@ class Export : public ::testing::Test {
     ASSERT_TRUE(cluster_);
     dir_ = testing::MakeTempDir("export");
   }
+  void TearDown() override { RemoveTree(dir_); }
 
   testing::CommandResult Conveyor(std::vector<std::string> args) {
     args.insert(args.begin(), {Binary("conveyor"), "--coordinator", cluster_->coordinator_address()});
@@ -186,9 +187,11 @@ class ExportFromCheckpoints : public ::testing::Test {
       ckpt_.push_back(cluster_->run_dir() + "/stage-" + std::to_string(s) + "/checkpoints");
   }
   void TearDown() override {
-    if (!cluster_) return;
-    cluster_->Stop();
-    RemoveTree(cluster_->run_dir());
+    if (cluster_) {
+      cluster_->Stop();
+      RemoveTree(cluster_->run_dir());
+    }
+    RemoveTree(dir_);
   }
 
   testing::CommandResult Export(std::vector<std::string> args) {
@@ -297,7 +300,8 @@ TEST_F(ExportFromCheckpoints, MissingOrMixedFoldersAreNamed) {
 // Checkpoints of two stages whose layers overlap, or leave one out: written
 // here (the export checks the headers before it reads any payload).
 TEST(ExportFromCheckpointFiles, ALayerInTwoStagesOrInNoneIsNamed) {
-  const std::string dir = testing::MakeTempDir("export-layers");
+  const testing::ScopedTempDir folder("export-layers");
+  const std::string& dir = folder.path();
   auto write = [&](const std::string& folder, int stage, int begin, int end) {
     v1::CheckpointHeader h;
     h.set_job_id("job-7");

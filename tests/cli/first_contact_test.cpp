@@ -26,13 +26,14 @@ using testing::RunCommand;
 
 using testing::StartCluster;
 
-std::string WriteFile(const std::string& name, const std::string& content) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& content) {
+  const std::string path = dir + "/" + name;
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }
 
 TEST(FirstContact, APortInUseIsRefused) {
+  const testing::ScopedTempDir second("second-coordinator");
   auto cluster = StartCluster(1);
   ASSERT_TRUE(cluster);
   const std::string stage = cluster->stage_addresses()[0];
@@ -40,7 +41,7 @@ TEST(FirstContact, APortInUseIsRefused) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("cannot listen on " + stage + ": address already in use"));
   r = RunCommand({Binary("coordinator"), "--listen", cluster->coordinator_address(), "--stages", stage,
-                  "--state-dir", testing::MakeTempDir("second-coordinator")});
+                  "--state-dir", second.path()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("address already in use"));
   // The first servers go on serving alone.
@@ -110,9 +111,10 @@ TEST(FirstContact, PeersThatAreNotThereAreSaidInWords) {
 }
 
 TEST(FirstContact, JobFilesThatAreNotJobFilesAreNamed) {
+  const testing::ScopedTempDir folder("first-contact");
   std::string binary;
   for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(255 - i));
-  const std::string bin = WriteFile("random.bin", binary);
+  const std::string bin = WriteFile(folder.path(), "random.bin", binary);
   for (const char* command : {"submit", "local", "train"}) {
     std::vector<std::string> argv = {Binary("conveyor"), "--coordinator", "127.0.0.1:1", command, bin};
     if (std::string(command) == "train") argv.push_back("--reference");
@@ -125,7 +127,8 @@ TEST(FirstContact, JobFilesThatAreNotJobFilesAreNamed) {
   auto r = RunCommand({Binary("conveyor"), "--coordinator", "127.0.0.1:1", "submit", ::testing::TempDir()});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("is a folder, not a job file"));
-  r = RunCommand({Binary("conveyor"), "train", WriteFile("quoted.yaml", "model: toy\nepochs: \"1\"\n"), "--reference"});
+  r = RunCommand({Binary("conveyor"), "train", WriteFile(folder.path(), "quoted.yaml", "model: toy\nepochs: \"1\"\n"),
+                  "--reference"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("epochs: expected an integer, got the string \"1\""));
 }
@@ -180,9 +183,11 @@ TEST_F(UnreachableStage, AJobPlacedOnItFailsAtOnceWithUnavailableNamingIt) {
 }
 
 TEST(FirstContact, AMissingDatasetIsRefusedAtSubmissionNamingThePathOnce) {
+  const testing::ScopedTempDir folder("first-contact");
   auto cluster = StartCluster(1);
   ASSERT_TRUE(cluster);
-  const std::string job = WriteFile("no-data.yaml", "model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
+  const std::string job = WriteFile(folder.path(), "no-data.yaml",
+                                    "model: convnet\ndata: {name: fashion-mnist, path: /missing/fmnist}\n");
   auto r = RunCommand({Binary("conveyor"), "--coordinator", cluster->coordinator_address(), "submit", job});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("data.path: /missing/fmnist does not exist"));
@@ -193,10 +198,12 @@ TEST(FirstContact, AMissingDatasetIsRefusedAtSubmissionNamingThePathOnce) {
 
 // Everything the CLI says about one job, from submission to its trace.
 TEST(FirstContact, WhatTheCliSaysAboutJobs) {
+  const testing::ScopedTempDir folder("first-contact");
   auto cluster = StartCluster(1);
   ASSERT_TRUE(cluster);
   const std::string coord = cluster->coordinator_address();
-  const std::string job = WriteFile("three-steps.yaml", "name: three\nmodel: toy\nsteps: 3\nmicro_batches: 1\n");
+  const std::string job =
+      WriteFile(folder.path(), "three-steps.yaml", "name: three\nmodel: toy\nsteps: 3\nmicro_batches: 1\n");
   auto r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", job, "--wait", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto submitted = nlohmann::json::parse(r.out);
@@ -231,7 +238,7 @@ TEST(FirstContact, WhatTheCliSaysAboutJobs) {
   EXPECT_FALSE(listed["final_loss"].is_null());
 
   // Traces count steps as progress does, and say so on stdout.
-  const std::string prefix = testing::MakeTempDir("trace") + "/t";
+  const std::string prefix = folder.path() + "/t";
   r = RunCommand({Binary("conveyor"), "--coordinator", coord, "trace", id, "--out", prefix});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("step 3 of " + id));
@@ -242,7 +249,8 @@ TEST(FirstContact, WhatTheCliSaysAboutJobs) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 
   // A queued job shows no steps, and cancelling it says it is cancelled.
-  const std::string endless = WriteFile("endless.yaml", "name: endless\nmodel: toy\nsteps: 100000000\n");
+  const std::string endless =
+      WriteFile(folder.path(), "endless.yaml", "name: endless\nmodel: toy\nsteps: 100000000\n");
   r = RunCommand({Binary("conveyor"), "--coordinator", coord, "submit", endless});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string running = r.out.substr(0, r.out.find('\n'));

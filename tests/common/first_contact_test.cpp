@@ -13,6 +13,7 @@
 #include "common/files.h"
 #include "plan/job_spec.h"
 #include "common/net.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -93,8 +94,8 @@ TEST(JobFiles, AMissingDatasetIsFoundBeforeTheJobRuns) {
   Status st = CheckJobFiles(*spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(st.message(), HasSubstr("data.path: /missing/fmnist is not a folder here"));
-  const std::string dir = ::testing::TempDir() + "/half-fmnist";
-  ASSERT_TRUE(MakeDirs(dir).ok());
+  const testing::ScopedTempDir folder("half-fmnist");
+  const std::string& dir = folder.path();
   std::ofstream(dir + "/train-images-idx3-ubyte.gz") << "x";
   spec->mutable_data()->set_path(dir);
   EXPECT_THAT(CheckJobFiles(*spec).message(), HasSubstr("has no train-labels-idx1-ubyte.gz"));
@@ -130,7 +131,8 @@ TEST(Addresses, UnreachablePeersAreSaidInWords) {
 }
 
 TEST(DirLock, OneHolderAtATimeAndNothingLeftWhenItDies) {
-  const std::string dir = ::testing::TempDir() + "/locked-state";
+  const testing::ScopedTempDir folder("locked-state");
+  const std::string& dir = folder.path();
   {
     auto first = DirLock::Acquire(dir, "state folder");
     ASSERT_TRUE(first.ok()) << first.status();

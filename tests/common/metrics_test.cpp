@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -106,6 +107,10 @@ TEST(MetricsText, AWrongTypeOfUpdateChangesNothing) {
 
 TEST(MetricsEndpoint, ServesTheTextOverHttp) {
   const std::string port_file = ::testing::TempDir() + "/metrics-endpoint.port";
+  struct Removed {  // nothing left in /tmp when run outside ctest
+    const std::string& path;
+    ~Removed() { std::remove(path.c_str()); }
+  } removed{port_file};
   auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", port_file);
   if (!Available()) {
     ASSERT_FALSE(endpoint.ok());

@@ -226,7 +226,8 @@ TEST(DeadStage, AStageThatDoesNotAnswerFailsTheJobByItsDeadline) {
 TEST(OutOfMemory, AStepThatCannotAllocateFailsTheJobAndTheServerServesTheNext) {
   if (testing::RunCommand({"/usr/bin/python3", "-c", "import torch"}).exit_code != 0)
     GTEST_SKIP() << "no /usr/bin/python3 that imports torch (Debian's python3-torch)";
-  const std::string dir = testing::MakeTempDir("oom");
+  const testing::ScopedTempDir folder("oom");
+  const std::string& dir = folder.path();
   // TorchScript compiles from the source file: a file, not `python3 -c`.
   std::ofstream(dir + "/make.py") <<
        "import sys, torch, torch.nn as nn\n"

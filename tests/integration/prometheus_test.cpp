@@ -124,17 +124,21 @@ class PrometheusServer {
 
 double Value(const nlohmann::json& sample) { return std::stod(sample["value"][1].get<std::string>()); }
 
-std::string JobFile(const std::string& name, int stages, int64_t steps, bool eval) {
-  const std::string path = ::testing::TempDir() + "/" + name + ".yaml";
-  std::ofstream out(path);
+std::string JobYaml(const std::string& name, int stages, int64_t steps, bool eval) {
+  std::ostringstream out;
   out << "name: " << name << "\nmodel: {name: toy}\npartition: {stages: " << stages
       << "}\ndata: {name: synthetic, train_samples: 512, test_samples: 64}\nbatch_size: 32\nsplit_size: 8\n"
       << "schedule: 1f1b\noptimizer: {name: sgd, lr: 0.05}\nloss: mse\nsteps: " << steps
       << "\neval: " << (eval ? "true" : "false") << "\nseed: 1\n";
-  return path;
+  return out.str();
 }
 
-std::string ReadWhole(const std::string& path) { return ReadText(path); }
+// JobYaml's job as DIR/NAME.yaml.
+std::string JobFile(const std::string& dir, const std::string& name, int stages, int64_t steps, bool eval) {
+  const std::string path = dir + "/" + name + ".yaml";
+  std::ofstream(path) << JobYaml(name, stages, steps, eval);
+  return path;
+}
 
 // `stages` stage servers and a coordinator, each serving /metrics on a free
 // port; FAILED_PRECONDITION in a build without prometheus-cpp.
@@ -158,7 +162,7 @@ TEST(Prometheus, ScrapesTheClusterDuringAJob) {
   ASSERT_EQ(metrics.size(), 3u);
   const std::string coordinator = (*cluster)->coordinator_address();
   // Long enough to be scraped many times; cancelled once seen.
-  const std::string job_id = Submit(coordinator, ReadWhole(JobFile("scraped", 2, 1000000, false)));
+  const std::string job_id = Submit(coordinator, JobYaml("scraped", 2, 1000000, false));
 
   PrometheusServer prometheus(binary, metrics[2], {metrics[0], metrics[1]});
   const auto deadline = Clock::now() + std::chrono::seconds(60);
@@ -245,10 +249,11 @@ TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
   const std::string coordinator = cluster->coordinator_address();
-  const v1::JobStatus done = SubmitAndWait(coordinator, ReadWhole(JobFile("curves", 1, 20, true)));
+  const v1::JobStatus done = SubmitAndWait(coordinator, JobYaml("curves", 1, 20, true));
   ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.error();
 
-  const std::string dir = MakeTempDir("curves");
+  const ScopedTempDir folder("curves");
+  const std::string& dir = folder.path();
   const std::string csv = dir + "/curves.csv", png = dir + "/curves.png";
   auto r = RunCommand({Binary("conveyor"), "--coordinator", coordinator, "status", done.job_id(), "--metrics-csv", csv});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -293,8 +298,9 @@ TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
 // By default JOBFILE-curves.png in the working folder; a second run of the
 // same job file overwrote the first one's picture, now it takes the next name.
 TEST(Curves, LocalKeepsAnEarlierRunsPicture) {
-  const std::string dir = MakeTempDir("local-curves-default");
-  const std::string job = JobFile("again", 1, 4, false);
+  const ScopedTempDir folder("local-curves-default");
+  const std::string& dir = folder.path();
+  const std::string job = JobFile(dir, "again", 1, 4, false);
   const auto before = std::filesystem::current_path();
   std::filesystem::current_path(dir);
   auto first = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
@@ -306,14 +312,13 @@ TEST(Curves, LocalKeepsAnEarlierRunsPicture) {
   EXPECT_THAT(second.err, HasSubstr("wrote again-curves-2.png:"));
   EXPECT_EQ(ReadText(dir + "/again-curves.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
   EXPECT_EQ(ReadText(dir + "/again-curves-2.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Curves, LocalDrawsThemAtTheEnd) {
-  const std::string dir = MakeTempDir("local-curves");
-  const std::string png = dir + "/local.png";
-  auto r = RunCommand({Binary("conveyor"), "local", JobFile("local-curves", 1, 10, false), "--device", "cpu",
-                       "--curves", png});
+  const ScopedTempDir folder("local-curves");
+  const std::string png = folder.path() + "/local.png";
+  auto r = RunCommand({Binary("conveyor"), "local", JobFile(folder.path(), "local-curves", 1, 10, false), "--device",
+                       "cpu", "--curves", png});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("wrote " + png + ": the curves of job-1 (10 steps, 0 evaluations)"), std::string::npos)
       << r.err;

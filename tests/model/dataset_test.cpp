@@ -89,8 +89,8 @@ TEST(Dataset, MissingPathIsNamed) {
 }
 
 TEST(Dataset, CorruptFilesAreRefused) {
-  std::string dir = ::testing::TempDir() + "/fake-fashion";
-  std::filesystem::create_directories(dir);
+  const testing::ScopedTempDir folder("fake-fashion");
+  const std::string& dir = folder.path();
   for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz", "train-images-idx3-ubyte.gz",
                         "t10k-images-idx3-ubyte.gz"}) {
     std::ofstream(dir + "/" + f) << "not gzip, not idx";
@@ -99,10 +99,10 @@ TEST(Dataset, CorruptFilesAreRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
 }
 
-// A flat token file of `tokens` ids, little-endian, `width` bytes each.
+// A flat token file DIR/NAME of `tokens` ids, little-endian, `width` bytes each.
 template <typename T>
-std::string WriteTokens(const std::string& name, const std::vector<T>& tokens) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+std::string WriteTokens(const std::string& dir, const std::string& name, const std::vector<T>& tokens) {
+  const std::string path = dir + "/" + name;
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * sizeof(T)));
   return path;
@@ -115,9 +115,10 @@ std::string TokensJob(const std::string& path, const std::string& dtype, int seq
 }
 
 TEST(Dataset, TokenWindowsAndShiftedTargets) {
+  const testing::ScopedTempDir folder("tokens");
   std::vector<uint16_t> ids(23);
   for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<uint16_t>(1000 + 7 * k);
-  const std::string path = WriteTokens("tokens23.bin", ids);
+  const std::string path = WriteTokens(folder.path(), "tokens23.bin", ids);
   auto d = Dataset::Open(Spec(TokensJob(path, "uint16", 5, 2, /*shuffle=*/false)), true, true);
   ASSERT_TRUE(d.ok()) << d.status();
   // 23 tokens: windows at 0, 5, 10, 15 (the last one's target ends at token
@@ -137,7 +138,8 @@ TEST(Dataset, TokenWindowsAndShiftedTargets) {
 
   // (T - 1) / N: 21 tokens still give 4 windows, 20 give 3.
   for (auto [n, want] : {std::pair<std::size_t, int64_t>{21, 4}, {20, 3}, {6, 1}, {5, 0}}) {
-    const std::string p = WriteTokens("tokens" + std::to_string(n) + ".bin", std::vector<uint16_t>(ids.begin(), ids.begin() + n));
+    const std::string p = WriteTokens(folder.path(), "tokens" + std::to_string(n) + ".bin",
+                                      std::vector<uint16_t>(ids.begin(), ids.begin() + n));
     auto e = Dataset::Open(Spec(TokensJob(p, "uint16", 5, 1, false)), true, true);
     if (want == 0) {
       EXPECT_TRUE(absl::IsInvalidArgument(e.status())) << e.status();  // batch_size 1 > 0 samples
@@ -159,8 +161,9 @@ TEST(Dataset, TokenWindowsAndShiftedTargets) {
 }
 
 TEST(Dataset, Uint32TokenIdsPast2To31StayPositive) {
+  const testing::ScopedTempDir folder("tokens");
   const std::vector<uint32_t> ids = {0xFFFFFFF0u, 1, 0x80000000u, 2, 3};
-  const std::string path = WriteTokens("tokens32.bin", ids);
+  const std::string path = WriteTokens(folder.path(), "tokens32.bin", ids);
   auto d = Dataset::Open(Spec(TokensJob(path, "uint32", 2, 2, false)), true, true);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(at::equal((*d)->Inputs(v1::PHASE_TRAIN, 0),
@@ -170,7 +173,8 @@ TEST(Dataset, Uint32TokenIdsPast2To31StayPositive) {
 }
 
 TEST(Dataset, ATokenFileOfAPartialTokenIsNamed) {
-  const std::string path = ::testing::TempDir() + "/odd-tokens.bin";
+  const testing::ScopedTempDir folder("tokens");
+  const std::string path = folder.path() + "/odd-tokens.bin";
   std::ofstream(path, std::ios::binary) << std::string(47, 'x');  // 23.5 uint16 ids
   v1::JobSpec spec = Spec(TokensJob(path, "uint16", 5, 2, false));
   auto d = Dataset::Open(spec, true, true);

@@ -14,6 +14,7 @@
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
 #include "transport/inproc_transport.h"
+#include "tests/support/test_util.h"
 
 namespace conveyor {
 namespace {
@@ -123,8 +124,8 @@ TEST_F(StageTest, ConfigureRefusesCheckpointsWithoutACheckpointDir) {
 // placed, and by the reference before it trains, naming the key, the file and
 // the first bad sample.
 TEST(StageTargets, BadTargetsAreNamedWhenTheJobIsPlaced) {
-  const std::string dir = ::testing::TempDir() + "/stage-targets";
-  std::filesystem::create_directories(dir);
+  const testing::ScopedTempDir folder("stage-targets");
+  const std::string& dir = folder.path();
   StageOptions options;
   InProcFabric fabric;
   options.transports = &fabric;
