@@ -78,9 +78,6 @@ struct Node {
   json outputs;  // [{as_tensor: {name}} | {as_tensors: [...]} | ...]
   std::vector<std::string> modules;  // the module paths on its nn_module_stack, outermost first
   std::vector<std::string> reads;    // the values it reads, by name
-  // Its outputs do not depend on the batch: it reads only buffers that no
-  // node writes, constants and other such values, and draws no random numbers.
-  bool batch_free = false;
   // Resolved (Compile): the schema's arguments in order; each return's slots
   // (a tensor: one; a list: one a element; nothing kept: empty).
   std::vector<ArgPlan> args;
@@ -176,6 +173,12 @@ bool OnSizesOnly(const std::string& target, const json& outputs) {
   return true;
 }
 
+// The expression of a SymInt's `as_expr`: {expr_str, hint}, or a bare string
+// in older archives.
+std::string ExprText(const json& as_expr) {
+  return as_expr.is_string() ? as_expr.get<std::string>() : as_expr.at("expr_str").get<std::string>();
+}
+
 // A symbolic value of graph.sym_int_values: {as_expr: {expr_str, hint}} (a
 // bare string in older archives) or {as_int}.
 StatusOr<SymExpr> SymValueOf(const Program& p, const std::string& name, const json& v) {
@@ -183,8 +186,7 @@ StatusOr<SymExpr> SymValueOf(const Program& p, const std::string& name, const js
   if (v.contains("as_int")) {
     text = std::to_string(v["as_int"].get<int64_t>());
   } else if (v.contains("as_expr")) {
-    const json& e = v["as_expr"];
-    text = e.is_string() ? e.get<std::string>() : e.at("expr_str").get<std::string>();
+    text = ExprText(v["as_expr"]);
   } else {
     return Bad(p, "the symbolic value '" + name + "' is " + v.dump() + ", which this reader does not read");
   }
@@ -200,14 +202,17 @@ bool IsSymbol(const std::string& text) {
   return true;
 }
 
-// Which nodes make values that do not depend on the batch (Node::batch_free):
-// those reading only buffers no node writes, constants and such values, and
-// drawing no random numbers. Returns the values they make.
+// The values that do not depend on the batch: made by nodes that read only
+// buffers no node writes, constants and such values, that write nothing in
+// place and draw no random numbers. Records the state written (Program::written).
 std::set<std::string> MarkBatchFree(Program& p) {
   std::set<std::string> written;  // placeholders some node writes in place (BatchNorm's statistics)
-  for (const Node& n : p.nodes) {
+  std::vector<bool> writes(p.nodes.size(), false);  // by node
+  for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+    const Node& n = p.nodes[i];
     for (const c10::Argument& a : n.op->schema().arguments()) {
       if (!a.alias_info() || !a.alias_info()->isWrite()) continue;
+      writes[i] = true;
       for (const json& in : n.inputs) {
         if (in.value("name", std::string()) != a.name()) continue;
         std::vector<std::string> names;
@@ -221,16 +226,16 @@ std::set<std::string> MarkBatchFree(Program& p) {
     if (written.count(placeholder)) p.written.insert(name);
     if (!p.parameters.count(name) && !written.count(placeholder)) free.insert(placeholder);
   }
-  for (Node& n : p.nodes) {
+  for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+    const Node& n = p.nodes[i];
     const std::string& op = n.op->schema().name();
     bool random = false;
     for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "exponential"})
       random = random || op.find(word) != std::string::npos;
-    bool writes = false;
-    for (const c10::Argument& a : n.op->schema().arguments()) writes = writes || (a.alias_info() && a.alias_info()->isWrite());
-    n.batch_free = !random && !writes &&
-                   std::all_of(n.reads.begin(), n.reads.end(), [&](const std::string& r) { return free.count(r) > 0; });
-    if (!n.batch_free) continue;
+    const bool batch_free = !random && !writes[i] && std::all_of(n.reads.begin(), n.reads.end(), [&](const std::string& r) {
+      return free.count(r) > 0;
+    });
+    if (!batch_free) continue;
     std::vector<std::string> outs;
     for (const json& o : n.outputs) CollectReads(o, &outs);
     free.insert(outs.begin(), outs.end());
@@ -253,8 +258,7 @@ void BindSymbols(Program& p, const json& tensor_values) {
       int64_t d = 0;
       for (const json& size : meta["sizes"]) {
         if (size.contains("as_expr")) {
-          const json& e = size["as_expr"];
-          const std::string text = e.is_string() ? e.get<std::string>() : e.value("expr_str", std::string());
+          const std::string text = ExprText(size["as_expr"]);
           if (IsSymbol(text) && bound.insert(text).second) p.bindings[k].push_back({i, d, text});
         }
         ++d;

@@ -313,27 +313,16 @@ def exported_dec(program="dec_pair.pt2"):
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
-class IdsHead(nn.Module):
+class IdsHead(PairHead):
     """dec_ids.pt2's first layer: PairHead's, and the token ids passed on."""
-    def __init__(self):
-        super().__init__()
-        self.pos = nn.Parameter(torch.zeros(8, 16))
-        self.emb = nn.Embedding(50, 16)
-        self.b1 = MathBlock(16, 8)
-
     def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         e = self.emb(t)
         h, pos = self.b1(e, torch.zeros_like(e) + self.pos)
         return h, pos, t
 
 
-class IdsTail(nn.Module):
+class IdsTail(PairTail):
     """dec_ids.pt2's second layer: block 2, the positions whose token id is 0 zeroed, the head."""
-    def __init__(self):
-        super().__init__()
-        self.b2 = MathBlock(16, 8)
-        self.head = nn.Linear(16, 50)
-
     def forward(self, x: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         h, pos = self.b2(x[0], x[1])
         return self.head(h * (x[2] != 0).unsqueeze(-1))
