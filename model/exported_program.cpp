@@ -232,9 +232,9 @@ std::set<std::string> MarkBatchFree(Program& p) {
     bool random = false;
     for (const char* word : {"rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "exponential"})
       random = random || op.find(word) != std::string::npos;
-    const bool batch_free = !random && !writes[i] && std::all_of(n.reads.begin(), n.reads.end(), [&](const std::string& r) {
-      return free.count(r) > 0;
-    });
+    const bool reads_free =
+        std::all_of(n.reads.begin(), n.reads.end(), [&](const std::string& r) { return free.count(r) > 0; });
+    const bool batch_free = !random && !writes[i] && reads_free;
     if (!batch_free) continue;
     std::vector<std::string> outs;
     for (const json& o : n.outputs) CollectReads(o, &outs);
@@ -787,7 +787,8 @@ class ExportedPartition final : public Partition {
     for (std::size_t i = 0; i < inputs.size(); ++i) values[static_cast<std::size_t>(in_slots[i])] = inputs[i];
     for (const auto& [slot, t] : held_slots_) values[static_cast<std::size_t>(slot)] = t;
     // What entered the earlier stage's layers without depending on the batch, made again.
-    for (std::size_t i : p.replay[static_cast<std::size_t>(begin_)]) CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values, symbols));
+    for (std::size_t i : p.replay[static_cast<std::size_t>(begin_)])
+      CONVEYOR_RETURN_IF_ERROR(Run(p.nodes[i], values, symbols));
     // Seeded per layer (training), as other partitions are: nothing else may
     // draw from the process's generators until the layers held are done.
     const bool seeded = random_key_.has_value() && training_;
@@ -994,7 +995,8 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
   } catch (const std::exception& e) {  // a damaged archive
     return Bad(*p, std::string("reading its weights: ") + WithoutBacktrace(e));
   }
-  return std::unique_ptr<Partition>(new ExportedPartition(std::move(p), begin, end, std::move(held), std::move(copies)));
+  return std::unique_ptr<Partition>(
+      new ExportedPartition(std::move(p), begin, end, std::move(held), std::move(copies)));
 }
 
 }  // namespace conveyor
