@@ -42,7 +42,8 @@ other on this machine:
     (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
     conveyor-1stage-graphs  one stage server holding the whole model, with cuda_graphs
   The pipelined variants use --ranks GPUs (default 2), one stage each (interleaved: 2 chunks
-  per GPU).
+  per GPU); --replicas R runs R copies of each (R x ranks GPUs, names ending in -rR): Conveyor's
+  `replicas: R`, PyTorch's pipelines with DDP around each stage over the copies (--dp).
   --torch-channels-last runs PyTorch's variants with channels-last memory and cudnn.benchmark
   (W1's fastest PyTorch; the seed's code is NCHW without autotuning).
 
@@ -169,9 +170,18 @@ def plan(args):
                 if v["impl"] == "conveyor" and not v["variant"].startswith("conveyor-1dev")]
         out.append({"variant": "conveyor-1stage-graphs", "impl": "conveyor", "schedule": "gpipe", "m": 1,
                     "graphs": True, "stages": 1})
-    for v in out:  # --global-batch: every variant at batch B, named as --batch names them
+    for v in out:  # --replicas R: the pipelines R times over (-rR); --global-batch: names end in -bB
+        if args.replicas > 1 and pipelined(v):
+            v["variant"] += "-r%d" % args.replicas
         v["variant"] += batch_suffix(args)
     return select(args, out)
+
+
+def pipelined(v):
+    """Whether a variant runs stages on several GPUs: what --replicas copies."""
+    if v["impl"] == "pytorch":
+        return v["schedule"] in tp.PIPELINED
+    return v["schedule"] not in ("", "single") and v.get("stages") != 1
 
 
 def select(args, out):
@@ -281,6 +291,7 @@ def run_conveyor(args, workload, v, steps=None):
         extra = args.set + (["profile_step=%d" % WARMUP] if args.profile_dir else [])
         extra += ["cuda_graphs=true"] if v.get("graphs") else []
         extra += v.get("set", [])
+        extra += ["replicas=%d" % args.replicas] if args.replicas > 1 and pipelined(v) else []
         f.write(job_text(workload, steps, schedule=schedule, micro_batches=micro_batches, extra=extra,
                          stages=v.get("stages", args.ranks)))
         path = f.name
@@ -452,6 +463,8 @@ def torch_command(args, workload, schedules, mbs, names=()):
     cmd = [args.python, os.path.join(HERE, "torch_pipelining.py"), workload, "--schedules", ",".join(schedules),
            "--steps", str(max(1, args.steps - WARMUP)), "--warmup", str(WARMUP),
            "--ranks", str(args.ranks), "--timeout", str(max(30, args.timeout - 15))]
+    if args.replicas > 1:
+        cmd += ["--replicas", str(args.replicas), "--dp", args.dp]
     mbs = sorted(set(m for m in mbs if m))
     if mbs:
         cmd += ["--micro-batches", ",".join(str(m) for m in mbs)]
@@ -769,6 +782,13 @@ def main(argv):
                    help="the python3 that runs torch_pipelining.py")
     p.add_argument("--ranks", type=int, default=2,
                    help="stages (one per GPU) of the pipelined variants, PyTorch's and Conveyor's")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of every pipelined variant, each on --ranks GPUs of its own and its share of the "
+                        "batch (micro-batches per copy): Conveyor's replicas: R; PyTorch's with DDP around each "
+                        "stage (--dp); names end in -rR")
+    p.add_argument("--dp", choices=("ddp", "allreduce"), default="ddp",
+                   help="with --replicas, PyTorch's copies: DistributedDataParallel around each stage module, or "
+                        "each gradient all-reduced after the schedule's step")
     p.add_argument("--no-pytorch", action="store_true", help="leave out every PyTorch variant")
     p.add_argument("--graphs", action="store_true",
                    help="add each stage-server variant again with cuda_graphs: true (<variant>-graphs), "

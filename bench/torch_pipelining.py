@@ -31,12 +31,20 @@ rank's window): the clock of Conveyor's steady rate, which counts the steps the
 device finished between two points at which it had finished them
 (common/steady_rate.h). `statistic` says so in each line.
 
+--replicas R (pipelined schedules) runs R copies of the pipeline, R x --ranks processes: copy k
+on ranks [k*ranks, (k+1)*ranks), each on its share [k*B/R, (k+1)*B/R) of the global batch cut
+into M micro-batches, every stage module wrapped in DistributedDataParallel over the copies'
+ranks of its stage (the composition torch.distributed.pipelining supports: its stages run the
+module's backward under no_sync until the step's last micro-batch), or with --dp allreduce each
+gradient all-reduced (averaged) over those ranks after the schedule's step. Conveyor's
+`replicas: R` with `partition: {stages: ranks}` is the same layout.
+
 --batch B runs every configuration at global batch B instead of the
 workload's (W1 120, W2 32); each micro-batch count must divide B, and the
 variants' names then end in -bB (as torch_single.py's --batch does).
 
 usage: torch_pipelining.py w2 --schedules 1f1b,gpipe --micro-batches 4,8 [--batch B] [--steps 10] [--warmup 3]
-                           [--ranks 2]
+                           [--ranks 2] [--replicas 1 [--dp ddp|allreduce]]
 """
 import argparse
 import datetime
@@ -252,9 +260,11 @@ def global_batch(opts):
 
 
 def run_name(opts, schedule, m):
-    """The variant's name in the JSON lines: with --batch it ends in -bB, so that runs of
-    several batches do not share names (bench.py merges CSVs by name)."""
-    return variant_name(schedule, m) + ("-b%d" % opts.batch if opts.batch else "")
+    """The variant's name in the JSON lines: with --replicas R a pipelined one ends in -rR, and
+    with --batch in -bB, so that runs of several batches do not share names (bench.py merges
+    CSVs by name)."""
+    copies = "-r%d" % opts.replicas if schedule in PIPELINED and opts.replicas > 1 else ""
+    return variant_name(schedule, m) + copies + ("-b%d" % opts.batch if opts.batch else "")
 
 
 def configurations(opts):
@@ -265,8 +275,11 @@ def configurations(opts):
         for m in ([1] if s in ("single", "naive") else opts.micro_batches):
             stages = 1 if s == "single" else opts.ranks * (opts.chunks if s == "interleaved" else 1)
             err = None
-            if batch % m:
-                err = "batch %d does not split into %d equal micro-batches" % (batch, m)
+            copies = opts.replicas if s in PIPELINED else 1
+            if batch % copies:
+                err = "batch %d does not split evenly over %d replicas" % (batch, copies)
+            elif (batch // copies) % m:
+                err = "a replica's batch %d does not split into %d equal micro-batches" % (batch // copies, m)
             elif s == "interleaved" and m % opts.ranks:
                 err = "interleaved 1F1B wants micro-batches a multiple of the ranks (%d)" % opts.ranks
             elif s in PIPELINED and m < opts.ranks:
@@ -281,6 +294,8 @@ def result(opts, schedule, m, stages, times=None, error=None, **extra):
          "micro_batches": m, "stages": stages,
          "ranks": 1 if schedule in LOCAL else opts.ranks,
          "gpus": 1 if schedule == "single" else opts.ranks, "batch": batch, "unit": w["unit"]}
+    if schedule in PIPELINED and opts.replicas > 1:  # R copies of the pipeline, their gradients averaged
+        r.update({"replicas": opts.replicas, "gpus": opts.ranks * opts.replicas, "dp": opts.dp})
     if times:  # (mean seconds per step, steps timed): timed()'s window
         mean, n = times
         r.update({"ms_per_iter": round(1000 * mean, 3), "iters": n, "warmup": opts.warmup,
@@ -422,23 +437,51 @@ def local_worker(_index, opts, configs):
 
 # ---------------------------------------------------------------- R processes: torch.distributed.pipelining
 
+def replica_groups(dist, ranks, replicas):
+    """(pipeline groups, data-parallel groups) of R x ranks processes: pipeline k holds ranks
+    [k*ranks, (k+1)*ranks); data-parallel group p the ranks of stage rank p in every copy. Every
+    process makes every group, in the same order, as new_group demands. None where R is 1."""
+    if replicas == 1:
+        return None, None
+    pp = [dist.new_group(list(range(k * ranks, (k + 1) * ranks))) for k in range(replicas)]
+    dp = [dist.new_group(list(range(p, ranks * replicas, ranks))) for p in range(ranks)]
+    return pp, dp
+
+
+def average_gradients(dist, params, group, copies):
+    """--dp allreduce: each gradient summed over the copies and divided by their count, after the
+    schedule's step (DDP's result, without its overlap with the last backward)."""
+    work = [dist.all_reduce(p.grad, group=group, async_op=True) for p in params if p.grad is not None]
+    for w in work:
+        w.wait()
+    import torch
+    torch._foreach_div_([p.grad for p in params if p.grad is not None], float(copies))
+
+
 def pp_worker(rank, opts, configs, port):
     import inspect
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.nn.parallel import DistributedDataParallel
     classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
-    world = opts.ranks
+    world, copies = opts.ranks, opts.replicas
+    copy, prank = rank // world, rank % world  # which pipeline, and the rank within it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.cuda.set_device(rank)
     torch.backends.cudnn.benchmark = opts.channels_last
     dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world,
+    dist.init_process_group("nccl", rank=rank, world_size=world * copies,
                             timeout=datetime.timedelta(seconds=opts.nccl_timeout))
+    pp_groups, dp_groups = replica_groups(dist, world, copies)
+    pp_group = pp_groups[copy] if pp_groups else None
+    dp_group = dp_groups[prank] if dp_groups else None
     w = opts.workload
     lossf = loss_fn(w)
     x, y = make_batch(w, dev, dev, opts.channels_last, opts.batch)
+    share = x.shape[0] // copies  # this copy's contiguous share of the global batch
+    x, y = x[copy * share:(copy + 1) * share], y[copy * share:(copy + 1) * share]
     layouts = {}
     try:
         for schedule, m, stages, _ in configs:
@@ -446,9 +489,13 @@ def pp_worker(rank, opts, configs, port):
                 bounds = stage_bounds(w, stages, opts.boundaries)
                 # Stage s lives on rank s % world (the interleaved layout; one stage per rank otherwise).
                 layouts[stages] = [(s, build_stage(w, lo, hi, dev, 1000 + s, opts.channels_last))
-                                   for s, (lo, hi) in enumerate(bounds) if s % world == rank]
+                                   for s, (lo, hi) in enumerate(bounds) if s % world == prank]
             mine = layouts[stages]
-            pstages = [PipelineStage(mod, s, stages, dev) for s, mod in mine]
+            # Under --dp ddp each stage module is wrapped; device_ids stays None (a one-device module),
+            # so that DDP moves no inputs (the stages infer their shapes on meta tensors).
+            wrapped = [(s, DistributedDataParallel(mod, process_group=dp_group)
+                        if dp_group is not None and opts.dp == "ddp" else mod) for s, mod in mine]
+            pstages = [PipelineStage(mod, s, stages, dev, group=pp_group) for s, mod in wrapped]
             cls = classes[schedule]
             sched = cls(pstages if schedule == "interleaved" else pstages[0], n_microbatches=m, loss_fn=lossf)
             kw = {}
@@ -461,12 +508,14 @@ def pp_worker(rank, opts, configs, port):
             def step():
                 opt.zero_grad(set_to_none=True)
                 losses.clear()
-                if rank == 0:
+                if prank == 0:
                     sched.step(x, **kw)
-                elif rank == world - 1:
+                elif prank == world - 1:
                     sched.step(target=y, losses=losses, **kw)
                 else:
                     sched.step(**kw)
+                if dp_group is not None and opts.dp == "allreduce":
+                    average_gradients(dist, params, dp_group, copies)
                 opt.step()
 
             torch.cuda.reset_peak_memory_stats(dev)
@@ -477,14 +526,15 @@ def pp_worker(rank, opts, configs, port):
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the window lasts as long as its slowest rank's
             loss = torch.tensor([float(sum(l.detach().float() for l in losses) / len(losses)) if losses else 0.0],
                                 device=dev)
-            dist.all_reduce(loss)
-            mem = torch.zeros(world, device=dev)
+            dist.all_reduce(loss)  # each copy's last rank's mean loss: their mean over the copies
+            loss /= copies
+            mem = torch.zeros(world * copies, device=dev)
             mem[rank] = torch.cuda.max_memory_allocated(dev) / 2 ** 30
             dist.all_reduce(mem)
             if rank == 0:
                 emit(result(opts, schedule, m, stages, (t.item(), n), loss=round(loss.item(), 5),
                             peak_gib=[round(v, 2) for v in mem.tolist()]))
-            del sched, pstages, opt, step
+            del sched, pstages, wrapped, opt, step
             gc.collect()
             torch.cuda.empty_cache()
     finally:
@@ -532,6 +582,11 @@ def main():
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--ranks", type=int, default=2, help="processes (GPUs) of the pipelined and naive runs")
     p.add_argument("--chunks", type=int, default=2, help="stages per rank under interleaved")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="copies of each pipelined run, each on --ranks GPUs of its own and its share of the batch")
+    p.add_argument("--dp", choices=("ddp", "allreduce"), default="ddp",
+                   help="with --replicas: DistributedDataParallel around each stage module, or the gradients "
+                        "all-reduced after the schedule's step")
     p.add_argument("--boundaries", default=None,
                    help="unit indices where stages start, for the layout with that many stages "
                         "(w1: 18 units, w2: 26 units)")
@@ -546,6 +601,8 @@ def main():
     opts.schedules = [s for s in opts.schedules.split(",") if s]
     if opts.batch < 0:
         p.error("--batch: a positive count of samples")
+    if opts.replicas < 1:
+        p.error("--replicas: at least 1")
     for s in opts.schedules:
         if s not in LOCAL + PIPELINED:
             p.error("unknown schedule %r" % s)
@@ -577,7 +634,7 @@ def main():
     ok = True
     local = [c for c in configs if c[0] in LOCAL]
     piped = [c for c in configs if c[0] in PIPELINED]
-    for group, need in ((local, max([c[2] for c in local] or [0])), (piped, opts.ranks)):
+    for group, need in ((local, max([c[2] for c in local] or [0])), (piped, opts.ranks * opts.replicas)):
         if not group:
             continue
         if gpus < need:
@@ -587,7 +644,7 @@ def main():
         elif group is local:
             ok &= spawn(local_worker, (opts, group), 1, deadline)
         else:
-            ok &= spawn(pp_worker, (opts, group, free_port()), opts.ranks, deadline)
+            ok &= spawn(pp_worker, (opts, group, free_port()), opts.ranks * opts.replicas, deadline)
     return 0 if ok else 1
 
 

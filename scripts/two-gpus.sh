@@ -31,6 +31,8 @@
 #   scripts/two-gpus.sh nccl-env    transport_bench's 1 MB frame over NCCL under NCCL's chunk and channel settings
 #   scripts/two-gpus.sh four-w2     (four GPUs) W2 over 4 stages: Conveyor 1F1B and interleaved against
 #                                   torch.distributed.pipelining over 4 ranks and PyTorch on one GPU
+#   scripts/two-gpus.sh four-2x2    (four GPUs) W2 as 2 replicas x 2 stages: Conveyor 1F1B and interleaved against
+#                                   torch.distributed.pipelining 1F1B with DDP over the copies, and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
@@ -41,6 +43,8 @@
 #   scripts/two-gpus.sh pt2         tests/fixtures/pt2/export_dynamic.py exports gpt_dyn.pt2 with PyTorch 2 (kept in
 #                                   $out/pt2 and put beside the fixtures), then the exported programs' GPU test
 #                                   (live PyTorch 2 against Conveyor, gpt_dyn.pt2 among them)
+#   scripts/two-gpus.sh example     examples/your-model's exported path: export_model.py, `conveyor local` over the
+#                                   GPUs, load_back.py --exported (PyTorch 2 and Fashion-MNIST from the kit)
 #   scripts/two-gpus.sh exported-w2 W2's decoder exported (torch.export, batch dynamic) against the zoo's gpt, one GPU
 #                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants)
 #   (issue 36, "The pipeline at GPU speed")
@@ -74,7 +78,17 @@ for part in "$@"; do
       echo "export_dynamic.py: exit $?; $(grep -E '^exported with|refused|ran, out|train\(\)' "$out/pt2/export.log" | tr '\n' ' ')"
       [ -f "$out/pt2/gpt_dyn.pt2" ] && cp "$out/pt2/gpt_dyn.pt2" tests/fixtures/pt2/
       timeout 300 "$bin/gpu_test" --gtest_filter='*Exported*' > "$out/pt2/gpu-exported.log" 2>&1
-      echo "gpu_test *Exported*: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/pt2/gpu-exported.log" | tr '\n' ' ')" ;;
+      echo "gpu_test *Exported*: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/pt2/gpu-exported.log" | tr '\n' ' ')"
+      tar -czf "$out/pt2.tgz" -C "$out" pt2 && rm -rf "$out/pt2" ;;
+    example)  # examples/your-model's exported path as its docs give it: export, train over the GPUs, load back
+      ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
+      mkdir -p "$out/example" && ex=$(mktemp -d)
+      { timeout 120 python3 examples/your-model/export_model.py "$ex" &&
+        /usr/bin/time -f "conveyor local: %e s wall" timeout 180 "$bin/conveyor" local "$ex/job.yaml" --json \
+          > "$out/example/result.json" &&
+        timeout 60 python3 examples/your-model/load_back.py "$ex" --exported; } > "$out/example/example.log" 2>&1
+      echo "example: exit $?; $(grep -E '^wrote|wall|test accuracy|rror' "$out/example/example.log" | tr '\n' ' ')"
+      rm -rf "$ex" && tar -czf "$out/example.tgz" -C "$out" example && rm -rf "$out/example" ;;
     exported-w2)
       timeout 560 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/exported-w2" --steps 6 \
         --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15 ;;
@@ -145,6 +159,13 @@ for part in "$@"; do
         --only 'pytorch-1gpu,torch-pp-1f1b-m8,1f1b-m8,interleaved-m8' --timeout 130 --out "$out/four-w2" \
         --trace-dir "$out/four-w2/timelines" | grep -A8 '^| variant'
       tar -czf "$out/four-w2.tgz" -C "$out" four-w2 && rm -rf "$out/four-w2" ;;
+    four-2x2)  # issue 36 item 4: W2 as 2 replicas x 2 stages against torch.distributed.pipelining with DDP
+      # Each copy trains on 16 of the 32 samples; PyTorch's stages are wrapped in DDP over the copies
+      # (FOUR_DP=allreduce: its gradients all-reduced after the schedule's step instead).
+      timeout 540 python3 bench/bench.py w2 --bin "$bin" --ranks 2 --replicas 2 --dp "${FOUR_DP:-ddp}" --steps 6 \
+        --micro-batches 4 --outside-steps 0 --only 'pytorch-1gpu,torch-pp-1f1b-m4-r2,1f1b-m4-r2,interleaved-m4-r2' \
+        --timeout 130 --out "$out/four-2x2" --trace-dir "$out/four-2x2/timelines" | grep -A8 '^| variant'
+      tar -czf "$out/four-2x2.tgz" -C "$out" four-2x2 && rm -rf "$out/four-2x2" ;;
     nccl-env)
       for e in NONE=1 NCCL_P2P_NVL_CHUNKSIZE=131072 NCCL_P2P_NVL_CHUNKSIZE=262144 NCCL_MIN_P2P_NCHANNELS=8 \
                NCCL_PROTO=LL128 NCCL_PROTO=LL; do
