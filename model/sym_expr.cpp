@@ -145,8 +145,33 @@ class Parser {
     }
     return Fail(std::string("unexpected '") + c + "'");
   }
+  // sympy's srepr form, which PyTorch 2.11's serializer writes: Symbol('s95', positive=True,
+  // integer=True), its assumptions skipped.
+  TermPtr QuotedSymbol() {
+    Space();
+    const char quote = i_ < s_.size() ? s_[i_] : '\0';
+    if (quote != '\'' && quote != '"') return Fail("a Symbol without its quoted name");
+    const std::size_t end = s_.find(quote, i_ + 1);
+    if (end == std::string::npos || end == i_ + 1) return Fail("a Symbol without its quoted name");
+    auto t = std::make_shared<Term>();
+    t->kind = Term::kSymbol;
+    t->symbol = s_.substr(i_ + 1, end - i_ - 1);
+    i_ = end + 1;
+    while (Eat(",")) {  // assumptions: name=True or name=False
+      Space();
+      std::size_t k = i_;
+      while (k < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[k])) || s_[k] == '_')) ++k;
+      if (k == i_) return Fail("a Symbol's assumption without its name");
+      i_ = k;
+      if (!Eat("=")) return Fail("a Symbol's assumption without '='");
+      if (!Eat("True") && !Eat("False")) return Fail("a Symbol's assumption that is not True or False");
+    }
+    if (!Eat(")")) return Fail("a call of Symbol without its ')'");
+    return t;
+  }
   TermPtr Call(const std::string& name) {
     ++i_;  // '('
+    if (name == "Symbol") return QuotedSymbol();
     std::vector<TermPtr> args;
     do {
       TermPtr a = Sum();
@@ -161,6 +186,22 @@ class Parser {
       return Make(it->second, std::move(args));
     }
     if (name == "Max" || name == "Min") return Make(name == "Max" ? Term::kMax : Term::kMin, std::move(args));
+    // srepr's forms of the arithmetic: Integer(2), Add(a, b, ...), Mul(a, b, ...), Pow(a, b).
+    if (name == "Integer") {
+      if (args.size() != 1 || args[0]->kind != Term::kInt &&
+                                  !(args[0]->kind == Term::kNeg && args[0]->args[0]->kind == Term::kInt))
+        return Fail("Integer takes one integer");
+      return args[0];
+    }
+    if (name == "Add" || name == "Mul") {
+      TermPtr t = args[0];
+      for (std::size_t k = 1; k < args.size(); ++k) t = Make(name == "Add" ? Term::kAdd : Term::kMul, {t, args[k]});
+      return t;
+    }
+    if (name == "Pow") {
+      if (args.size() != 2) return Fail("Pow takes two arguments");
+      return Make(Term::kPow, std::move(args));
+    }
     return Fail("the function " + name + ", which is not read here");
   }
 

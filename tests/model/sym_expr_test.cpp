@@ -36,6 +36,29 @@ TEST(SymExpr, EvaluatesWhatSympyPrintsForSizes) {
   EXPECT_EQ(Eval("12", {}), 12);
 }
 
+// PyTorch 2.11's serializer writes sympy's srepr: gpt_dyn.pt2, exported there, sizes its batch
+// "Symbol('s95', positive=True, integer=True)".
+TEST(SymExpr, EvaluatesSympysReprForm) {
+  const std::map<std::string, int64_t> s = {{"s95", 6}, {"s1", 5}};
+  EXPECT_EQ(Eval("Symbol('s95', positive=True, integer=True)", s), 6);
+  EXPECT_EQ(Eval("Symbol(\"s1\")", s), 5);
+  EXPECT_EQ(Eval("Mul(Integer(8), Symbol('s95', positive=True, integer=True))", s), 48);
+  EXPECT_EQ(Eval("Add(Mul(Integer(-1), Symbol('s95', integer=True)), Symbol('s1'), Integer(4))", s), 3);
+  EXPECT_EQ(Eval("Pow(Symbol('s1', integer=True), Integer(2))", s), 25);
+  EXPECT_EQ(Eval("FloorDiv(Symbol('s95', positive=True, integer=True), Integer(4))", s), 1);
+  auto e = SymExpr::Parse("Add(Symbol('s95', positive=True), Mul(Integer(2), Symbol('s1')))");
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::set<std::string> symbols;
+  e->Symbols(&symbols);
+  EXPECT_EQ(symbols, (std::set<std::string>{"s1", "s95"}));
+  for (const std::string bad : {"Symbol(s95)", "Symbol('')", "Symbol('s0', positive)", "Symbol('s0', =True)",
+                                "Symbol('s0', positive=maybe)", "Symbol('s0'", "Integer(s0)", "Pow(Integer(2))",
+                                "Rational(1, 2)"}) {
+    auto b = SymExpr::Parse(bad);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(SymExpr, NamesItsSymbols) {
   auto e = SymExpr::Parse("Max(s0*s1, 4) + s0");
   ASSERT_TRUE(e.ok()) << e.status();

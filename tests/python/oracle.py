@@ -563,8 +563,16 @@ def load_live(path):
     module = torch.export.load(path).module()
     # The guard torch.export puts before the module's forward holds every input to the example's
     # shapes (its batch of 8, without dynamic_shapes); Conveyor runs the program on any batch, and
-    # the loop feeds micro-batches of 4 and evaluation batches of 10: the guard goes.
+    # the loop feeds micro-batches of 4 and evaluation batches of 10: the guard goes. Earlier
+    # PyTorch 2 releases hook it before forward; 2.11 calls it from the graph, as the submodule
+    # _guards_fn (seen on the GPU machine: "Guard failed: x.size()[0] == 8" with the hooks gone).
     module._forward_pre_hooks.clear()
+    guards = [n for n in module.graph.nodes
+              if n.op == "call_module" and str(n.target).startswith("_guards") and not n.users]
+    for n in guards:
+        module.graph.erase_node(n)
+    if guards:
+        module.recompile()
     return LiveProgram(module)
 
 
