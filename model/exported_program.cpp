@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -195,11 +196,11 @@ StatusOr<SymExpr> SymValueOf(const Program& p, const std::string& name, const js
   return *std::move(e);
 }
 
-bool IsSymbol(const std::string& text) {
-  if (text.empty() || !(std::isalpha(static_cast<unsigned char>(text[0])) || text[0] == '_')) return false;
-  for (char c : text)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
-  return true;
+// The symbol a size is, where it is one symbol alone ("s0", or 2.11's
+// "Symbol('s0', positive=True, integer=True)"); empty otherwise.
+std::string SymbolOf(const std::string& text) {
+  auto e = SymExpr::Parse(text);
+  return e.ok() ? e->symbol() : std::string();
 }
 
 // The values that do not depend on the batch: made by nodes that read only
@@ -258,8 +259,8 @@ void BindSymbols(Program& p, const json& tensor_values) {
       int64_t d = 0;
       for (const json& size : meta["sizes"]) {
         if (size.contains("as_expr")) {
-          const std::string text = ExprText(size["as_expr"]);
-          if (IsSymbol(text) && bound.insert(text).second) p.bindings[k].push_back({i, d, text});
+          const std::string symbol = SymbolOf(ExprText(size["as_expr"]));
+          if (!symbol.empty() && bound.insert(symbol).second) p.bindings[k].push_back({i, d, symbol});
         }
         ++d;
       }
@@ -552,8 +553,25 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
     return Bad(*p, std::string("the program's tensor_values are not as torch.export.save writes them: ") +
                        WithoutBacktrace(e));
   }
-  CONVEYOR_RETURN_IF_ERROR(Compile(*p));
+  try {
+    CONVEYOR_RETURN_IF_ERROR(Compile(*p));
+  } catch (const json::exception& e) {
+    return Bad(*p, std::string("an argument of the program's graph is not as torch.export.save writes it: ") +
+                       WithoutBacktrace(e));
+  }
   return std::shared_ptr<const Program>(std::move(p));
+}
+
+// A float of the graph: a number, or the string JSON needs for the values it
+// lacks ("-Infinity" for masked_fill's float("-inf"), as PyTorch 2.11 writes it).
+double FloatOf(const json& v) {
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  }
+  return v.get<double>();  // anything else: json's type error, named by the caller
 }
 
 // The plan of one argument given in the graph, for a schema argument of type `type`.
@@ -615,7 +633,7 @@ StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, c
   } else if (kind == "as_int") {
     c = c10::IValue(v.get<int64_t>());
   } else if (kind == "as_float") {
-    c = c10::IValue(v.get<double>());
+    c = c10::IValue(FloatOf(v));
   } else if (kind == "as_bool") {
     c = c10::IValue(v.get<bool>());
   } else if (kind == "as_string") {
@@ -623,7 +641,9 @@ StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, c
   } else if (kind == "as_ints") {
     c = c10::IValue(v.get<std::vector<int64_t>>());
   } else if (kind == "as_floats") {
-    c = c10::IValue(v.get<std::vector<double>>());
+    std::vector<double> floats;
+    for (const json& f : v) floats.push_back(FloatOf(f));
+    c = c10::IValue(floats);
   } else if (kind == "as_bools") {
     c10::List<bool> list;
     for (const json& b : v) list.push_back(b.get<bool>());

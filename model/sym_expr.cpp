@@ -302,4 +302,6 @@ StatusOr<int64_t> SymExpr::Eval(const std::map<std::string, int64_t>& symbols) c
 
 void SymExpr::Symbols(std::set<std::string>* out) const { Collect(*root_, out); }
 
+std::string SymExpr::symbol() const { return root_->kind == Term::kSymbol ? root_->symbol : std::string(); }
+
 }  // namespace conveyor

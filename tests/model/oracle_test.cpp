@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> ClusterOver(const std::string& root
 }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids, exported-shared
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids, exported-shared, exported-gpt
   int stages;
   int micro_batches;
   std::string schedule;
@@ -139,6 +139,7 @@ nlohmann::json ModelBlock(const Case& c) {
   if (c.model == "exported-mask") return {{"exported", c.model + "/dec_mask.pt2"}};  // a mask crosses its mark
   if (c.model == "exported-ids") return {{"exported", c.model + "/dec_ids.pt2"}};    // int64 ids cross it
   if (c.model == "exported-shared") return {{"exported", c.model + "/dec_shared.pt2"}};  // a buffer both sides read
+  if (c.model == "exported-gpt") return {{"exported", c.model + "/gpt_dyn.pt2"}};  // PyTorch 2.11's, batch dynamic
   return {{"torchscript", c.model + "/model.pt"}};
 }
 
@@ -370,7 +371,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // The token ids (int64, no gradient) cross the mark beside the pair.
                       Case{"exported-ids", 2, 4, "1f1b", false, "tokens"},
                       // A mask buffer read on both sides of the mark: a copy after it.
-                      Case{"exported-shared", 2, 2, "gpipe", false, "tokens"}),
+                      Case{"exported-shared", 2, 2, "gpipe", false, "tokens"},
+                      // nanoGPT's decoder exported by PyTorch 2.11 with the batch dynamic (at 4): its sizes
+                      // in sympy's srepr form, `B, T, C = x.size()` on both sides of the mark, micro-batches of 8.
+                      Case{"exported-gpt", 2, 2, "1f1b", false, "tokens"}),
     Name);
 
 // Issue 18: optimizers with parameter groups, schedules and clipping by the

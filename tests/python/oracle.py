@@ -46,7 +46,8 @@ there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 
 whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
 same with its batch dynamic), exported-mask (dec_mask.pt2: the same with a mask sliced from a
 buffer crossing the mark), exported-shared (dec_shared.pt2: a mask buffer read on both sides
-of the mark), exported-ids (dec_ids.pt2: the token ids crossing it), frozen (an MLP whose first layer has
+of the mark), exported-ids (dec_ids.pt2: the token ids crossing it), exported-gpt (gpt_dyn.pt2:
+a nanoGPT-style decoder that PyTorch 2.11 exported with its batch dynamic), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
 
@@ -334,6 +335,73 @@ def exported_ids():
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
+class GptAttention(nn.Module):
+    """tests/fixtures/pt2/export_dynamic.py's Attention (nanoGPT's, width 16, 2 heads, 8 positions)."""
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.proj = nn.Linear(16, 16)
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        qkv = self.qkv(x).split(C, dim=2)
+        q = qkv[0].view(B, T, 2, C // 2).transpose(1, 2)
+        k = qkv[1].view(B, T, 2, C // 2).transpose(1, 2)
+        v = qkv[2].view(B, T, 2, C // 2).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class GptBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(16)
+        self.attn = GptAttention()
+        self.ln2 = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 64)
+        self.out = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class GptHead(nn.Module):
+    """gpt_dyn.pt2 before its pipe_split() mark: embeddings of tokens and positions, block 1."""
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(50, 16)
+        self.wpe = nn.Embedding(8, 16)
+        self.b1 = GptBlock()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        return self.b1(self.wte(idx) + self.wpe(pos))
+
+
+class GptTail(nn.Module):
+    """gpt_dyn.pt2 after its mark: block 2, the final norm, the output layer."""
+    def __init__(self):
+        super().__init__()
+        self.b2 = GptBlock()
+        self.ln_f = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(self.b2(x)))
+
+
+def exported_gpt():
+    """gpt_dyn.pt2's module (exported by PyTorch 2.11 with its batch dynamic: export_dynamic.py)
+    as the two layers its mark cuts it into, with its weights."""
+    return with_exported_weights(nn.Sequential(GptHead(), GptTail()), os.path.join(PT2, "gpt_dyn.pt2"),
+                                 {"wte": 0, "wpe": 0, "b1": 0, "b2": 1, "ln_f": 1, "head": 1})
+
+
 # model name -> (the program's file, model.cut_before or None, the module it came from, data kind)
 EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images3"),
             "exported-mlp": ("mlp.pt2", None, exported_mlp, "vectors16"),
@@ -344,9 +412,9 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             "exported-mask": ("dec_mask.pt2", None, lambda: exported_dec("dec_mask.pt2"), "token-file50"),
             # block 2 adds block 1's mask buffer: read on both sides of the mark, copied after it
             "exported-shared": ("dec_shared.pt2", None, lambda: exported_dec("dec_shared.pt2"), "token-file50"),
-            # export_dynamic.py's nanoGPT-style decoder, its batch dynamic: `train --live` only, and only
-            # once PyTorch 2 wrote gpt_dyn.pt2 (scripts/two-gpus.sh pt2 puts it beside the fixtures)
-            "exported-gpt": ("gpt_dyn.pt2", None, None, "token-file50"),
+            # export_dynamic.py's nanoGPT-style decoder, exported by PyTorch 2.11 with its batch dynamic
+            # (its sizes in sympy's srepr form); the batch crosses the mark as a symbolic size
+            "exported-gpt": ("gpt_dyn.pt2", None, exported_gpt, "token-file50"),
             # the token ids (int64) cross the mark: the head skips padding (id 0)
             "exported-ids": ("dec_ids.pt2", None, exported_ids, "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
