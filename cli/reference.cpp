@@ -19,6 +19,7 @@
 #include "plan/model_catalog.h"
 #include "model/models.h"
 #include "model/op_profile.h"
+#include "stage_server/device_info.h"
 #include "stage_server/graphed_passes.h"
 #include "model/optimizer.h"
 #include "model/out_of_memory.h"
@@ -106,7 +107,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     // are. The first step runs eagerly (lazy initialisation, kernel choices),
     // and so does a profiled one.
     // Left out of the job (auto), graphs are on where it allows them on a GPU.
-    const GraphsChoice graphs_choice = CudaGraphsFor(spec, /*reference=*/true);
+    GraphsChoice graphs_choice = CudaGraphsFor(spec, /*reference=*/true);
     std::unique_ptr<GraphedPasses> graphs;
     if (graphs_choice.on && GraphedPasses::Available(*device)) graphs = std::make_unique<GraphedPasses>(*device);
     bool graphs_recorded = false;
@@ -206,7 +207,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       if (spec.profile_step() == step + 1) {
         CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
       }
-      const bool graphed = graphs && (graphs_recorded || (step > 0 && spec.profile_step() != step + 1));
+      bool graphed = graphs && (graphs_recorded || (step > 0 && spec.profile_step() != step + 1));
       if (graphs) {
         GraphedPasses::ZeroGrads(trainable);  // in place: a recorded graph has their addresses
       } else {
@@ -218,15 +219,35 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, b);
         if (b + 1 < total * accumulate) loader.Prefetch(v1::PHASE_TRAIN, b + 1);  // while this batch is launched
         at::Tensor l;
+        if (graphed && !graphs_recorded) {
+          // The eager first step left its activations' blocks cached in the
+          // allocator, where a graph's private pool cannot reuse them: W2 at
+          // batch 32 ran out of memory recording with 59 GiB cached (H100).
+          EmptyCudaCache();
+        }
         if (graphed) {  // no autocast, no loss scaling: cuda_graphs refuses both
           auto head = [&](const at::Tensor& out, const at::Tensor& labels) {
             return ComputeLoss(spec, out, labels, 1.0 / accumulate);
           };
-          l = ValueOrThrow(graphs->Forward(0, k, *model, batch.inputs, false, batch.labels, head)).output;
-          ValueOrThrow(graphs->Backward(0, k, at::Tensor(), trainable));
-          graphs_recorded = true;
-          if (k == 0) ++result.graphed_steps;
-        } else {
+          auto forwarded = graphs->Forward(0, k, *model, batch.inputs, false, batch.labels, head);
+          Status backward = forwarded.ok() ? graphs->Backward(0, k, at::Tensor(), trainable).status() : forwarded.status();
+          if (!backward.ok() && !graphs_recorded && !spec.has_cuda_graphs() &&
+              backward.code() == absl::StatusCode::kResourceExhausted) {
+            // auto chose graphs and recording them needs more memory than the
+            // device has left: the job runs eagerly, as without them, and says so.
+            graphs.reset();
+            EmptyCudaCache();
+            graphed = false;
+            graphs_choice.why_off = "cuda_graphs (auto) off: recording them ran out of device memory (" +
+                                    std::string(backward.message().substr(0, 200)) + "); the job ran eagerly";
+          } else {
+            if (!backward.ok()) throw StatusError(backward);
+            l = forwarded->output;
+            graphs_recorded = true;
+            if (k == 0) ++result.graphed_steps;
+          }
+        }
+        if (!graphed) {
           at::Tensor out;
           {
             ForwardPrecision precision(spec, *device);
@@ -296,7 +317,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     } else if (spec.has_cuda_graphs() && spec.cuda_graphs()) {
       said = "cuda_graphs ignored on " + device->str();
     } else if (device->is_cuda() && !spec.has_cuda_graphs()) {
-      said = graphs_choice.why_off;
+      said = graphs_choice.why_off;  // and where recording them ran out of memory, that
     }
     if (!said.empty()) {
       v1::JobEvent* e = s.add_events();
