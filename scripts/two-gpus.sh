@@ -41,7 +41,7 @@
 #                                   each one's timeline and the profile of its last step
 #   (issue 35, "Models from PyTorch 2")
 #   scripts/two-gpus.sh pt2         tests/fixtures/pt2/export_dynamic.py exports gpt_dyn.pt2 with PyTorch 2 (kept in
-#                                   $out/pt2 and put beside the fixtures), then the exported programs' GPU test
+#                                   $out/pt2; the fixture is 2.11's), then the exported programs' GPU test
 #                                   (live PyTorch 2 against Conveyor, gpt_dyn.pt2 among them)
 #   scripts/two-gpus.sh example     examples/your-model's exported path: export_model.py, `conveyor local` over the
 #                                   GPUs, load_back.py --exported (PyTorch 2 and Fashion-MNIST from the kit)
@@ -76,7 +76,6 @@ for part in "$@"; do
       mkdir -p "$out/pt2"
       timeout 120 python3 tests/fixtures/pt2/export_dynamic.py "$out/pt2" > "$out/pt2/export.log" 2>&1
       echo "export_dynamic.py: exit $?; $(grep -E '^exported with|refused|ran, out|train\(\)' "$out/pt2/export.log" | tr '\n' ' ')"
-      [ -f "$out/pt2/gpt_dyn.pt2" ] && cp "$out/pt2/gpt_dyn.pt2" tests/fixtures/pt2/
       timeout 300 "$bin/gpu_test" --gtest_filter='*Exported*' > "$out/pt2/gpu-exported.log" 2>&1
       echo "gpu_test *Exported*: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/pt2/gpu-exported.log" | tr '\n' ' ')"
       tar -czf "$out/pt2.tgz" -C "$out" pt2 && rm -rf "$out/pt2" ;;

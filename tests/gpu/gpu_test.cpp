@@ -644,8 +644,8 @@ TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
 // 1.13 lacks) on one, and dec_dyn.pt2 (a dynamic batch, written by
 // edit_programs.py as torch.export's serializer writes one: PyTorch 2's
 // own torch.export.load reading it is part of the check) over two, and
-// gpt_dyn.pt2 (export_dynamic.py's nanoGPT-style decoder, its batch dynamic,
-// where PyTorch 2 wrote it beside the fixtures) over two. Every
+// gpt_dyn.pt2 (export_dynamic.py's nanoGPT-style decoder that PyTorch 2.11
+// exported with its batch dynamic) over two. Every
 // step's loss and the evaluation within the GPU tests' bound. Skips without
 // a python3 whose torch has torch.export.
 TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
@@ -658,11 +658,6 @@ TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
       {"exported-mlp", 2}, {"exported-sdpa", 1}, {"exported-dyn", 2}, {"exported-gpt", 2}};
   for (const auto& [model, stages] : programs) {
     SCOPED_TRACE(model);
-    if (model == "exported-gpt" &&
-        !std::ifstream(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/gpt_dyn.pt2").good()) {
-      std::cout << "exported-gpt: no tests/fixtures/pt2/gpt_dyn.pt2 (export_dynamic.py writes it with PyTorch 2)\n";
-      continue;
-    }
     const std::string folder = dir + "/" + model;
     auto made = testing::RunCommand({"python3", oracle, "make", model, folder});
     ASSERT_EQ(made.exit_code, 0) << made.err;
