@@ -599,6 +599,16 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // GPU stages take their own default (model/device.h: one thread on CUDA).
   options.threads_per_stage = gpus > 0 ? 0 : std::max(1, cores / options.stages);
+  // CPU stages share the host's cores with each other, the coordinator and
+  // their own gRPC and link threads; LibTorch's OpenMP workers would spin on
+  // theirs after every operation (a one-stage toy job on 2 cores spent 40% of
+  // its CPU time so: 1.0 ms a step, 0.45 with them asleep: bench/RESULTS.md,
+  // session 22). A stage of one thread has no OpenMP workers.
+  std::string omp;
+  if (gpus == 0 && options.threads_per_stage > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    options.stage_env.push_back("OMP_WAIT_POLICY=PASSIVE");
+    omp = "; OpenMP workers sleep between operations: OMP_WAIT_POLICY=PASSIVE, set it to keep your own";
+  }
   options.tls = c.tls;
   options.auth_token = BearerToken();
   if (spec->profile_step() > 0) options.profile_dir = std::filesystem::absolute(profile_dir).string();
@@ -606,8 +616,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   BlockTerminationSignals();
   InterruptWatcher interrupts;
   std::cerr << "starting " << options.stages << " stage server(s) on " << (gpus > 0 ? "GPUs" : "CPU") << " ("
-            << (options.threads_per_stage > 0 ? options.threads_per_stage : 1) << " thread(s) each) and a coordinator"
-            << std::endl;
+            << (options.threads_per_stage > 0 ? options.threads_per_stage : 1) << " thread(s) each" << omp
+            << ") and a coordinator" << std::endl;
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) return Fail(cluster.status());
   std::cerr << "cluster up: coordinator " << (*cluster)->coordinator_address() << ", logs in "

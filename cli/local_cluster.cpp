@@ -145,6 +145,7 @@ StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::s
       dup2(out, STDOUT_FILENO);
       dup2(out, STDERR_FILENO);
     }
+    for (const auto& e : child->env) putenv(const_cast<char*>(e.c_str()));
     for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
@@ -210,6 +211,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
       child.args.push_back(root);
     }
     child.args.insert(child.args.end(), tls.begin(), tls.end());
+    child.env = options.stage_env;
     std::vector<std::string> env;
     for (const auto& [stage, e] : options.first_start_env)
       if (stage == i) env.push_back(e);

@@ -40,6 +40,9 @@ struct LocalClusterOptions {
   // as separate hosts this way).
   std::vector<std::string> stage_hosts;
   std::vector<std::vector<std::string>> stage_prefixes;
+  // Every stage server's environment ("NAME=value") beside the caller's,
+  // restarts included.
+  std::vector<std::string> stage_env;
   // Extra environment ("NAME=value") for the first start of one stage, e.g. a
   // chaos hook; a restarted stage runs without it.
   std::vector<std::pair<int, std::string>> first_start_env;
@@ -84,6 +87,7 @@ class LocalCluster {
     std::string name;
     std::vector<std::string> args;  // without --port-file
     std::size_t listen_arg = 0;     // args[listen_arg] is the HOST:PORT to listen on
+    std::vector<std::string> env;   // "NAME=value" it always runs with, restarts included
     pid_t pid = -1;
   };
   LocalCluster() = default;

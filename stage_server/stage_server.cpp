@@ -1,5 +1,7 @@
 #include "stage_server/stage_server.h"
 
+#include <cstdlib>
+
 #include "common/logging.h"
 #include "transport/grpc/grpc_transport.h"
 #include "stage_server/stage_metrics.h"
@@ -27,7 +29,9 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
   s->data_ = std::make_unique<StageDataService>(&s->stage_->inbox(), options.device);
   CONVEYOR_ASSIGN_OR_RETURN(s->server_, GrpcServer::Start(options.listen, {s->control_.get(), s->data_.get()},
                                                           options.port_file));
-  LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device);
+  const char* omp = std::getenv("OMP_WAIT_POLICY");  // conveyor local's CPU stages: PASSIVE
+  LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device,
+           omp ? std::string(", OMP_WAIT_POLICY=") + omp : std::string());
   return s;
 }
 

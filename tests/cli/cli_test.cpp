@@ -15,6 +15,8 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <sstream>
+#include <thread>
 
 #include "cli/local_cluster.h"
 #include "common/files.h"
@@ -242,6 +244,31 @@ TEST(Cli, AFailedLocalJobStopsTheClusterToo) {
   EXPECT_TRUE(std::filesystem::exists(run_dir + "/coordinator.log"));
   EXPECT_EQ(ProcessesMentioning(run_dir), 0) << "the cluster outlived the CLI";
   RemoveTree(run_dir);  // logs kept for a failed or interrupted job
+}
+
+// `conveyor local` on the CPU starts stages of several threads with
+// OMP_WAIT_POLICY=PASSIVE (their OpenMP workers would spin on the cores the
+// other processes and threads need), says so, and keeps a value the user set.
+TEST(Cli, CpuStagesOfSeveralThreadsLetTheirOpenMpWorkersSleep) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one core: one thread a stage, no OpenMP workers";
+  const testing::ScopedTempDir folder("cli");
+  const std::string job = folder.path() + "/one-stage.yaml";
+  std::ofstream(job) << "model: toy\npartition: {stages: 1}\nsteps: 3\n";
+  for (const std::string policy : {"", "ACTIVE"}) {
+    SCOPED_TRACE("OMP_WAIT_POLICY set to '" + policy + "'");
+    std::vector<std::string> cmd = {Binary("conveyor"), "local", job, "--device", "cpu", "--curves", "", "--keep-logs"};
+    if (!policy.empty()) cmd.insert(cmd.begin(), {"env", "OMP_WAIT_POLICY=" + policy});
+    auto r = RunCommand(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err.find("OMP_WAIT_POLICY=PASSIVE") != std::string::npos, policy.empty()) << r.err;
+    const auto logs = r.err.find("logs kept in ");
+    ASSERT_NE(logs, std::string::npos) << r.err;
+    const std::string run_dir = r.err.substr(logs + 13, r.err.find('\n', logs) - logs - 13);
+    std::stringstream log;
+    log << std::ifstream(run_dir + "/stage-0.log").rdbuf();
+    EXPECT_THAT(log.str(), HasSubstr("OMP_WAIT_POLICY=" + (policy.empty() ? std::string("PASSIVE") : policy)));
+    RemoveTree(run_dir);
+  }
 }
 
 TEST(Cli, ReferenceNamesABadJobFile) {
