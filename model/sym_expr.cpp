@@ -180,7 +180,8 @@ class Parser {
     } while (Eat(","));
     if (!Eat(")")) return Fail("a call of " + name + " without its ')'");
     static const std::map<std::string, Term::Kind> binary = {
-        {"Mod", Term::kMod}, {"PythonMod", Term::kMod}, {"FloorDiv", Term::kFloorDiv}, {"CeilDiv", Term::kCeilDiv}};
+        {"Mod", Term::kMod}, {"PythonMod", Term::kMod}, {"FloorDiv", Term::kFloorDiv}, {"CeilDiv", Term::kCeilDiv},
+        {"CleanDiv", Term::kFloorDiv}};  // CleanDiv: a division PyTorch knows to be exact
     if (auto it = binary.find(name); it != binary.end()) {
       if (args.size() != 2) return Fail(name + " takes two arguments");
       return Make(it->second, std::move(args));

@@ -46,6 +46,7 @@ TEST(SymExpr, EvaluatesSympysReprForm) {
   EXPECT_EQ(Eval("Add(Mul(Integer(-1), Symbol('s95', integer=True)), Symbol('s1'), Integer(4))", s), 3);
   EXPECT_EQ(Eval("Pow(Symbol('s1', integer=True), Integer(2))", s), 25);
   EXPECT_EQ(Eval("FloorDiv(Symbol('s95', positive=True, integer=True), Integer(4))", s), 1);
+  EXPECT_EQ(Eval("CleanDiv(Mul(Integer(4), Symbol('s1')), Integer(2))", s), 10);
   auto e = SymExpr::Parse("Add(Symbol('s95', positive=True), Mul(Integer(2), Symbol('s1')))");
   ASSERT_TRUE(e.ok()) << e.status();
   std::set<std::string> symbols;
