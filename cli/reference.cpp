@@ -317,7 +317,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     } else if (spec.has_cuda_graphs() && spec.cuda_graphs()) {
       said = "cuda_graphs ignored on " + device->str();
     } else if (device->is_cuda() && !spec.has_cuda_graphs()) {
-      said = graphs_choice.why_off;  // and where recording them ran out of memory, that
+      said = graphs_choice.why_off;  // auto's reason, or that recording ran out of memory
     }
     if (!said.empty()) {
       v1::JobEvent* e = s.add_events();

@@ -8,10 +8,9 @@
 #include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
-#include <cctype>
-#include <limits>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>

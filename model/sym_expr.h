@@ -8,9 +8,10 @@
 //
 // Grammar read: integers, symbols ([A-Za-z_][A-Za-z0-9_]*), unary minus,
 // + - * // % and ** (a non-negative power), parentheses, and the calls
-// Mod(a, b), PythonMod(a, b), FloorDiv(a, b), CleanDiv(a, b) (exact), CeilDiv(a, b), Max(a, b, ...) and
-// Min(a, b, ...), and srepr's Symbol('name', assumption=True|False, ...),
-// Integer(n), Add(a, b, ...), Mul(a, b, ...) and Pow(a, b).
+// Mod(a, b), PythonMod(a, b), FloorDiv(a, b), CleanDiv(a, b) (exact),
+// CeilDiv(a, b), Max(a, b, ...) and Min(a, b, ...), and srepr's
+// Symbol('name', assumption=True|False, ...), Integer(n), Add(a, b, ...),
+// Mul(a, b, ...) and Pow(a, b).
 // Division is floor division, as Python's on ints; anything else (a true
 // division, a float, an unknown function) is refused when parsed.
 #pragma once

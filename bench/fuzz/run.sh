@@ -16,7 +16,9 @@ cp examples/*.yaml "$corpus/job_file/"
 cp bench/fuzz/seeds/tensor_frame/* "$corpus/tensor_frame/"  # a valid activation and gradient
 cp bench/fuzz/seeds/chunk_stream/* "$corpus/chunk_stream/"  # a whole frame in two chunks
 # sizes as torch.export prints them, each after the byte that picks the symbols' value
-for e in "s0" "8*s0" "(s0//2)" "Mod(s0, 3)" "Max(1, s0 - 4)" "2*s0**2 + 1" "CeilDiv(s77, 2)"; do
+# (PyTorch 2.11 writes sympy's srepr: the last two)
+for e in "s0" "8*s0" "(s0//2)" "Mod(s0, 3)" "Max(1, s0 - 4)" "2*s0**2 + 1" "CeilDiv(s77, 2)" \
+         "Symbol('s0', positive=True, integer=True)" "Add(Mul(Integer(-2), Symbol('s0')), Pow(Symbol('s0'), Integer(2)))"; do
   printf '\x05%s' "$e" > "$corpus/sym_expr/$(printf '%s' "$e" | md5sum | cut -c1-8)"
 done
 for target in job_file tensor_frame chunk_stream sym_expr; do
