@@ -46,7 +46,9 @@
 #   scripts/two-gpus.sh example     examples/your-model's exported path: export_model.py, `conveyor local` over the
 #                                   GPUs, load_back.py --exported (PyTorch 2 and Fashion-MNIST from the kit)
 #   scripts/two-gpus.sh exported-w2 W2's decoder exported (torch.export, batch dynamic) against the zoo's gpt, one GPU
-#                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants)
+#                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants;
+#                                   the four together outlasted a 10-minute call in session 22: give each call
+#                                   W2_VARIANTS=zoo-gpt,exported-gpt or zoo-gpt-2stage,exported-gpt-2stage)
 #   (issue 36, "The pipeline at GPU speed")
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
