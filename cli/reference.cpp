@@ -208,6 +208,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         CONVEYOR_ASSIGN_OR_RETURN(profile, OpProfile::Start(device->is_cuda()));
       }
       bool graphed = graphs && (graphs_recorded || (step > 0 && spec.profile_step() != step + 1));
+      const bool recording = graphed && !graphs_recorded;  // this step records each batch's pair
       if (graphs) {
         GraphedPasses::ZeroGrads(trainable);  // in place: a recorded graph has their addresses
       } else {
@@ -219,7 +220,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
         BatchLoader::Batch batch = loader.Get(v1::PHASE_TRAIN, b);
         if (b + 1 < total * accumulate) loader.Prefetch(v1::PHASE_TRAIN, b + 1);  // while this batch is launched
         at::Tensor l;
-        if (graphed && !graphs_recorded) {
+        if (recording && k == 0) {
           // The eager first step left its activations' blocks cached in the
           // allocator, where a graph's private pool cannot reuse them: W2 at
           // batch 32 ran out of memory recording with 59 GiB cached (H100).
@@ -231,10 +232,11 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
           };
           auto forwarded = graphs->Forward(0, k, *model, batch.inputs, false, batch.labels, head);
           Status backward = forwarded.ok() ? graphs->Backward(0, k, at::Tensor(), trainable).status() : forwarded.status();
-          if (!backward.ok() && !graphs_recorded && !spec.has_cuda_graphs() &&
+          if (!backward.ok() && recording && !spec.has_cuda_graphs() &&
               backward.code() == absl::StatusCode::kResourceExhausted) {
             // auto chose graphs and recording them needs more memory than the
-            // device has left: the job runs eagerly, as without them, and says so.
+            // device has left: the job runs eagerly, as without them, and says so
+            // (batches this step already replayed keep their gradients).
             graphs.reset();
             EmptyCudaCache();
             graphed = false;
