@@ -600,14 +600,19 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   // GPU stages take their own default (model/device.h: one thread on CUDA).
   options.threads_per_stage = gpus > 0 ? 0 : std::max(1, cores / options.stages);
   // CPU stages share the host's cores with each other, the coordinator and
-  // their own gRPC and link threads; LibTorch's OpenMP workers would spin on
-  // theirs after every operation (a one-stage toy job on 2 cores spent 40% of
-  // its CPU time so: 1.0 ms a step, 0.45 with them asleep: bench/RESULTS.md,
-  // session 22). A stage of one thread has no OpenMP workers.
+  // their own gRPC and link threads; LibTorch's OpenMP workers spin after
+  // every operation before they sleep (libgomp: 300000 spins), on cores the
+  // others need: a one-stage toy job on 2 cores spent 40% of its CPU time so.
+  // Sleeping at once (OMP_WAIT_POLICY=PASSIVE) halved the toy's step but made
+  // a one-stage ConvNet 2.3x slower; 30000 spins gave the toy 21% and the
+  // ConvNet nothing either way (bench/RESULTS.md, session 22). A stage of
+  // one thread has no OpenMP workers.
   std::string omp;
-  if (gpus == 0 && options.threads_per_stage > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    options.stage_env.push_back("OMP_WAIT_POLICY=PASSIVE");
-    omp = "; OpenMP workers sleep between operations: OMP_WAIT_POLICY=PASSIVE, set it to keep your own";
+  if (gpus == 0 && options.threads_per_stage > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr &&
+      std::getenv("GOMP_SPINCOUNT") == nullptr) {
+    options.stage_env.push_back("GOMP_SPINCOUNT=30000");
+    omp = "; OpenMP workers spin 30000 times between operations: GOMP_SPINCOUNT, set it or OMP_WAIT_POLICY to "
+          "keep your own";
   }
   options.tls = c.tls;
   options.auth_token = BearerToken();

@@ -29,9 +29,11 @@ StatusOr<std::unique_ptr<StageServer>> StageServer::Start(const StageServerOptio
   s->data_ = std::make_unique<StageDataService>(&s->stage_->inbox(), options.device);
   CONVEYOR_ASSIGN_OR_RETURN(s->server_, GrpcServer::Start(options.listen, {s->control_.get(), s->data_.get()},
                                                           options.port_file));
-  const char* omp = std::getenv("OMP_WAIT_POLICY");  // conveyor local's CPU stages: PASSIVE
-  LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device,
-           omp ? std::string(", OMP_WAIT_POLICY=") + omp : std::string());
+  // How OpenMP workers wait (conveyor local's CPU stages: GOMP_SPINCOUNT=30000).
+  std::string omp;
+  for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
+    if (const char* v = std::getenv(name)) omp += std::string(", ") + name + "=" + v;
+  LOG_INFO("stage server listening on ", s->server_->address(), ", device ", options.device, omp);
   return s;
 }
 
