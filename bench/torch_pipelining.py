@@ -451,11 +451,11 @@ def replica_groups(dist, ranks, replicas):
 def average_gradients(dist, params, group, copies):
     """--dp allreduce: each gradient summed over the copies and divided by their count, after the
     schedule's step (DDP's result, without its overlap with the last backward)."""
-    work = [dist.all_reduce(p.grad, group=group, async_op=True) for p in params if p.grad is not None]
-    for w in work:
-        w.wait()
     import torch
-    torch._foreach_div_([p.grad for p in params if p.grad is not None], float(copies))
+    grads = [p.grad for p in params if p.grad is not None]
+    for w in [dist.all_reduce(g, group=group, async_op=True) for g in grads]:
+        w.wait()
+    torch._foreach_div_(grads, float(copies))
 
 
 def pp_worker(rank, opts, configs, port):
