@@ -52,7 +52,16 @@ std::optional<at::ScalarType> ScalarTypeOf(int code) {
 // One argument of a call, resolved when the program is read: a constant, or
 // where in the values the tensors come from.
 struct ArgPlan {
-  enum Kind { kConstant, kTensor, kTensorList, kOptionalTensorList, kTrainingFlag, kSymInt, kSymInts } kind = kConstant;
+  enum Kind {
+    kConstant,
+    kTensor,
+    kTensorList,
+    kOptionalTensorList,
+    kTrainingFlag,
+    kSymInt,
+    kSymInts,
+    kDevice,  // a device the program names (arange's): the stage's
+  } kind = kConstant;
   c10::IValue constant;    // kConstant: the value as the schema takes it
   std::vector<int> slots;  // kTensor: one; the lists: each element's (-1: None)
   // kSymInt: one size, kSymInts: a list, each evaluated on the symbols a
@@ -661,8 +670,13 @@ StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, c
     if (!t) return Bad(p, "node '" + node.name + "' names dtype code " + v.dump());
     c = c10::IValue(static_cast<int64_t>(*t));
   } else if (kind == "as_device") {
-    c = c10::IValue(c10::Device(v["type"].get<std::string>() +
-                                (v.contains("index") && !v["index"].is_null() ? ":" + v["index"].dump() : "")));
+    // The device the program was exported on (`torch.arange(T, device=x.device)` is written
+    // as "cpu" when exported on the CPU): a tensor it makes goes to the stage's device, as
+    // torch.export's move_to_device_pass moves every device of a program.
+    if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+      return Bad(p, "node '" + node.name + "' names the device " + v.dump());
+    a.kind = ArgPlan::kDevice;
+    return a;
   } else {
     return Bad(p, "node '" + node.name + "' (" + node.target + ") has an argument of kind " + kind +
                       ", which this route does not run");
@@ -834,6 +848,7 @@ class ExportedPartition final : public Partition {
 
   void To(const c10::Device& device, c10::ScalarType dtype) override {
     at::NoGradGuard no_grad;
+    device_ = device;
     std::vector<NamedTensors*> all = {&copies_};
     for (auto* group : {&params_, &buffers_})
       for (NamedTensors& layer : *group) all.push_back(&layer);
@@ -860,6 +875,7 @@ class ExportedPartition final : public Partition {
       switch (a.kind) {
         case ArgPlan::kConstant: stack.push_back(a.constant); break;
         case ArgPlan::kTrainingFlag: stack.emplace_back(training_); break;
+        case ArgPlan::kDevice: stack.emplace_back(device_); break;
         case ArgPlan::kTensor: stack.emplace_back(values[static_cast<std::size_t>(a.slots[0])]); break;
         case ArgPlan::kSymInt:
         case ArgPlan::kSymInts: {
@@ -933,6 +949,7 @@ class ExportedPartition final : public Partition {
   NamedTensors copies_;                          // buffers the replayed nodes read
   std::vector<std::pair<int, at::Tensor>> held_slots_;  // each held tensor's placeholder slot
   bool training_ = true;
+  c10::Device device_{c10::kCPU};  // its tensors' (To)
 };
 
 }  // namespace

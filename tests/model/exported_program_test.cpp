@@ -226,6 +226,37 @@ TEST(ExportedProgram, ADynamicBatchIsTheBatchOfTheTensorsEnteringEachStage) {
   RemoveTree(dir);
 }
 
+// A tensor the program makes names the device it was exported on
+// (gpt_dyn.pt2's positions, `torch.arange(T, device=idx.device)`, say "cpu"):
+// it is made on the stage's device instead, as torch.export's
+// move_to_device_pass would. Here the program says "cuda:0" and runs on the
+// CPU, as a program exported on a GPU trains on CPU stages.
+TEST(ExportedProgram, ATensorTheProgramMakesIsMadeOnTheStagesDevice) {
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string on_gpu = Edited(Fixture("gpt_dyn.pt2"), dir, "cuda.pt2", [](std::string& json) {
+    const std::string cpu = "\"as_device\": {\"type\": \"cpu\", \"index\": null}";
+    ASSERT_NE(json.find(cpu), std::string::npos);
+    ReplaceAll(json, cpu, "\"as_device\": {\"type\": \"cuda\", \"index\": 0}");
+  });
+  auto layers = DescribeExportedProgram(Fixture("gpt_dyn.pt2"), "");
+  ASSERT_TRUE(layers.ok()) << layers.status();
+  const int n = static_cast<int>(layers->layer_names.size());
+  auto want = LoadExportedPartition(Fixture("gpt_dyn.pt2"), "", 0, n);
+  auto got = LoadExportedPartition(on_gpu, "", 0, n);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  (*want)->Train(false);
+  (*got)->Train(false);
+  const at::Tensor tokens = at::randint(0, 50, {3, 8}, at::TensorOptions(at::kLong));
+  auto a = (*want)->Forward({tokens});
+  auto b = (*got)->Forward({tokens});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->front().device().is_cpu());
+  EXPECT_TRUE(at::equal(a->front(), b->front()));
+  RemoveTree(dir);
+}
+
 // A stage whose layers take a size that none of the tensors entering it
 // carries (here the batch symbol struck from every tensor's sizes) is
 // refused when it loads, naming the symbol; the stage that reads the
