@@ -38,7 +38,8 @@
 #                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
 #   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
-#                                   each one's timeline and the profile of its last step
+#                                   each one's profile of step 10 and timeline of its last (30); 2 x 1 again with one
+#                                   step in flight, one bucket, and without graphs
 #   (issue 35, "Models from PyTorch 2")
 #   scripts/two-gpus.sh pt2         tests/fixtures/pt2/export_dynamic.py exports gpt_dyn.pt2 with PyTorch 2 (kept in
 #                                   $out/pt2; the fixture is 2.11's), then the exported programs' GPU test
@@ -219,17 +220,22 @@ for part in "$@"; do
       done
       tar -czf "$out/w2-replicas.tgz" -C "$out" w2-replicas && rm -rf "$out/w2-replicas" ;;
     overhead)
+      # The profiled step (10) ends on the host (its collectives waited for there, its trace written): the
+      # timeline is the last step's (30), a steady one; the variants after the first three are not profiled.
       mkdir -p "$out/overhead"
-      for v in "ref 240 1" "stage 240 1" "replicas 480 2"; do
+      for v in "ref 240 1 -" "stage 240 1 -" "replicas 480 2 -" "replicas-k1 480 2 steps_in_flight=1" \
+               "replicas-1bucket 480 2 bucket_cap_mb=200" "replicas-eager 480 2 cuda_graphs=false"; do
         set -- $v
-        python3 -c "import sys; sys.path.insert(0, 'bench'); import dp_gpu; print(dp_gpu.job_text($2, 20, $3) + 'profile_step: 21\n')" \
+        profile="profile_step: 10" sets=()
+        [ "$4" != - ] && profile="" sets=(--set "$4")
+        python3 -c "import sys; sys.path.insert(0, 'bench'); import dp_gpu; print(dp_gpu.job_text($2, 30, $3) + '$profile')" \
           > "$out/overhead/$1.yaml"
         if [ "$1" = ref ]; then
           timeout 120 "$bin/conveyor" train "$out/overhead/$1.yaml" --reference --device cuda:0 --json \
             --profile-dir "$out/overhead" > "$out/overhead/$1.json" 2> "$out/overhead/$1.log"
         else
           timeout 150 "$bin/conveyor" local "$out/overhead/$1.yaml" --stages "$3" --json --trace "$out/overhead/$1-timeline" \
-            --profile-dir "$out/overhead" > "$out/overhead/$1.json" 2> "$out/overhead/$1.log"
+            --profile-dir "$out/overhead" "${sets[@]}" > "$out/overhead/$1.json" 2> "$out/overhead/$1.log"
         fi
         python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], 'ms/step', round(1000*$2/j['steady_samples_per_second'],2), [(s.get('replica'), round(s.get('busy_fraction',0),3)) for s in j.get('stages',[])])" \
           "$out/overhead/$1.json" "$1" 2>&1 | tail -1
