@@ -130,6 +130,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["steady_samples_per_second"] = s.steady_samples_per_second();
   j["steady_steps"] = s.steady_steps();
   j["steady_seconds"] = s.steady_seconds();
+  j["step_seconds"] = std::vector<double>(s.step_seconds().begin(), s.step_seconds().end());
   j["elapsed_seconds"] = s.elapsed_seconds();
   j["eval_accuracy"] = s.has_eval() ? nlohmann::json(s.eval_accuracy()) : nlohmann::json(nullptr);
   j["eval_loss"] = s.has_eval() ? nlohmann::json(s.eval_loss()) : nlohmann::json(nullptr);
@@ -207,6 +208,19 @@ std::string Summary(const v1::JobStatus& s) {
       out << " (" << std::setprecision(1) << s.steady_samples_per_second() << " after the first " << kWarmupSteps
           << " steps)";
     out << "\n";
+    // The steady steps' times: a median far under the mean (the rate) says
+    // that a few slow steps, not every step, make the difference.
+    const int n = s.step_seconds_size() - static_cast<int>(kWarmupSteps);
+    if (n >= 3) {
+      std::vector<double> t(s.step_seconds().begin() + kWarmupSteps, s.step_seconds().end());
+      const auto slowest = std::max_element(t.begin(), t.end());
+      const int slowest_step = static_cast<int>(kWarmupSteps) + static_cast<int>(slowest - t.begin()) + 1;
+      const double slowest_ms = 1e3 * *slowest;
+      std::nth_element(t.begin(), t.begin() + n / 2, t.end());
+      out << "  step time after the first " << kWarmupSteps << " steps: median " << std::setprecision(2)
+          << 1e3 * t[static_cast<std::size_t>(n / 2)] << " ms, slowest " << slowest_ms << " ms (step " << slowest_step
+          << ")\n";
+    }
   }
   if (s.has_eval()) {
     out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "

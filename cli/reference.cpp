@@ -142,6 +142,7 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
     const bool scaling = LossScaling(spec);
     LossScaleState loss_scale = InitialLossScale(spec);  // as the coordinator keeps it
     auto epoch_start = Clock::now();
+    auto last_record = start;  // when the step before the one recorded was
     // A launched step's figures, still on the device.
     struct Launched {
       int64_t step = 0;
@@ -169,13 +170,16 @@ StatusOr<ReferenceResult> TrainReference(const v1::JobSpec& job, const Reference
       s.add_grad_norms(norm);
       s.add_losses(static_cast<float>(step_loss));
       s.set_loss(s.losses(s.losses_size() - 1));
-      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      const auto now = Clock::now();
+      const double elapsed = std::chrono::duration<double>(now - start).count();
+      s.add_step_seconds(std::chrono::duration<double>(now - last_record).count());
+      last_record = now;
       s.set_step(step + 1);
       s.set_epoch(static_cast<int>(step / per_epoch) + 1);
       s.set_elapsed_seconds(elapsed);
       s.set_samples_per_second(static_cast<double>((step + 1) * spec.batch_size() * accumulate) / elapsed);
       s.set_eta_seconds(elapsed / static_cast<double>(step + 1) * static_cast<double>(total - step - 1));
-      steady.Mark(done, Clock::now());
+      steady.Mark(done, now);
       if (steady.steps() > 0) {
         s.set_steady_samples_per_second(steady.samples_per_second());
         s.set_steady_steps(steady.steps());

@@ -251,6 +251,7 @@ Status JobRunner::Restore() {
   if (status_.lrs_size() > restored) status_.mutable_lrs()->Truncate(static_cast<int>(restored));
   if (status_.grad_norms_size() > restored) status_.mutable_grad_norms()->Truncate(static_cast<int>(restored));
   if (status_.loss_scales_size() > restored) status_.mutable_loss_scales()->Truncate(static_cast<int>(restored));
+  if (status_.step_seconds_size() > restored) status_.mutable_step_seconds()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
 

@@ -64,6 +64,7 @@ void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replie
   }
   auto us = [](SteadyClock::duration d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
   KeepTrace(step + 1, replies, us(end - start), step > first_ ? us(start - previous_step_end_) : 0);
+  status_->add_step_seconds(std::chrono::duration<double>(end - (step > first_ ? previous_step_end_ : start_)).count());
   previous_step_end_ = end;
   const double elapsed = std::chrono::duration<double>(SteadyClock::now() - start_).count();
   const int64_t done = step + 1;
@@ -72,7 +73,7 @@ void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replie
   status_->set_elapsed_seconds(elapsed);
   status_->set_samples_per_second(elapsed > 0 ? static_cast<double>((done - first_) * batch_) / elapsed : 0);
   status_->set_eta_seconds(elapsed / static_cast<double>(done - first_) * static_cast<double>(total_ - done));
-  steady_->Mark(done, SteadyClock::now());
+  steady_->Mark(done, end);
   if (steady_->steps() > 0) {
     status_->set_steady_samples_per_second(steady_->samples_per_second());
     status_->set_steady_steps(steady_->steps());

@@ -51,11 +51,13 @@ TEST(Cli, LocalRunMatchesTheReference) {
   auto b = nlohmann::json::parse(ref.out);
   EXPECT_EQ(a["state"], "succeeded");
   for (const char* key : {"job_id", "steps", "losses", "final_loss", "samples_per_second", "eval_accuracy", "eval_loss",
-                          "eval_perplexity", "lrs", "grad_norms",
+                          "eval_perplexity", "lrs", "grad_norms", "step_seconds",
                           "param_digest"}) {
     EXPECT_TRUE(a.contains(key)) << key;
     EXPECT_TRUE(b.contains(key)) << key;
   }
+  EXPECT_EQ(a["step_seconds"].size(), a["losses"].size());
+  EXPECT_EQ(b["step_seconds"].size(), b["losses"].size());
   ASSERT_EQ(a["losses"].size(), b["losses"].size());
   for (std::size_t i = 0; i < a["losses"].size(); ++i) {
     double x = a["losses"][i], y = b["losses"][i];

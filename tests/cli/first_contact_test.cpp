@@ -314,6 +314,22 @@ TEST(FirstContact, ARunningJobHasALossNotAFinalLoss) {
   EXPECT_THAT(cli::ListLine(queued), Not(HasSubstr("step 0/0")));
 }
 
+// The summary gives the steady steps' median and slowest time: a rate far
+// under what the median says comes from a few slow steps (start-up that
+// outlasted the warm-up, a stall), not from every step.
+TEST(FirstContact, TheSummaryGivesTheSteadyStepsMedianAndSlowest) {
+  v1::JobStatus s;
+  s.set_job_id("job-1");
+  s.set_state(v1::JOB_STATE_SUCCEEDED);
+  s.set_step(6);
+  s.set_total_steps(6);
+  s.set_steady_samples_per_second(1000);
+  for (double t : {0.5, 0.4, 0.010, 0.012, 0.011, 0.050}) s.add_step_seconds(t);
+  EXPECT_THAT(cli::Summary(s), HasSubstr("step time after the first 2 steps: median 12.00 ms, slowest 50.00 ms (step 6)"));
+  s.mutable_step_seconds()->Truncate(4);  // too few steady steps to say
+  EXPECT_THAT(cli::Summary(s), Not(HasSubstr("step time")));
+}
+
 // Perplexity is a language model's (its loss is per token): a classifier's
 // summary and --json give none (it printed exp of a cross-entropy, once with
 // 280 digits).

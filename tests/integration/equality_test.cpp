@@ -556,7 +556,13 @@ TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
     EXPECT_EQ(s->steady_steps(), 4);
     EXPECT_GT(s->steady_seconds(), 0);
     EXPECT_DOUBLE_EQ(s->steady_samples_per_second(), 4 * 16 / s->steady_seconds());
+    ASSERT_EQ(s->step_seconds_size(), 6);  // each step's time, as each was read
+    for (double t : s->step_seconds()) EXPECT_GT(t, 0);
   }
+  // Read at once, the steady steps' times add up to the steady clock.
+  EXPECT_NEAR(a->status.step_seconds(2) + a->status.step_seconds(3) + a->status.step_seconds(4) +
+                  a->status.step_seconds(5),
+              a->status.steady_seconds(), 1e-9);
   // A pipelined job's stages reply once their device finished the step.
   InProcessCluster cluster(2);
   auto coordinator = cluster.StartCoordinator();
@@ -564,6 +570,9 @@ TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
   ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error();
   EXPECT_EQ(run.steady_steps(), 4);
   EXPECT_DOUBLE_EQ(run.steady_samples_per_second(), 4 * 16 / run.steady_seconds());
+  ASSERT_EQ(run.step_seconds_size(), 6);
+  EXPECT_NEAR(run.step_seconds(2) + run.step_seconds(3) + run.step_seconds(4) + run.step_seconds(5),
+              run.steady_seconds(), 1e-9);
 }
 
 // ZeRO-1 (zero: 1) on a 2 x 2 grid with AdamW: each replica updates its half
