@@ -105,7 +105,12 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
         sys.stderr.write(p.stderr[-3000:])
         return None
     s = json.loads(p.stdout.strip().splitlines()[-1])
-    return 1000.0 * args.batch / s["steady_samples_per_second"]
+    # Each steady step's time as the coordinator saw it end (the run's own step_seconds): its median
+    # against the mean says whether a few slow steps or every step make the mean. Diagnostic only:
+    # PyTorch's rows time one window of steps and have no per-step figure to set beside it.
+    steady = sorted(s.get("step_seconds", [])[WARMUP:])
+    median = 1000.0 * steady[len(steady) // 2] if steady else None
+    return 1000.0 * args.batch / s["steady_samples_per_second"], median
 
 
 def main(argv=None):
@@ -132,25 +137,31 @@ def main(argv=None):
                           ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
         if key not in chosen:
             continue
+        median = None
         try:
             ms = fn()
+            if isinstance(ms, tuple):
+                ms, median = ms
         except Exception as e:  # one variant failing leaves the others' figures
             sys.stderr.write("%s: %s\n" % (name, e))
             ms = None
         rows.append({"variant": name, "ms_per_step": round(ms, 2) if ms else "",
-                     "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else ""})
-        print("%-18s %s" % (name, "%.2f ms" % ms if ms else "failed"), flush=True)
+                     "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else "",
+                     "median_step_ms": round(median, 2) if median else ""})
+        print("%-18s %s%s" % (name, "%.2f ms" % ms if ms else "failed",
+                              " (median steady step %.2f ms)" % median if median else ""), flush=True)
     by_name = {row["variant"]: row["ms_per_step"] for row in rows}
     single = {"pytorch": by_name.get("pytorch-1gpu-cl"), "conveyor": by_name.get("conveyor-1dev")}
     print("\nW1, global batch %d over %d GPUs, %d steps after %d warm-up" % (args.batch, r, args.steps, WARMUP))
-    print("| variant | ms / step | images / s | speed-up over one GPU of its kind |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| variant | ms / step | images / s | speed-up over one GPU of its kind | Conveyor's median steady step (ms) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for row in rows:
         base = single["pytorch" if row["variant"].startswith("pytorch") else "conveyor"]
         up = "%.2fx" % (base / row["ms_per_step"]) if base and row["ms_per_step"] else "-"
-        print("| %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-", up))
+        print("| %s | %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-",
+                                             up, row["median_step_ms"] or "-"))
     with open(os.path.join(args.out, "dp-gpu.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second"])
+        w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second", "median_step_ms"])
         w.writeheader()
         w.writerows(rows)
     return 0
