@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "model/compat.h"
+#include "model/split_heads.h"
 
 namespace conveyor {
 

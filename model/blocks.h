@@ -53,7 +53,7 @@ TORCH_MODULE(TokenEmbedding);
 // fused_qkv: attention's q, k, v are views of the qkv projection whose
 // backward writes their gradients once, in the projection's layout
 // (SplitHeads); otherwise unbind's backward stacks them and a reshape copies
-// the stack. The same values either way.
+// the stack (model/split_heads.h). The same values either way.
 class DecoderBlockImpl : public torch::nn::Module {
  public:
   DecoderBlockImpl(int64_t width, int64_t heads, int64_t mlp_width, bool fused_qkv = true);
@@ -66,9 +66,5 @@ class DecoderBlockImpl : public torch::nn::Module {
   Dense qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(DecoderBlock);
-
-// [B, T, 3 * heads * D] -> q, k, v as [B, heads, T, D] views, whose backward
-// writes the three gradients straight into one [B, T, 3 * heads * D] tensor.
-std::vector<at::Tensor> SplitHeads(const at::Tensor& qkv, int64_t heads);
 
 }  // namespace conveyor

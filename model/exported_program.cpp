@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "model/out_of_memory.h"
+#include "model/split_heads.h"
 #include "model/sym_expr.h"
 
 namespace conveyor {
@@ -92,6 +93,16 @@ struct Node {
   std::vector<ArgPlan> args;
   std::vector<std::vector<int>> outs;
   int counts_batches = -1;  // BatchNorm's num_batches_tracked.add_: the buffer's slot (not counted in eval)
+  // Attention's q, k, v split from the qkv projection (FoldHeadSplits): on
+  // the unbind, the split that runs the view and permute before it too; on
+  // those two, `folded`.
+  struct HeadSplit {
+    int64_t heads = 0;
+    int input = -1;                    // the projection's slot
+    std::size_t view = 0, permute = 0;  // their nodes
+  };
+  std::optional<HeadSplit> split;
+  bool folded = false;
 };
 
 // The archive's graph, layers and where its state lies; a partition reads
@@ -136,6 +147,7 @@ struct Program {
 };
 
 Status Compile(Program& p);
+void FoldHeadSplits(Program& p);
 
 Status Bad(const Program& p, const std::string& what) {
   return absl::InvalidArgumentError("model.exported: " + p.path + ": " + what);
@@ -759,7 +771,72 @@ Status Compile(Program& p) {
         node.counts_batches = p.slot_of.at(s->first);
     }
   }
+  FoldHeadSplits(p);
   return absl::OkStatus();
+}
+
+// The int list a constant argument holds, or nothing.
+std::optional<std::vector<int64_t>> ConstantInts(const ArgPlan& a) {
+  if (a.kind == ArgPlan::kConstant && a.constant.isIntList()) return a.constant.toIntVector();
+  if (a.kind != ArgPlan::kSymInts) return std::nullopt;
+  std::vector<int64_t> out;  // sizes; those that name a symbol count as -1
+  for (const SymExpr& e : a.sizes) {
+    auto v = e.Eval({});
+    out.push_back(v.ok() ? *v : -1);
+  }
+  return out;
+}
+
+// nanoGPT's attention, and the zoo's gpt, split the qkv projection as
+// `qkv.view(B, T, 3, heads, D).permute(2, 0, 3, 1, 4).unbind(0)`, which
+// torch.export writes as those three nodes. Where the view and the permute
+// feed nothing else and the three are in one layer, the unbind runs all
+// three as SplitHeads (model/split_heads.h), whose backward writes q's, k's
+// and v's gradients once into the projection's layout (unbind's stacks them
+// and the view's copies the stack: 9 ms of copies a W2 step at batch 8,
+// bench/RESULTS.md, issue 19). The same numbers; `model.fused: false` runs
+// the three nodes as they are.
+void FoldHeadSplits(Program& p) {
+  std::map<int, int> readers;  // slot -> how many arguments and outputs read it
+  for (const Node& n : p.nodes)
+    for (const ArgPlan& a : n.args)
+      for (int slot : a.slots) ++readers[slot];
+  for (int slot : p.user_output_slots) ++readers[slot];
+  for (const auto& slots : p.crossing_slots)
+    for (int slot : slots) ++readers[slot];
+  std::map<int, std::size_t> maker;  // slot -> the node that writes it
+  for (std::size_t i = 0; i < p.nodes.size(); ++i)
+    for (const std::vector<int>& out : p.nodes[i].outs)
+      for (int slot : out) maker[slot] = i;
+  auto layer_of = [&](std::size_t i) { return std::upper_bound(p.starts.begin(), p.starts.end(), i) - p.starts.begin(); };
+  // The node that makes `arg`'s tensor when it is `op` and read only there.
+  auto sole_maker = [&](const ArgPlan& arg, const char* op) -> Node* {
+    if (arg.kind != ArgPlan::kTensor || readers[arg.slots[0]] != 1) return nullptr;
+    auto it = maker.find(arg.slots[0]);
+    if (it == maker.end()) return nullptr;
+    Node& n = p.nodes[it->second];
+    return n.op && n.op->schema().name() == op && n.outs.size() == 1 && n.outs[0].size() == 1 ? &n : nullptr;
+  };
+  for (std::size_t i = 0; i < p.nodes.size(); ++i) {
+    Node& unbind = p.nodes[i];
+    if (!unbind.op || unbind.op->schema().name() != "aten::unbind" || unbind.args.size() != 2 ||
+        unbind.outs.size() != 1 || unbind.outs[0].size() != 3)
+      continue;
+    const ArgPlan& dim = unbind.args[1];
+    if (dim.kind != ArgPlan::kConstant || !dim.constant.isInt() || dim.constant.toInt() != 0) continue;
+    Node* permute = sole_maker(unbind.args[0], "aten::permute");
+    if (!permute || permute->args.size() != 2 || ConstantInts(permute->args[1]) != std::vector<int64_t>{2, 0, 3, 1, 4})
+      continue;
+    Node* view = sole_maker(permute->args[0], "aten::view");
+    if (!view || view->args.size() != 2 || view->args[0].kind != ArgPlan::kTensor) continue;
+    const auto size = ConstantInts(view->args[1]);
+    if (!size || size->size() != 5 || (*size)[2] != 3 || (*size)[3] <= 0) continue;
+    const std::size_t v = static_cast<std::size_t>(view - p.nodes.data());
+    const std::size_t m = static_cast<std::size_t>(permute - p.nodes.data());
+    if (layer_of(v) != layer_of(i) || layer_of(m) != layer_of(i)) continue;
+    unbind.split = Node::HeadSplit{(*size)[3], view->args[0].slots[0], v, m};
+    view->folded = permute->folded = true;
+  }
 }
 
 class ExportedPartition final : public Partition {
@@ -767,9 +844,10 @@ class ExportedPartition final : public Partition {
   // `held`: the state of layers [begin, end), read from the archive;
   // `copies`: the buffers that the nodes replayed at `begin` read (held by an
   // earlier stage, copied here, not this partition's state).
+  // `fuse`: attention's head splits run as one (FoldHeadSplits).
   ExportedPartition(std::shared_ptr<const Program> program, int begin, int end, std::map<std::string, at::Tensor> held,
-                    std::map<std::string, at::Tensor> copies)
-      : program_(std::move(program)), begin_(begin), end_(end) {
+                    std::map<std::string, at::Tensor> copies, bool fuse)
+      : program_(std::move(program)), begin_(begin), end_(end), fuse_(fuse) {
     for (auto& [name, t] : copies) {
       held.emplace(name, t);
       copies_.emplace_back(name, t);
@@ -864,6 +942,45 @@ class ExportedPartition final : public Partition {
 
  private:
   Status Run(const Node& node, std::vector<at::Tensor>& values, const std::map<std::string, int64_t>& symbols) {
+    if (fuse_ && node.folded) return absl::OkStatus();  // its head split runs it
+    if (fuse_ && node.split) return RunHeadSplit(node, values, symbols);
+    return Call(node, values, symbols);
+  }
+
+  // The view, permute and unbind of a head split as one SplitHeads where the
+  // projection has the shape the view gives it; as the three nodes otherwise
+  // (their own errors then).
+  Status RunHeadSplit(const Node& unbind, std::vector<at::Tensor>& values,
+                      const std::map<std::string, int64_t>& symbols) {
+    const Node::HeadSplit& split = *unbind.split;
+    const Node& view = program_->nodes[split.view];
+    const at::Tensor& x = values[static_cast<std::size_t>(split.input)];
+    const int64_t h = split.heads;
+    std::vector<int64_t> size;
+    for (const SymExpr& e : view.args[1].sizes) {
+      auto v = e.Eval(symbols);
+      size.push_back(v.ok() ? *v : -1);
+    }
+    if (view.args[1].kind == ArgPlan::kConstant) size = view.args[1].constant.toIntVector();
+    if (x.defined() && x.dim() == 3 && x.size(2) % (3 * h) == 0 &&
+        size == std::vector<int64_t>{x.size(0), x.size(1), 3, h, x.size(2) / (3 * h)}) {
+      try {
+        std::vector<at::Tensor> qkv = SplitHeads(x, h);
+        for (std::size_t j = 0; j < 3; ++j) values[static_cast<std::size_t>(unbind.outs[0][j])] = std::move(qkv[j]);
+        return absl::OkStatus();
+      } catch (const std::exception& e) {
+        if (IsOutOfMemory(e)) throw;
+        return absl::InvalidArgumentError("model.exported: node '" + unbind.name + "' (the heads split of '" +
+                                          view.name + "') failed: " + WithoutBacktrace(e).substr(0, 600));
+      }
+    }
+    CONVEYOR_RETURN_IF_ERROR(Call(view, values, symbols));
+    CONVEYOR_RETURN_IF_ERROR(Call(program_->nodes[split.permute], values, symbols));
+    return Call(unbind, values, symbols);
+  }
+
+  // One node through the operator dispatcher.
+  Status Call(const Node& node, std::vector<at::Tensor>& values, const std::map<std::string, int64_t>& symbols) {
     if (!training_ && node.counts_batches >= 0) {  // evaluation does not count batches
       for (const std::vector<int>& o : node.outs)
         if (o.size() == 1) values[static_cast<std::size_t>(o[0])] = values[static_cast<std::size_t>(node.counts_batches)];
@@ -950,6 +1067,7 @@ class ExportedPartition final : public Partition {
   std::vector<std::pair<int, at::Tensor>> held_slots_;  // each held tensor's placeholder slot
   bool training_ = true;
   c10::Device device_{c10::kCPU};  // its tensors' (To)
+  const bool fuse_;
 };
 
 }  // namespace
@@ -960,6 +1078,8 @@ StatusOr<ExportedSummary> DescribeExportedProgram(const std::string& path, const
   std::set<std::string> ops;
   for (const Node& n : p->nodes) ops.insert(n.target);
   s.operators.assign(ops.begin(), ops.end());
+  for (const Node& n : p->nodes)
+    if (n.split) s.head_splits.push_back(n.name);
   for (std::size_t k = 0; k < p->starts.size(); ++k) {
     const std::size_t first = p->starts[k];
     const Node* node = first < p->nodes.size() ? &p->nodes[first] : nullptr;
@@ -973,7 +1093,7 @@ StatusOr<ExportedSummary> DescribeExportedProgram(const std::string& path, const
 }
 
 StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& path, const std::string& cut_before,
-                                                           int begin, int end) {
+                                                           int begin, int end, bool fuse) {
   CONVEYOR_ASSIGN_OR_RETURN(std::shared_ptr<const Program> p, ReadProgram(path, cut_before));
   const int layers = static_cast<int>(p->starts.size());
   if (begin < 0 || end > layers || begin >= end) {
@@ -1032,7 +1152,7 @@ StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& pa
     return Bad(*p, std::string("reading its weights: ") + WithoutBacktrace(e));
   }
   return std::unique_ptr<Partition>(
-      new ExportedPartition(std::move(p), begin, end, std::move(held), std::move(copies)));
+      new ExportedPartition(std::move(p), begin, end, std::move(held), std::move(copies), fuse));
 }
 
 }  // namespace conveyor

@@ -51,6 +51,9 @@ struct ExportedSummary {
   std::vector<std::string> layer_names;   // "layer 0", ..., each with the first module it holds
   std::vector<int64_t> layer_parameters;  // elements per layer
   std::vector<std::string> operators;     // the distinct operators the graph calls
+  // The unbind nodes that split attention's q, k and v from the qkv
+  // projection with its view and permute, run as one (model.fused).
+  std::vector<std::string> head_splits;
 };
 
 // NOT_FOUND for a missing file; INVALID_ARGUMENT for a file that is not an
@@ -62,6 +65,6 @@ StatusOr<ExportedSummary> DescribeExportedProgram(const std::string& path, const
 // Layers [begin, end) of the program at `path`, on the CPU, their parameters
 // and buffers loaded from the archive.
 StatusOr<std::unique_ptr<Partition>> LoadExportedPartition(const std::string& path, const std::string& cut_before,
-                                                           int begin, int end);
+                                                           int begin, int end, bool fuse = true);
 
 }  // namespace conveyor

@@ -138,7 +138,8 @@ Status LoadInitialWeights(const v1::JobSpec& spec, const NamedTensors& weights, 
 StatusOr<std::unique_ptr<Partition>> BuildPartition(const v1::JobSpec& spec, int begin, int end, bool init) {
   std::unique_ptr<Partition> p;
   if (spec.model().kind() == v1::MODEL_EXPORTED) {
-    CONVEYOR_ASSIGN_OR_RETURN(p, LoadExportedPartition(spec.model().exported(), spec.model().cut_before(), begin, end));
+    CONVEYOR_ASSIGN_OR_RETURN(p, LoadExportedPartition(spec.model().exported(), spec.model().cut_before(), begin, end,
+                                                       /*fuse=*/!spec.model().unfused_qkv()));
   } else if (spec.model().kind() == v1::MODEL_TORCHSCRIPT) {
     CONVEYOR_ASSIGN_OR_RETURN(p, LoadTorchScriptPartition(spec.model().torchscript(), begin, end));
   } else {

@@ -449,10 +449,12 @@ std::vector<JobKey> MakeTable() {
       .DefaultDoc("1024")
       .Only("name: gpt", gpt);
   add("model.fused", kBool,
-      "gpt: the gradients of attention's q, k and v written once into the qkv projection's layout by a backward of "
+      "gpt, and exported programs that split attention's heads as `qkv.view(B, T, 3, heads, D).permute(2, 0, 3, 1, "
+      "4).unbind(0)`: the gradients of q, k and v written once into the qkv projection's layout by a backward of "
       "Conveyor's own; false: what `qkv.unbind` does (a stack, then a copy). The same arithmetic either way")
       .Default("true")
-      .Only("name: gpt", gpt)
+      .Only("name: gpt or an exported program",
+            [gpt](const S& s) { return gpt(s) || s.model().kind() == v1::MODEL_EXPORTED; })
       .Set([](const V& v, S* s) { s->mutable_model()->set_unfused_qkv(!v.flag); });
   add("precision", kChoice,
       "`fp32`; `bf16`: pure bfloat16, parameters, optimizer state and activations (the loss is computed in fp32); "

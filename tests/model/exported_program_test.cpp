@@ -9,11 +9,13 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/autograd/function.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 
 #include "common/files.h"
 #include "tests/support/test_util.h"
@@ -255,6 +257,55 @@ TEST(ExportedProgram, ATensorTheProgramMakesIsMadeOnTheStagesDevice) {
   EXPECT_TRUE(b->front().device().is_cpu());
   EXPECT_TRUE(at::equal(a->front(), b->front()));
   RemoveTree(dir);
+}
+
+// Whether autograd's graph behind `t` holds a node whose name has `name`.
+bool GraphHas(const at::Tensor& t, const std::string& name) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> todo{t.grad_fn()};
+  std::set<torch::autograd::Node*> seen;
+  while (!todo.empty()) {
+    auto n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n.get()).second) continue;
+    if (n->name().find(name) != std::string::npos) return true;
+    for (const auto& e : n->next_edges()) todo.push_back(e.function);
+  }
+  return false;
+}
+
+// dec_heads.pt2 splits each block's qkv projection into 2 heads as nanoGPT
+// does, view, permute and unbind (tests/fixtures/pt2/edit_programs.py). Both
+// splits run as one SplitHeads, whose backward writes q's, k's and v's
+// gradients once into the projection's layout; with model.fused false the
+// three nodes run as they are. The same outputs and gradients, bit for bit.
+TEST(ExportedProgram, AttentionsHeadSplitRunsAsOneAndComputesWhatItsThreeNodesDo) {
+  auto summary = DescribeExportedProgram(Fixture("dec_heads.pt2"), "");
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->head_splits, (std::vector<std::string>{"unbind", "unbind_1"}));
+  auto pair = DescribeExportedProgram(Fixture("dec_pair.pt2"), "");
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  EXPECT_TRUE(pair->head_splits.empty());  // chunk(3): nothing to fold
+  auto fused = LoadExportedPartition(Fixture("dec_heads.pt2"), "", 0, 2, /*fuse=*/true);
+  auto plain = LoadExportedPartition(Fixture("dec_heads.pt2"), "", 0, 2, /*fuse=*/false);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const at::Tensor tokens = at::randint(0, 50, {4, 8}, at::TensorOptions(at::kLong));
+  auto a = (*fused)->Forward({tokens});
+  auto b = (*plain)->Forward({tokens});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(GraphHas(a->front(), "SplitHeads"));
+  EXPECT_FALSE(GraphHas(b->front(), "SplitHeads"));
+  EXPECT_TRUE(at::equal(a->front(), b->front()));
+  const at::Tensor weights = at::randn(a->front().sizes());
+  (a->front() * weights).sum().backward();
+  (b->front() * weights).sum().backward();
+  const NamedTensors pa = (*fused)->NamedParameters(), pb = (*plain)->NamedParameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pa[i].second.grad().defined()) << pa[i].first;
+    EXPECT_TRUE(at::equal(pa[i].second.grad(), pb[i].second.grad())) << pa[i].first;
+  }
 }
 
 // A stage whose layers take a size that none of the tensors entering it

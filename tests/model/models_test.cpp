@@ -6,6 +6,7 @@
 #include "common/sha256.h"
 #include "model/blocks.h"
 #include "model/partition.h"
+#include "model/split_heads.h"
 #include "model/zoo_partition.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"

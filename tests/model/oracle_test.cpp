@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> ClusterOver(const std::string& root
 }
 
 struct Case {
-  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids, exported-shared, exported-gpt
+  std::string model;  // oracle.py's: mlp, cnn-bn, frozen, tokens, decoder, decoder-ids, dropout, exported-cnn, exported-mlp, exported-dec, exported-dyn, exported-mask, exported-ids, exported-shared, exported-gpt, exported-heads
   int stages;
   int micro_batches;
   std::string schedule;
@@ -140,6 +140,7 @@ nlohmann::json ModelBlock(const Case& c) {
   if (c.model == "exported-ids") return {{"exported", c.model + "/dec_ids.pt2"}};    // int64 ids cross it
   if (c.model == "exported-shared") return {{"exported", c.model + "/dec_shared.pt2"}};  // a buffer both sides read
   if (c.model == "exported-gpt") return {{"exported", c.model + "/gpt_dyn.pt2"}};  // PyTorch 2.11's, batch dynamic
+  if (c.model == "exported-heads") return {{"exported", c.model + "/dec_heads.pt2"}};  // heads split: one SplitHeads
   return {{"torchscript", c.model + "/model.pt"}};
 }
 
@@ -372,6 +373,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"exported-ids", 2, 4, "1f1b", false, "tokens"},
                       // A mask buffer read on both sides of the mark: a copy after it.
                       Case{"exported-shared", 2, 2, "gpipe", false, "tokens"},
+                      // Attention's heads split from the projection by view, permute and unbind, which the
+                      // stages run as one split with a backward of their own: as PyTorch's autograd.
+                      Case{"exported-heads", 2, 2, "1f1b", false, "tokens"},
                       // nanoGPT's decoder exported by PyTorch 2.11 with the batch dynamic (at 4): its sizes
                       // in sympy's srepr form, `B, T, C = x.size()` on both sides of the mark, micro-batches of 8.
                       Case{"exported-gpt", 2, 2, "1f1b", false, "tokens"}),

@@ -46,7 +46,8 @@ there, cut by the pipe_split() mark in the program), exported-dec (dec_pair.pt2 
 whose mark cuts the pair (hidden, positions), on token data), exported-dyn (dec_dyn.pt2: the
 same with its batch dynamic), exported-mask (dec_mask.pt2: the same with a mask sliced from a
 buffer crossing the mark), exported-shared (dec_shared.pt2: a mask buffer read on both sides
-of the mark), exported-ids (dec_ids.pt2: the token ids crossing it), exported-gpt (gpt_dyn.pt2:
+of the mark), exported-ids (dec_ids.pt2: the token ids crossing it), exported-heads (dec_heads.pt2:
+attention's heads split as nanoGPT splits them), exported-gpt (gpt_dyn.pt2:
 a nanoGPT-style decoder that PyTorch 2.11 exported with its batch dynamic), frozen (an MLP whose first layer has
 requires_grad=False), tokens (Embedding, Linear, GELU, Linear over a flat
 token file: data {format: tokens}).
@@ -314,6 +315,26 @@ def exported_dec(program="dec_pair.pt2"):
                                  {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
 
 
+class HeadsBlock(MathBlock):
+    """dec_heads.pt2's block: MathBlock's with 2 heads of 8, split from the projection as nanoGPT
+    splits them (view, permute, unbind), joined again before the output projection."""
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, w = x.shape
+        q, k, v = self.qkv(self.ln(x)).view(b, t, 3, 2, w // 2).permute(2, 0, 3, 1, 4).unbind(0)
+        s = torch.matmul(q, k.transpose(-2, -1)) * 0.25 + self.mask  # the scale dec_pair.pt2 has
+        a = torch.matmul(torch.softmax(s, dim=-1), v).transpose(1, 2).reshape(b, t, w)
+        return x + self.o(a) + pos, pos
+
+
+def exported_heads():
+    """dec_heads.pt2's module: exported_dec's with HeadsBlock for both blocks (its batch dynamic, as
+    dec_dyn.pt2's)."""
+    model = nn.Sequential(PairHead(), PairTail())
+    model[0].b1, model[1].b2 = HeadsBlock(16, 8), HeadsBlock(16, 8)
+    return with_exported_weights(model, os.path.join(PT2, "dec_heads.pt2"),
+                                 {"pos": 0, "emb": 0, "b1": 0, "b2": 1, "head": 1})
+
+
 class IdsHead(PairHead):
     """dec_ids.pt2's first layer: PairHead's, and the token ids passed on."""
     def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -415,6 +436,8 @@ EXPORTED = {"exported-cnn": ("cnn.pt2", EXPORTED_CNN_CUTS, exported_cnn, "images
             # export_dynamic.py's nanoGPT-style decoder, exported by PyTorch 2.11 with its batch dynamic
             # (its sizes in sympy's srepr form); the batch crosses the mark as a symbolic size
             "exported-gpt": ("gpt_dyn.pt2", None, exported_gpt, "token-file50"),
+            # attention's heads split from the projection (view, permute, unbind): one split in Conveyor
+            "exported-heads": ("dec_heads.pt2", None, exported_heads, "token-file50"),
             # the token ids (int64) cross the mark: the head skips padding (id 0)
             "exported-ids": ("dec_ids.pt2", None, exported_ids, "token-file50"),
             # scaled_dot_product_attention, which PyTorch 1.13 lacks: `train --live` only (PyTorch 2).
