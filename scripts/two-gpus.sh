@@ -205,8 +205,10 @@ for part in "$@"; do
       echo "stage_server_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-unit.log" | tr '\n' ' ')"
       timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
       echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
+      # 100 steps after 2 warm-up on both sides (30 in session 23: the graphed rows' mean 3 to 4 ms above their
+      # steady step); Conveyor's rows also give their steady steps' median (dp_gpu.py)
       for b in 240 480; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
-        timeout 200 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps 30 --out "$out/dp-w1-b$b" \
+        timeout 250 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
           --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
     w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory
