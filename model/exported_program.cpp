@@ -775,13 +775,14 @@ Status Compile(Program& p) {
   return absl::OkStatus();
 }
 
-// The int list a constant argument holds, or nothing.
-std::optional<std::vector<int64_t>> ConstantInts(const ArgPlan& a) {
+// The ints a list argument holds, its sizes evaluated on `symbols` (a size
+// whose symbol is not among them counts as -1); nothing for other arguments.
+std::optional<std::vector<int64_t>> IntsOf(const ArgPlan& a, const std::map<std::string, int64_t>& symbols = {}) {
   if (a.kind == ArgPlan::kConstant && a.constant.isIntList()) return a.constant.toIntVector();
   if (a.kind != ArgPlan::kSymInts) return std::nullopt;
-  std::vector<int64_t> out;  // sizes; those that name a symbol count as -1
+  std::vector<int64_t> out;
   for (const SymExpr& e : a.sizes) {
-    auto v = e.Eval({});
+    auto v = e.Eval(symbols);
     out.push_back(v.ok() ? *v : -1);
   }
   return out;
@@ -825,11 +826,11 @@ void FoldHeadSplits(Program& p) {
     const ArgPlan& dim = unbind.args[1];
     if (dim.kind != ArgPlan::kConstant || !dim.constant.isInt() || dim.constant.toInt() != 0) continue;
     Node* permute = sole_maker(unbind.args[0], "aten::permute");
-    if (!permute || permute->args.size() != 2 || ConstantInts(permute->args[1]) != std::vector<int64_t>{2, 0, 3, 1, 4})
+    if (!permute || permute->args.size() != 2 || IntsOf(permute->args[1]) != std::vector<int64_t>{2, 0, 3, 1, 4})
       continue;
     Node* view = sole_maker(permute->args[0], "aten::view");
     if (!view || view->args.size() != 2 || view->args[0].kind != ArgPlan::kTensor) continue;
-    const auto size = ConstantInts(view->args[1]);
+    const auto size = IntsOf(view->args[1]);
     if (!size || size->size() != 5 || (*size)[2] != 3 || (*size)[3] <= 0) continue;
     const std::size_t v = static_cast<std::size_t>(view - p.nodes.data());
     const std::size_t m = static_cast<std::size_t>(permute - p.nodes.data());
@@ -956,14 +957,8 @@ class ExportedPartition final : public Partition {
     const Node& view = program_->nodes[split.view];
     const at::Tensor& x = values[static_cast<std::size_t>(split.input)];
     const int64_t h = split.heads;
-    std::vector<int64_t> size;
-    for (const SymExpr& e : view.args[1].sizes) {
-      auto v = e.Eval(symbols);
-      size.push_back(v.ok() ? *v : -1);
-    }
-    if (view.args[1].kind == ArgPlan::kConstant) size = view.args[1].constant.toIntVector();
     if (x.defined() && x.dim() == 3 && x.size(2) % (3 * h) == 0 &&
-        size == std::vector<int64_t>{x.size(0), x.size(1), 3, h, x.size(2) / (3 * h)}) {
+        IntsOf(view.args[1], symbols) == std::vector<int64_t>{x.size(0), x.size(1), 3, h, x.size(2) / (3 * h)}) {
       try {
         std::vector<at::Tensor> qkv = SplitHeads(x, h);
         for (std::size_t j = 0; j < 3; ++j) values[static_cast<std::size_t>(unbind.outs[0][j])] = std::move(qkv[j]);
