@@ -71,7 +71,8 @@ where the two clocks disagree by more than 5% says so in its note (CLOCKS DISAGR
 lies within the runs' own spread and that spread is past 5%: then the note says the outside clock was too
 noisy to judge it. With --repeats N every row, PyTorch's and Conveyor's alike, is run N times and is its median
 run (the `statistic` column says so); a Conveyor row's N runs are also the outside check's runs
-of --steps. Each run's own clock is kept too (`runs_own_ms`), and `outside_same_runs_ratio` compares
+of --steps. Each run's own clock is kept too (`runs_own_ms`; `median_step_ms`, the median of the row's
+steady steps' own times, says whether a few slow steps make its mean), and `outside_same_runs_ratio` compares
 the outside figure with the own clock of the long run it came from: where that agrees and the row's run
 does not, the note says the row's run was off the others (run-to-run spread), not its clock. A row whose runs recovered from a failure says so too (RECOVERED): its steady clock
 leaves the recovery out.
@@ -112,7 +113,7 @@ SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleav
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_same_runs_ratio", "outside_walls", "runs_own_ms", "final_loss", "busy_fraction",
+          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_same_runs_ratio", "outside_walls", "runs_own_ms", "median_step_ms", "final_loss", "busy_fraction",
           "theoretical_idle_fraction", "peak_gib", "note"]
 OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
 
@@ -333,6 +334,14 @@ def run_conveyor(args, workload, v, steps=None):
         return None, "no result"
     result["wall_s"] = wall
     return result, note
+
+
+def median_step_ms(r):
+    """The median of a Conveyor run's steady steps' own times (its step_seconds after the warm-up), a
+    diagnostic beside the mean: well under it, a few slow steps make the mean. PyTorch's rows time one
+    window of steps and have none."""
+    steady = sorted(r.get("step_seconds", [])[WARMUP:])
+    return "%.2f" % (1000.0 * steady[len(steady) // 2]) if steady else ""
 
 
 def own_ms(workload, args, r):
@@ -921,7 +930,7 @@ def main(argv):
         add(v, r["steady_samples_per_second"],
             repeated(args, tp.statistic(r.get("steady_steps", args.steps - WARMUP), WARMUP)), note,
             **outside,
-            stages=len(st) or 1, final_loss=r.get("final_loss", ""),
+            stages=len(st) or 1, final_loss=r.get("final_loss", ""), median_step_ms=median_step_ms(r),
             busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),
             theoretical_idle_fraction="%.3f" % r["theoretical_idle_fraction"] if st else "")
 
