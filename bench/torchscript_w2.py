@@ -18,6 +18,8 @@ times, one after the other (--variants picks some):
   torchscript-gpt-2stage  torchscript-gpt the same way
   exported-gpt     the same module exported instead (PyTorch 2: torch.export in training mode, the
                    batch dynamic), model: {exported: w2.pt2}: Conveyor interprets the program
+  exported-gpt-unfused  exported-gpt with model.fused false: attention's head split (view, permute,
+                   unbind) run as its three nodes instead of one SplitHeads (what the fusion saves)
   exported-gpt-2stage  exported-gpt through `conveyor local`, cut by model.cut_before at the
                    Sequential's child K (the 2-stage boundary), so its two layers are the others' two
                    stages (issue 35's speed goal: within 3% of zoo-gpt and zoo-gpt-2stage)
@@ -67,9 +69,9 @@ V, W, H, M, T = 32000, 2048, 16, 8192, 1024
 BATCH = 32
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 
-ONE_DEVICE = ("pytorch-eager", "zoo-gpt", "torchscript-gpt", "exported-gpt")
+ONE_DEVICE = ("pytorch-eager", "zoo-gpt", "torchscript-gpt", "exported-gpt", "exported-gpt-unfused")
 TWO_STAGE = ("zoo-gpt-2stage", "torchscript-gpt-2stage", "exported-gpt-2stage")
-EXPORTED = ("exported-gpt", "exported-gpt-2stage")
+EXPORTED = ("exported-gpt", "exported-gpt-unfused", "exported-gpt-2stage")
 VARIANTS = ONE_DEVICE + TWO_STAGE
 
 
@@ -310,11 +312,13 @@ def compare_losses(rows, blocks):
     got = {r["variant"]: r for r in rows if r.get("final_loss") is not None}
     # Which variants start from the same weights and see the same batches.
     family = {"pytorch-eager": "script", "torchscript-gpt": "script", "torchscript-gpt-2stage": "script",
-              "zoo-gpt": "zoo", "zoo-gpt-2stage": "zoo", "exported-gpt": "script", "exported-gpt-2stage": "script"}
+              "zoo-gpt": "zoo", "zoo-gpt-2stage": "zoo", "exported-gpt": "script", "exported-gpt-unfused": "script",
+              "exported-gpt-2stage": "script"}
     pairs = [("zoo-gpt-2stage", "torchscript-gpt-2stage"), ("zoo-gpt-2stage", "zoo-gpt"),
              ("torchscript-gpt-2stage", "torchscript-gpt"), ("torchscript-gpt-2stage", "pytorch-eager"),
              ("torchscript-gpt", "pytorch-eager"), ("zoo-gpt", "torchscript-gpt"),
-             ("exported-gpt", "torchscript-gpt"), ("exported-gpt-2stage", "torchscript-gpt-2stage")]
+             ("exported-gpt", "torchscript-gpt"), ("exported-gpt-2stage", "torchscript-gpt-2stage"),
+             ("exported-gpt", "exported-gpt-unfused")]
     lines = []
     for a, b in pairs:
         if a not in got or b not in got:
@@ -439,6 +443,8 @@ def main():
             "zoo-gpt-2stage": ("zoo-2stage.yaml", [zoo_model, zoo_data] + common + two),
             "torchscript-gpt-2stage": ("script-2stage.yaml", [script_model, script_data] + common + two),
             "exported-gpt": ("exported.yaml", [exported_model, script_data] + common + one),
+            "exported-gpt-unfused": ("exported-unfused.yaml",
+                                     ["model: {exported: w2.pt2, fused: false}", script_data] + common + one),
             "exported-gpt-2stage": ("exported-2stage.yaml", [script_data] + common + exported_two)}
     for name, (path, lines) in jobs.items():
         job(os.path.join(out, path), ["name: " + name] + lines)
