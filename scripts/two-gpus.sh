@@ -49,7 +49,8 @@
 #   scripts/two-gpus.sh exported-w2 W2's decoder exported (torch.export, batch dynamic) against the zoo's gpt, one GPU
 #                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants;
 #                                   the four together outlasted a 10-minute call in session 22: give each call
-#                                   W2_VARIANTS=zoo-gpt,exported-gpt or zoo-gpt-2stage,exported-gpt-2stage)
+#                                   W2_VARIANTS=zoo-gpt,exported-gpt or zoo-gpt-2stage,exported-gpt-2stage;
+#                                   exported-gpt-unfused: the exported one without its head split run as one)
 #   (issue 36, "The pipeline at GPU speed")
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
