@@ -100,7 +100,10 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
         cmd = [exe, "train", path, "--reference", "--device", "cuda:0", "--json"]
     else:
         cmd = [exe, "local", path, "--json", "--stages", str(replicas)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    finally:
+        os.unlink(path)  # the job file, written for this run only
     if p.returncode != 0:
         sys.stderr.write(p.stderr[-3000:])
         return None

@@ -234,8 +234,8 @@ TEST(ExportedProgram, ADynamicBatchIsTheBatchOfTheTensorsEnteringEachStage) {
 // move_to_device_pass would. Here the program says "cuda:0" and runs on the
 // CPU, as a program exported on a GPU trains on CPU stages.
 TEST(ExportedProgram, ATensorTheProgramMakesIsMadeOnTheStagesDevice) {
-  const std::string dir = testing::MakeTempDir("exported");
-  const std::string on_gpu = Edited(Fixture("gpt_dyn.pt2"), dir, "cuda.pt2", [](std::string& json) {
+  const testing::ScopedTempDir dir("exported");  // removed however the test ends
+  const std::string on_gpu = Edited(Fixture("gpt_dyn.pt2"), dir.path(), "cuda.pt2", [](std::string& json) {
     const std::string cpu = "\"as_device\": {\"type\": \"cpu\", \"index\": null}";
     ASSERT_NE(json.find(cpu), std::string::npos);
     ReplaceAll(json, cpu, "\"as_device\": {\"type\": \"cuda\", \"index\": 0}");
@@ -256,7 +256,6 @@ TEST(ExportedProgram, ATensorTheProgramMakesIsMadeOnTheStagesDevice) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(b->front().device().is_cpu());
   EXPECT_TRUE(at::equal(a->front(), b->front()));
-  RemoveTree(dir);
 }
 
 // Whether autograd's graph behind `t` holds a node whose name has `name`.
