@@ -1,5 +1,9 @@
 #include "transport/grpc/stage_data_service.h"
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/support/method_handler.h>
+
 #include <vector>
 
 #include "common/logging.h"
@@ -8,89 +12,71 @@
 namespace conveyor {
 namespace {
 
-// Reads one neighbour's stream frame by frame into the inbox. The first bad
-// frame ends the stream with its status (the sender's link reports it).
-class PushReader final : public grpc::ServerReadReactor<v1::TensorFrame> {
- public:
-  PushReader(Inbox* inbox, v1::PushReply* reply) : inbox_(inbox), reply_(reply) { StartRead(&frame_); }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the sender closed its side, or the call broke
-      Finish(grpc::Status::OK);
-      return;
-    }
-    Status st = inbox_->Deliver(std::move(frame_));
-    if (!st.ok()) {
-      LOG_WARN("refused a tensor: ", st.message());
-      Finish(ToGrpc(st));
-      return;
-    }
-    reply_->set_frames(reply_->frames() + 1);
-    frame_.Clear();
-    StartRead(&frame_);
-  }
-  void OnDone() override { delete this; }
-  void OnCancel() override {}
-
- private:
-  Inbox* inbox_;
-  v1::PushReply* reply_;
-  v1::TensorFrame frame_;
-};
-
-// Reads one neighbour's chunked stream into the inbox. The first bad chunk
-// or refused frame ends the stream with its status.
-class ChunkReader final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
- public:
-  ChunkReader(Inbox* inbox, const std::string& device, grpc::ByteBuffer* reply)
-      : receiver_(inbox, device), reply_(reply) {
-    StartRead(&buffer_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the sender closed its side, or the call broke
-      v1::PushReply reply;
-      reply.set_frames(receiver_.frames());
-      grpc::Slice slice(reply.SerializeAsString());
-      *reply_ = grpc::ByteBuffer(&slice, 1);
-      Finish(grpc::Status::OK);
-      return;
-    }
-    std::vector<grpc::Slice> slices;
-    Status st = buffer_.Dump(&slices).ok() ? absl::OkStatus() : absl::InvalidArgumentError("unreadable message");
-    if (st.ok()) {
-      std::vector<Span> spans;
-      spans.reserve(slices.size());
-      for (const grpc::Slice& s : slices) spans.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
-      st = receiver_.OnMessage(spans);
-    }
-    if (!st.ok()) {
-      LOG_WARN("refused a tensor: ", st.message());
-      Finish(ToGrpc(st));
-      return;
-    }
-    buffer_.Clear();
-    StartRead(&buffer_);
-  }
-  void OnDone() override { delete this; }
-  void OnCancel() override {}
-
- private:
-  ChunkReceiver receiver_;
-  grpc::ByteBuffer* reply_;
-  grpc::ByteBuffer buffer_;
-};
+// A client-streaming method of StageData, `path` as the generated stub
+// names it (the link tests send through that stub), served by `method`.
+template <typename Request, typename Reply>
+grpc::internal::RpcServiceMethod* ClientStreaming(
+    const char* path, StageDataService* service,
+    grpc::Status (StageDataService::*method)(grpc::ServerReader<Request>*, Reply*)) {
+  return new grpc::internal::RpcServiceMethod(
+      path, grpc::internal::RpcMethod::CLIENT_STREAMING,
+      new grpc::internal::ClientStreamingHandler<StageDataService, Request, Reply>(
+          [method](StageDataService* s, grpc::ServerContext*, grpc::ServerReader<Request>* reader, Reply* reply) {
+            return (s->*method)(reader, reply);
+          },
+          service));
+}
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::TensorFrame>* StageDataService::Push(grpc::CallbackServerContext*,
-                                                                 v1::PushReply* reply) {
-  return new PushReader(inbox_, reply);
+StageDataService::StageDataService(Inbox* inbox, std::string device) : inbox_(inbox), device_(std::move(device)) {
+  AddMethod(ClientStreaming("/conveyor.v1.StageData/Push", this, &StageDataService::Push));
+  AddMethod(ClientStreaming("/conveyor.v1.StageData/PushChunks", this, &StageDataService::PushChunks));
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* StageDataService::PushChunks(grpc::CallbackServerContext*,
-                                                                        grpc::ByteBuffer* reply) {
-  return new ChunkReader(inbox_, device_, reply);
+// One neighbour's stream, frame by frame into the inbox, until the sender
+// closes its side or the call breaks. The first bad frame ends the stream
+// with its status (the sender's link reports it).
+grpc::Status StageDataService::Push(grpc::ServerReader<v1::TensorFrame>* reader, v1::PushReply* reply) {
+  v1::TensorFrame frame;
+  while (reader->Read(&frame)) {
+    Status st = inbox_->Deliver(std::move(frame));
+    if (!st.ok()) {
+      LOG_WARN("refused a tensor: ", st.message());
+      return ToGrpc(st);
+    }
+    reply->set_frames(reply->frames() + 1);
+    frame.Clear();
+  }
+  return grpc::Status::OK;
+}
+
+// One neighbour's chunked stream into the inbox. The first bad chunk or
+// refused frame ends the stream with its status.
+grpc::Status StageDataService::PushChunks(grpc::ServerReader<grpc::ByteBuffer>* reader, grpc::ByteBuffer* reply) {
+  ChunkReceiver receiver(inbox_, device_);
+  grpc::ByteBuffer buffer;
+  std::vector<grpc::Slice> slices;
+  std::vector<Span> spans;
+  while (reader->Read(&buffer)) {
+    slices.clear();
+    Status st = buffer.Dump(&slices).ok() ? absl::OkStatus() : absl::InvalidArgumentError("unreadable message");
+    if (st.ok()) {
+      spans.clear();
+      for (const grpc::Slice& s : slices) spans.emplace_back(reinterpret_cast<const char*>(s.begin()), s.size());
+      st = receiver.OnMessage(spans);
+    }
+    if (!st.ok()) {
+      LOG_WARN("refused a tensor: ", st.message());
+      return ToGrpc(st);
+    }
+    buffer.Clear();
+  }
+  v1::PushReply done;
+  done.set_frames(receiver.frames());
+  grpc::Slice slice(done.SerializeAsString());
+  *reply = grpc::ByteBuffer(&slice, 1);
+  return grpc::Status::OK;
 }
 
 }  // namespace conveyor

@@ -14,6 +14,8 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -349,6 +351,39 @@ TEST(GrpcLink, AReceiverThatGoesAwayFailsTheSenderWithinTheTimeout) {
   EXPECT_THAT(gone.status().code(), AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kDeadlineExceeded))
       << gone.status();
   EXPECT_THAT(std::string(gone.status().message()), HasSubstr(address));
+}
+
+// The names of this process's threads (Linux: /proc/self/task/*/comm).
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  return names;
+}
+
+// The receiving service is served by gRPC's synchronous server. A callback
+// method would make gRPC start its callback queue, whose two "nexting"
+// threads sleep 100 ms after each second without an event; a connection
+// given to that queue went unread meanwhile, and a stage server's step
+// request waited 100 ms about once a second (stage_data_service.h).
+TEST(GrpcLink, TheReceivingServerStartsNoThreadsOfGrpcsCallbackQueue) {
+  if (!std::filesystem::exists("/proc/self/task")) GTEST_SKIP() << "no /proc/self/task to read thread names from";
+  Receiver receiver;
+  ASSERT_TRUE(receiver.ok());
+  auto link = Connect(receiver.address());
+  ASSERT_TRUE(link.ok()) << link.status();
+  receiver.Open("job-threads", v1::DTYPE_FLOAT32, {3});
+  const at::Tensor sent = at::randn({2, 3});
+  ASSERT_TRUE((*link)->Send(Peer::kDownstream, Activation("job-threads", 0, sent)).ok());
+  auto got = receiver.inbox.Take(v1::FRAME_ACTIVATION, 1, 0, Clock::now() + kWait);
+  ASSERT_TRUE(got.ok()) << got.status();  // the stream is being served now
+  const std::vector<std::string> names = ThreadNames();
+  ASSERT_FALSE(names.empty());
+  EXPECT_THAT(names, ::testing::Not(::testing::Contains(std::string("nexting_thread"))));
 }
 
 TEST(GrpcLink, ShutdownIsIdempotent) {
