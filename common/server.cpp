@@ -6,11 +6,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
 #include <csignal>
@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/security.h"
+#include "health.grpc.pb.h"
 
 namespace conveyor {
 
@@ -58,12 +59,37 @@ std::string WhyCannotBind(const std::string& listen) {
 
 }  // namespace
 
+// The standard health check (grpc.health.v1), served synchronously. gRPC's
+// own default service answers with its callback API, and a server with a
+// callback method runs gRPC's callback queue, whose threads sleep 100 ms
+// after each idle second (transport/grpc/stage_data_service.h says what that
+// cost a stage server's steps). As gRPC's own: SERVING for "" (the server as
+// a whole), NOT_SERVING once it shuts down, NOT_FOUND for a name. Watch is
+// not served (UNIMPLEMENTED, which gRPC's own clients read as "no health
+// checking").
+class GrpcServer::Health final : public grpc::health::v1::Health::Service {
+ public:
+  void Stop() { serving_ = false; }
+
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* req,
+                     grpc::health::v1::HealthCheckResponse* reply) override {
+    if (!req->service().empty())
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown service '" + req->service() + "' (ask for \"\")");
+    reply->set_status(serving_ ? grpc::health::v1::HealthCheckResponse::SERVING
+                               : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::atomic<bool> serving_{true};
+};
+
 StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& listen,
                                                         const std::vector<grpc::Service*>& services,
                                                         const std::string& port_file) {
   CONVEYOR_RETURN_IF_ERROR(CheckAddress(listen, "--listen", /*listen=*/true));
   const auto colon = listen.rfind(':');
-  grpc::EnableDefaultHealthCheckService(true);
+  grpc::EnableDefaultHealthCheckService(false);  // Health below instead
   grpc::ServerBuilder builder;
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   builder.AddListeningPort(listen, ServerCredentials(ProcessTls()), &server->port_);
@@ -78,6 +104,8 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& liste
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  server->health_ = std::make_unique<Health>();
+  builder.RegisterService(server->health_.get());
   for (grpc::Service* s : services) builder.RegisterService(s);
   server->server_ = builder.BuildAndStart();
   if (!server->server_ || server->port_ == 0)
@@ -87,11 +115,13 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& liste
   return server;
 }
 
+GrpcServer::GrpcServer() = default;
 GrpcServer::~GrpcServer() { Shutdown(); }
 
 void GrpcServer::Shutdown(double grace_seconds) {
   if (shut_down_ || !server_) return;
   shut_down_ = true;
+  health_->Stop();
   server_->Shutdown(DeadlineAfter(grace_seconds));
   server_->Wait();
 }

@@ -34,7 +34,10 @@ class GrpcServer {
   void Shutdown(double grace_seconds = 2.0);
 
  private:
-  GrpcServer() = default;
+  class Health;  // the standard health service (server.cpp)
+
+  GrpcServer();
+  std::unique_ptr<Health> health_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   int port_ = 0;
