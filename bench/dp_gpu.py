@@ -19,8 +19,14 @@ and each against one GPU of its own kind:
                          PyTorch wheel (-DCONVEYOR_GLOO_INCLUDE_DIR): the NCCL group's id travels through
                          the Gloo group's store
 
+Each Conveyor row is also checked from outside with --outside-steps N (bench.py's outside clock): the
+same job run again for --steps + N steps, ms per step from the difference of the two runs' wall times
+over N (start-up and teardown cancel), beside the row's own figure; a row more than 5% off is marked.
+PyTorch's rows need none: their window is wall time between two device synchronizations.
+
 usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
                                              [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager,...]
+                                             [--outside-steps N]
 """
 import argparse
 import csv
@@ -29,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -92,8 +99,28 @@ def job_text(batch, steps, replicas, collectives="auto", graphs=None):
 
 
 def run_conveyor(args, replicas, collectives="auto", graphs=None):
+    """A Conveyor row: (ms per step, median steady step, outside-clock fields or {}), or None."""
+    first = run_conveyor_once(args, replicas, collectives, graphs, args.steps)
+    if first is None:
+        return None
+    ms, median, wall = first
+    outside = {}
+    if args.outside_steps:
+        longer = run_conveyor_once(args, replicas, collectives, graphs, args.steps + args.outside_steps)
+        if longer is None:
+            outside = {"outside_note": "the outside clock's longer run failed"}
+        else:
+            import bench
+            outside_ms, ratio, notes = bench.judge_outside(ms, {args.steps: [wall], args.steps + args.outside_steps: [longer[2]]})
+            outside = {"outside_ms_per_step": round(outside_ms, 2), "outside_ratio": round(ratio, 3),
+                       "outside_note": "; ".join(notes)}
+    return ms, median, outside
+
+
+def run_conveyor_once(args, replicas, collectives, graphs, steps):
+    """One run of `steps` steps after the warm-up: (ms per step, median steady step, wall seconds)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        f.write(job_text(args.batch, args.steps, max(1, replicas), collectives, graphs))
+        f.write(job_text(args.batch, steps, max(1, replicas), collectives, graphs))
         path = f.name
     exe = os.path.join(args.bin, "conveyor")
     if replicas == 0:
@@ -101,7 +128,9 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
     else:
         cmd = [exe, "local", path, "--json", "--stages", str(replicas)]
     try:
+        started = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        wall = time.perf_counter() - started
     finally:
         os.unlink(path)  # the job file, written for this run only
     if p.returncode != 0:
@@ -113,7 +142,7 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
     # PyTorch's rows time one window of steps and have no per-step figure to set beside it.
     steady = sorted(s.get("step_seconds", [])[WARMUP:])
     median = 1000.0 * steady[len(steady) // 2] if steady else None
-    return 1000.0 * args.batch / s["steady_samples_per_second"], median
+    return 1000.0 * args.batch / s["steady_samples_per_second"], median, wall
 
 
 def main(argv=None):
@@ -124,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=300)
     ap.add_argument("--out", default="dp-gpu")
+    ap.add_argument("--outside-steps", type=int, default=0,
+                    help="check each Conveyor row from outside: run it again this many steps longer (0: no check)")
     ap.add_argument("--variants", default="pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-1x1,conveyor-rx1,conveyor-rx1-gloo",
                     help="comma-separated subset (rx1: R replicas of one stage)")
     args = ap.parse_args(argv)
@@ -140,31 +171,38 @@ def main(argv=None):
                           ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
         if key not in chosen:
             continue
-        median = None
+        median, outside = None, {}
         try:
             ms = fn()
             if isinstance(ms, tuple):
-                ms, median = ms
+                ms, median, outside = ms
         except Exception as e:  # one variant failing leaves the others' figures
             sys.stderr.write("%s: %s\n" % (name, e))
             ms = None
         rows.append({"variant": name, "ms_per_step": round(ms, 2) if ms else "",
                      "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else "",
-                     "median_step_ms": round(median, 2) if median else ""})
-        print("%-18s %s%s" % (name, "%.2f ms" % ms if ms else "failed",
-                              " (median steady step %.2f ms)" % median if median else ""), flush=True)
+                     "median_step_ms": round(median, 2) if median else "",
+                     "outside_ms_per_step": outside.get("outside_ms_per_step", ""),
+                     "outside_ratio": outside.get("outside_ratio", ""), "outside_note": outside.get("outside_note", "")})
+        print("%-18s %s%s%s" % (name, "%.2f ms" % ms if ms else "failed",
+                                " (median steady step %.2f ms)" % median if median else "",
+                                " (outside %s ms, %sx%s)" % (outside["outside_ms_per_step"], outside["outside_ratio"],
+                                                             ": " + outside["outside_note"] if outside["outside_note"] else "")
+                                if "outside_ratio" in outside else ""), flush=True)
     by_name = {row["variant"]: row["ms_per_step"] for row in rows}
     single = {"pytorch": by_name.get("pytorch-1gpu-cl"), "conveyor": by_name.get("conveyor-1dev")}
     print("\nW1, global batch %d over %d GPUs, %d steps after %d warm-up" % (args.batch, r, args.steps, WARMUP))
-    print("| variant | ms / step | images / s | speed-up over one GPU of its kind | Conveyor's median steady step (ms) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| variant | ms / step | images / s | speed-up over one GPU of its kind | Conveyor's median steady step (ms) | outside clock (ms, ratio) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         base = single["pytorch" if row["variant"].startswith("pytorch") else "conveyor"]
         up = "%.2fx" % (base / row["ms_per_step"]) if base and row["ms_per_step"] else "-"
-        print("| %s | %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-",
-                                             up, row["median_step_ms"] or "-"))
+        outside = "%s, %sx" % (row["outside_ms_per_step"], row["outside_ratio"]) if row["outside_ratio"] != "" else "-"
+        print("| %s | %s | %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-",
+                                                  up, row["median_step_ms"] or "-", outside))
     with open(os.path.join(args.out, "dp-gpu.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second", "median_step_ms"])
+        w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second", "median_step_ms",
+                                          "outside_ms_per_step", "outside_ratio", "outside_note"])
         w.writeheader()
         w.writerows(rows)
     return 0

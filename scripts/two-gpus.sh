@@ -207,9 +207,11 @@ for part in "$@"; do
       timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
       echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
       # 100 steps after 2 warm-up on both sides (30 in session 23: the graphed rows' mean 3 to 4 ms above their
-      # steady step); Conveyor's rows also give their steady steps' median (dp_gpu.py)
+      # steady step); Conveyor's rows also give their steady steps' median and are checked from outside
+      # (each run again 300 steps longer: session 24 found other rows' own clocks 5 to 10% short)
       for b in 240 480; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
         timeout 250 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
+          --outside-steps "${DP_OUTSIDE_STEPS:-300}" \
           --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
     w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory

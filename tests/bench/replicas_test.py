@@ -10,6 +10,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import bench  # noqa: E402
+import dp_gpu  # noqa: E402
 import torch_pipelining as tp  # noqa: E402
 
 
@@ -51,6 +52,39 @@ class ReplicaRows(unittest.TestCase):
         self.assertIsNone(errors[("single", 1)])
         self.assertIsNone(errors[("1f1b", 4)])
         self.assertIn("a replica's batch 16", errors[("1f1b", 32)])
+
+
+class DpOutsideClock(unittest.TestCase):
+    """dp_gpu.py --outside-steps: a Conveyor row run again N steps longer, its wall times' difference
+    over N beside the row's own figure (bench.py's judgement), and a failed longer run said."""
+
+    def row(self, walls, ms=19.0):
+        def once(args, replicas, collectives, graphs, steps):
+            wall = walls.get(steps)
+            return None if wall is None else (ms, ms - 0.1, wall)
+        saved = dp_gpu.run_conveyor_once
+        dp_gpu.run_conveyor_once = once
+        try:
+            return dp_gpu.run_conveyor(argparse.Namespace(steps=100, outside_steps=200), 2)
+        finally:
+            dp_gpu.run_conveyor_once = saved
+
+    def test_the_outside_figure_is_the_walls_difference_over_the_extra_steps(self):
+        ms, median, outside = self.row({100: 10.0, 300: 13.8})
+        self.assertEqual((ms, median), (19.0, 18.9))
+        self.assertEqual(outside["outside_ms_per_step"], 19.0)
+        self.assertEqual(outside["outside_ratio"], 1.0)
+        self.assertEqual(outside["outside_note"], "")
+
+    def test_a_row_whose_clock_the_walls_contradict_is_marked(self):
+        _, _, outside = self.row({100: 10.0, 300: 14.4})  # 22 ms a step outside against 19
+        self.assertEqual(outside["outside_ms_per_step"], 22.0)
+        self.assertIn("CLOCKS DISAGREE", outside["outside_note"])
+
+    def test_a_failed_longer_run_is_said_and_the_row_kept(self):
+        ms, _, outside = self.row({100: 10.0})
+        self.assertEqual(ms, 19.0)
+        self.assertEqual(outside, {"outside_note": "the outside clock's longer run failed"})
 
 
 def group_worker(rank, port, queue):
