@@ -336,12 +336,18 @@ def run_conveyor(args, workload, v, steps=None):
     return result, note
 
 
-def median_step_ms(r):
-    """The median of a Conveyor run's steady steps' own times (its step_seconds after the warm-up), a
-    diagnostic beside the mean: well under it, a few slow steps make the mean. PyTorch's rows time one
-    window of steps and have none."""
+def median_steady_ms(r):
+    """The median of a Conveyor run's steady steps' own times (its step_seconds after the warm-up), in ms, or
+    None: a diagnostic beside the mean: well under it, a few slow steps make the mean. PyTorch's rows time
+    one window of steps and have none."""
     steady = sorted(r.get("step_seconds", [])[WARMUP:])
-    return "%.2f" % (1000.0 * steady[len(steady) // 2]) if steady else ""
+    return 1000.0 * steady[len(steady) // 2] if steady else None
+
+
+def median_step_ms(r):
+    """median_steady_ms as the CSV's column: two decimals, or empty."""
+    ms = median_steady_ms(r)
+    return "%.2f" % ms if ms is not None else ""
 
 
 def own_ms(workload, args, r):

@@ -39,9 +39,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import bench  # noqa: E402  (imports dp_gpu only inside its main)
 import torch_pipelining as tp  # noqa: E402
 
-WARMUP = 2  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
+WARMUP = bench.WARMUP  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
 
 
 def ddp_worker(rank, world, port, batch, steps, out_path):
@@ -110,7 +111,6 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
         if longer is None:
             outside = {"outside_note": "the outside clock's longer run failed"}
         else:
-            import bench
             outside_ms, ratio, notes = bench.judge_outside(ms, {args.steps: [wall], args.steps + args.outside_steps: [longer[2]]})
             outside = {"outside_ms_per_step": round(outside_ms, 2), "outside_ratio": round(ratio, 3),
                        "outside_note": "; ".join(notes)}
@@ -137,12 +137,9 @@ def run_conveyor_once(args, replicas, collectives, graphs, steps):
         sys.stderr.write(p.stderr[-3000:])
         return None
     s = json.loads(p.stdout.strip().splitlines()[-1])
-    # Each steady step's time as the coordinator saw it end (the run's own step_seconds): its median
-    # against the mean says whether a few slow steps or every step make the mean. Diagnostic only:
-    # PyTorch's rows time one window of steps and have no per-step figure to set beside it.
-    steady = sorted(s.get("step_seconds", [])[WARMUP:])
-    median = 1000.0 * steady[len(steady) // 2] if steady else None
-    return 1000.0 * args.batch / s["steady_samples_per_second"], median, wall
+    # The median of the run's own step times beside its mean (bench.py's diagnostic; PyTorch's rows time
+    # one window of steps and have no per-step figure to set beside it).
+    return 1000.0 * args.batch / s["steady_samples_per_second"], bench.median_steady_ms(s), wall
 
 
 def main(argv=None):
