@@ -178,10 +178,17 @@ Status ReplicaGroup::JoinNccl() {
 
 namespace {
 
+// A sum through Gloo on the host; `then` runs once it is done (a widened
+// bucket's copy back).
 class GlooWork : public ReplicaGroup::Work {
  public:
-  GlooWork(C10dWork work, std::chrono::milliseconds timeout, std::function<Status(const std::exception&)> failure)
-      : work_(std::move(work)), timeout_(timeout), failure_(std::move(failure)), start_us_(NowUs()) {
+  GlooWork(C10dWork work, std::chrono::milliseconds timeout, std::function<Status(const std::exception&)> failure,
+           std::function<void()> then = nullptr)
+      : work_(std::move(work)),
+        timeout_(timeout),
+        failure_(std::move(failure)),
+        then_(std::move(then)),
+        start_us_(NowUs()) {
     try {  // the time it is done, from c10d's thread
       auto end = end_us_;
       work_->getFuture()->addCallback([end](c10::ivalue::Future&) { end->store(NowUs()); });
@@ -192,6 +199,7 @@ class GlooWork : public ReplicaGroup::Work {
   Status Wait() override {
     try {
       work_->wait(timeout_);
+      if (then_) then_();
     } catch (const std::exception& e) {
       return failure_(e);
     }
@@ -206,6 +214,7 @@ class GlooWork : public ReplicaGroup::Work {
   C10dWork work_;
   std::chrono::milliseconds timeout_;
   std::function<Status(const std::exception&)> failure_;
+  std::function<void()> then_;
   int64_t start_us_;
   std::shared_ptr<std::atomic<int64_t>> end_us_ = std::make_shared<std::atomic<int64_t>>(0);
 };
@@ -265,10 +274,16 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
     return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
   }
   try {
-    std::vector<at::Tensor> one{std::move(flat)};
+    // Gloo has no bfloat16 sum (LibTorch 1.13: "Invalid scalar type"): such a
+    // bucket is summed in float and rounded back to bfloat16 once.
+    const bool widen = flat.scalar_type() == at::kBFloat16;
+    std::vector<at::Tensor> one{widen ? flat.to(at::kFloat) : flat};
+    std::function<void()> then;
+    if (widen) then = [flat, wide = one[0]]() mutable { flat.copy_(wide); };
     C10dWork work = impl_->group->allreduce(one);
-    return std::unique_ptr<Work>(new GlooWork(std::move(work), options_.timeout,
-                                              [this](const std::exception& e) { return Failure("all-reduce", e); }));
+    return std::unique_ptr<Work>(new GlooWork(
+        std::move(work), options_.timeout, [this](const std::exception& e) { return Failure("all-reduce", e); },
+        std::move(then)));
   } catch (const std::exception& e) {
     return Failure("all-reduce", e);
   }
@@ -296,7 +311,8 @@ Status ReplicaGroup::Broadcast(std::vector<at::Tensor>& tensors, int root) {
         CONVEYOR_ASSIGN_OR_RETURN(c10::Event done, impl_->nccl->Broadcast(flat, root));
         return DeviceWork(std::move(done), std::make_shared<std::atomic<int64_t>>(0)).Wait();
       }
-      std::vector<at::Tensor> one{flat};
+      // Gloo has no bfloat16 (LibTorch 1.13): the same bits as bytes.
+      std::vector<at::Tensor> one{flat.scalar_type() == at::kBFloat16 ? flat.view(at::kByte) : flat};
       impl_->group->broadcast(one, o)->wait(options_.timeout);
       return absl::OkStatus();
     }));

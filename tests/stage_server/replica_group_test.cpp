@@ -115,6 +115,34 @@ TEST(ReplicaGroup, BroadcastGivesEveryMemberReplicaZerosTensorsAndBytes) {
   }
 }
 
+// Gloo has no bfloat16 (1.13 throws "Invalid scalar type"): a bf16 stage's
+// gradients are summed in float and rounded back, its parameters (ZeRO-1's
+// all-gather) broadcast bit for bit.
+TEST(ReplicaGroup, BFloat16GradientsAreSummedAndBroadcastThroughGloo) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  std::vector<at::Tensor> sums[2], params[2];
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    // 1 + 2^-7 and 2^-8: each exact in bfloat16, their sum is not (rounded once, to 1 + 2^-6).
+    const double mine = g.rank() == 0 ? 1.0 + 1.0 / 128 : 1.0 / 256;
+    std::vector<at::Tensor> grads{at::full({5}, mine, at::kBFloat16), at::full({3}, g.rank() + 1.0)};
+    Status st = g.AllReduce(grads);
+    sums[g.rank()] = grads;
+    std::vector<at::Tensor> p{at::full({4}, 0.1 * (g.rank() + 1), at::kBFloat16)};
+    if (st.ok()) st = g.Broadcast(p);
+    params[g.rank()] = p;
+    return st;
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  const at::Tensor want = at::full({5}, 1.0 + 1.0 / 64, at::kBFloat16);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sums[r][0].scalar_type(), at::kBFloat16);
+    EXPECT_TRUE(at::equal(sums[r][0], want)) << "replica " << r << ": " << sums[r][0];
+    EXPECT_TRUE(at::equal(sums[r][1], at::full({3}, 3.0))) << "replica " << r;
+    EXPECT_TRUE(at::equal(params[r][0], at::full({4}, 0.1, at::kBFloat16))) << "replica " << r;
+  }
+}
+
 // Replica 1 joined and took part in the first all-reduce, then stays alive
 // but never comes to the second (a stage stuck elsewhere): replica 0 waits
 // stage_timeout for it, not for ever. One that died instead (its process,
