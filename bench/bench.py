@@ -37,6 +37,9 @@ other on this machine:
     conveyor-1dev-eager     conveyor-1dev with cuda_graphs: false
     conveyor-1dev-unfused   W2: conveyor-1dev with model.fused: false (attention's q, k, v gradients
                             through unbind's stack and a copy, as before issue 19)
+    conveyor-1stage         one stage server holding the whole model (conveyor local --stages 1): W1
+                            as cuda_graphs' default (auto) has it, W2 with cuda_graphs: false (as
+                            its reference trains at batch 32)
     naive-mp                stage servers, one micro-batch per step (plain model parallel)
     <sched>-m<M>            stage servers with each schedule over a sweep of micro-batch counts
     (--graphs) <variant>-graphs  each of the two above with cuda_graphs: true, and
@@ -162,6 +165,11 @@ def plan(args):
         for m in mbs:
             out.append({"variant": tp.variant_name(s, m), "impl": "pytorch", "schedule": s, "m": m})
     out += single
+    # The whole model on one stage server (issue 36 item 1: against the reference, conveyor-1dev). W2's
+    # without graphs: the reference trains it eagerly at batch 32 (its graphs do not fit beside the eager
+    # first step), and a stage server has no such fallback.
+    out.append({"variant": "conveyor-1stage", "impl": "conveyor", "schedule": "gpipe", "m": 1, "stages": 1,
+                "set": ["cuda_graphs=false"] if args.workload == "w2" else []})
     out.append({"variant": "naive-mp", "impl": "conveyor", "schedule": "naive", "m": 1})
     for s in args.schedules:
         for m in mbs:

@@ -26,7 +26,10 @@ times, one after the other (--variants picks some):
 
 all bf16, SGD (lr 0.001), batch 32 x 1024 tokens, and prints a table (ms per
 step after the warm-up steps, final loss), how far apart the final losses are,
-and a CSV. The 2-stage variants need two GPUs (or --device cpu: two CPU stage
+and a CSV. With --outside-steps N each Conveyor row is checked from outside
+(bench.py's outside clock): its job run again N steps longer, the difference of
+the two runs' wall times over N beside the row's own figure, a row more than 5%
+off marked. The 2-stage variants need two GPUs (or --device cpu: two CPU stage
 servers); with fewer, the default leaves them out and says so.
 
 The cut. The zoo's gpt has B + 3 layers (embedding, B blocks, final LayerNorm,
@@ -52,6 +55,7 @@ usage: bench/torchscript_w2.py [--bin build/bin] [--out DIR] [--steps 8] [--devi
                                [--variants LIST] [--schedule 1f1b] [--micro-batches 8]
                                [--boundary K | --balance layers|params|time]
                                [--vocab V] [--width W] [--heads H] [--mlp-width M] [--seq-len T] [--batch B]
+                               [--outside-steps N] [--outside-repeats R]
 """
 import argparse
 import csv
@@ -65,6 +69,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (its outside clock's judgement)
 V, W, H, M, T = 32000, 2048, 16, 8192, 1024
 BATCH = 32
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
@@ -209,7 +215,10 @@ def run_command(cmd, timeout):
         return None, out, (err or "") + "\n[torchscript_w2.py: stopped after %d s]\n" % timeout
 
 
-def run_conveyor(args, name, job_path):
+def run_conveyor(args, name, job_path, steps=None):
+    """One Conveyor variant's run: its row (ms per step, losses, stages, the process's wall time in
+    wall_s), or {"variant", "error"}. `steps` overrides the job's (the outside clock's longer run,
+    logged as NAME-STEPS)."""
     exe = os.path.join(args.bin, "conveyor")
     if name in TWO_STAGE:
         # One stage server per stage, on cuda:0 and cuda:1 (conveyor local: stage i on GPU i % GPUs; --stages 2
@@ -219,12 +228,18 @@ def run_conveyor(args, name, job_path):
                "--curves", "", "--stages", "2"]
     else:
         cmd = [exe, "train", job_path, "--reference", "--device", args.device, "--json"]
-    log = os.path.join(args.out, name + ".log")
-    print("running %s: %s" % (name, " ".join(c if c else '""' for c in cmd)), file=sys.stderr, flush=True)
+    base = name
+    if steps is not None:
+        cmd += ["--set", "steps=%d" % steps]
+        base = "%s-%d" % (name, steps)
+    log = os.path.join(args.out, base + ".log")
+    print("running %s: %s" % (base, " ".join(c if c else '""' for c in cmd)), file=sys.stderr, flush=True)
+    started = time.perf_counter()
     try:
         rc, stdout, stderr = run_command(cmd, args.timeout)
     except OSError as e:
         return {"variant": name, "error": "cannot run %s: %s" % (exe, e)}
+    wall = time.perf_counter() - started
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n" + stderr)
     if rc is None:
@@ -235,9 +250,9 @@ def run_conveyor(args, name, job_path):
     except ValueError:
         pass
     if r is not None:
-        with open(os.path.join(args.out, name + ".json"), "w") as f:
+        with open(os.path.join(args.out, base + ".json"), "w") as f:
             json.dump(r, f, indent=1)
-    row = {"variant": name}
+    row = {"variant": name, "wall_s": round(wall, 2)}
     if rc != 0:
         # A job can succeed and print its result before the CLI dies on the way out: keep its figures.
         if not r or r.get("state") != "succeeded":
@@ -258,6 +273,34 @@ def run_conveyor(args, name, job_path):
         if any(peaks):
             row["peak_gib"] = "/".join("%.2f" % (p / 2**30) for p in peaks)
         row["busy_fraction"] = "/".join("%.3f" % s.get("busy_fraction", 0) for s in stages)
+    return row
+
+
+def check_outside(args, row, job_path):
+    """With --outside-steps N, the row's job run again N steps longer (and, with --outside-repeats R,
+    R runs of that length and R - 1 more of the row's own, alternated, long first): the difference of
+    the two lengths' shortest wall times over N (start-up and teardown cancel) beside the row's own
+    figure, judged as bench.py judges its rows (a row more than 5% off is marked unless the runs'
+    spread says the check was too noisy). Adds outside_ms_per_step, outside_ratio and outside_note to
+    the row; a failed run is said in outside_note."""
+    if not args.outside_steps or "ms_per_step" not in row:
+        return row
+    short, long_ = args.steps, args.steps + args.outside_steps
+    walls, clocks = {short: [row["wall_s"]], long_: []}, {short: [row["ms_per_step"]], long_: []}
+    order = []
+    for i in range(max(1, args.outside_repeats)):
+        order += [long_] + ([short] if i < args.outside_repeats - 1 else [])
+    for n in order:
+        again = run_conveyor(args, row["variant"], job_path, steps=n)
+        if "wall_s" not in again or "ms_per_step" not in again:
+            row["outside_note"] = "the outside clock's run of %d steps failed: %s" % (n, again.get("error", "no figures"))
+            return row
+        walls[n].append(again["wall_s"])
+        clocks[n].append(again["ms_per_step"])
+    outside_ms, ratio, notes = bench.judge_outside(row["ms_per_step"], walls, clocks=clocks)
+    row.update(outside_ms_per_step=round(outside_ms, 1), outside_ratio=round(ratio, 3), outside_note="; ".join(notes),
+               outside_walls="; ".join("%d steps: %s s" % (n, "/".join("%.1f" % w for w in walls[n]))
+                                       for n in (short, long_)))
     return row
 
 
@@ -377,6 +420,12 @@ def main():
     p.add_argument("--seq-len", type=int, default=T)
     p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--timeout", type=int, default=400, help="seconds per Conveyor variant")
+    p.add_argument("--outside-steps", type=int, default=0,
+                   help="check each Conveyor row from outside: run it again this many steps longer and "
+                        "give the two wall times' difference over these steps beside its own figure (0: no check)")
+    p.add_argument("--outside-repeats", type=int, default=2,
+                   help="runs of each length for the outside check (the row's own run one of them); the "
+                        "shortest wall of each length counts (W2's start-up varies by seconds)")
     args = p.parse_args()
     V, W, H, M, T, BATCH = args.vocab, args.width, args.heads, args.mlp_width, args.seq_len, args.batch
     if args.balance and args.boundary is not None:
@@ -410,7 +459,7 @@ def main():
     t0 = time.time()
     model = build(args.blocks)
     torch.jit.script(model).save(os.path.join(out, "w2.pt"))
-    tokens = np.random.default_rng(0).integers(0, V, size=BATCH * T * (args.steps + 1) + 1, dtype=np.uint16)
+    tokens = np.random.default_rng(0).integers(0, V, size=BATCH * T * (args.steps + args.outside_steps + 1) + 1, dtype=np.uint16)
     tokens.tofile(os.path.join(out, "tokens.bin"))
     print("scripted %d parameters (%d layers) in %.0f s" % (sum(q.numel() for q in model.parameters()),
                                                              len(model), time.time() - t0), file=sys.stderr)
@@ -424,7 +473,7 @@ def main():
     two += ["micro_batches: %d" % args.micro_batches, "schedule: %s" % args.schedule]
     zoo_model = ("model: {name: gpt, vocab: %d, width: %d, blocks: %d, heads: %d, mlp_width: %d, seq_len: %d}"
                  % (V, W, args.blocks, H, M, T))
-    zoo_data = "data: {name: synthetic, train_samples: %d, test_samples: 0}" % (BATCH * args.steps)
+    zoo_data = "data: {name: synthetic, train_samples: %d, test_samples: 0}" % (BATCH * (args.steps + args.outside_steps))
     if any(v in EXPORTED for v in wanted):
         why = export_program(model, tokens, os.path.join(out, "w2.pt2"))
         if why:
@@ -459,28 +508,38 @@ def main():
         if v == "pytorch-eager":
             rows.append(run_eager(args, model, tokens))
         else:
-            rows.append(run_conveyor(args, v, os.path.join(out, jobs[v][0])))
+            job_path = os.path.join(out, jobs[v][0])
+            rows.append(check_outside(args, run_conveyor(args, v, job_path), job_path))
         r = rows[-1]
-        print("  %s: %s" % (v, "%.1f ms/step, final loss %.4f" % (r["ms_per_step"], r["final_loss"])
-                            if "ms_per_step" in r else r["error"]), file=sys.stderr, flush=True)
+        print("  %s: %s%s" % (v, "%.1f ms/step, final loss %.4f" % (r["ms_per_step"], r["final_loss"])
+                              if "ms_per_step" in r else r["error"],
+                              "; outside %s ms/step (%sx) %s" % (r["outside_ms_per_step"], r["outside_ratio"],
+                                                                r["outside_note"]) if "outside_ratio" in r
+                              else "; " + r["outside_note"] if "outside_note" in r else ""),
+              file=sys.stderr, flush=True)
     del model
     rows += skipped
 
     zoo = next((r["ms_per_step"] for r in rows if r["variant"] == "zoo-gpt" and "ms_per_step" in r), None)
-    print("| variant | ms / step | vs zoo-gpt | final loss | stages |\n| --- | --- | --- | --- | --- |")
+    print("| variant | ms / step | vs zoo-gpt | final loss | stages | outside clock (ms, ratio) |\n"
+          "| --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ms = r.get("ms_per_step")
         loss = r.get("final_loss")
-        print("| %s | %s | %s | %s | %s |" % (r["variant"], ms if ms else r.get("error"),
-                                             "%.3f" % (ms / zoo) if ms and zoo else "-",
-                                             "%.4f" % loss if loss is not None else "-",
-                                             r.get("stages", "1 device" if ms else "-")))
+        outside = ("%s, %sx%s" % (r["outside_ms_per_step"], r["outside_ratio"],
+                                  " " + r["outside_note"] if r["outside_note"] else "")
+                   if "outside_ratio" in r else r.get("outside_note", "-"))
+        print("| %s | %s | %s | %s | %s | %s |" % (r["variant"], ms if ms else r.get("error"),
+                                                  "%.3f" % (ms / zoo) if ms and zoo else "-",
+                                                  "%.4f" % loss if loss is not None else "-",
+                                                  r.get("stages", "1 device" if ms else "-"), outside))
     lines = compare_losses(rows, args.blocks)
     if lines:
         print("\nfinal losses (bf16: not bit-equal; a pipeline sums 2 or more micro-batches' gradients):")
         for line in lines:
             print("- " + line)
-    fields = ["variant", "ms_per_step", "final_loss", "stages", "peak_gib", "busy_fraction", "note", "error"]
+    fields = ["variant", "ms_per_step", "final_loss", "stages", "peak_gib", "busy_fraction", "wall_s",
+              "outside_ms_per_step", "outside_ratio", "outside_walls", "outside_note", "note", "error"]
     with open(os.path.join(out, "torchscript-w2.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()

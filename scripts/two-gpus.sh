@@ -36,7 +36,8 @@
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
 #                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
-#   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory
+#   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory,
+#                                   over NVLink and through sockets only (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
 #                                   each one's profile of step 10 and timeline of its last (30); 2 x 1 again with one
 #                                   step in flight, one bucket, and without graphs
@@ -52,6 +53,8 @@
 #                                   W2_VARIANTS=zoo-gpt,exported-gpt or zoo-gpt-2stage,exported-gpt-2stage;
 #                                   exported-gpt-unfused: the exported one without its head split run as one)
 #   (issue 36, "The pipeline at GPU speed")
+#   scripts/two-gpus.sh w2-1stage   W2 on one stage server holding the whole model against the reference and PyTorch,
+#                                   each Conveyor row checked from outside (20 s more)
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
 #
@@ -93,8 +96,14 @@ for part in "$@"; do
       echo "example: exit $?; $(grep -E '^wrote|wall|test accuracy|rror' "$out/example/example.log" | tr '\n' ' ')"
       rm -rf "$ex" && tar -czf "$out/example.tgz" -C "$out" example && rm -rf "$out/example" ;;
     exported-w2)
+      # Each Conveyor row checked from outside: run again W2_OUTSIDE_STEPS (default 60) steps longer, twice,
+      # and once more at its own length (W2's start-up varies by seconds from run to run)
       timeout 560 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/exported-w2" --steps 6 \
-        --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15 ;;
+        --outside-steps "${W2_OUTSIDE_STEPS:-60}" \
+        --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15
+      cp "$out/exported-w2/torchscript-w2.csv" "$out/exported-w2.csv" 2> /dev/null
+      rm -f "$out"/exported-w2/*.pt "$out"/exported-w2/*.pt2 "$out"/exported-w2/tokens.bin
+      tar -czf "$out/exported-w2.tgz" -C "$out" exported-w2 && rm -rf "$out/exported-w2" ;;
     transport)
       timeout 60 "$bin/transport_bench" --transports nccl --sizes 1M,64M --rounds 5 --nccl-ctas 0 | tee "$out/transport.txt" ;;
     w2)
@@ -214,16 +223,30 @@ for part in "$@"; do
           --outside-steps "${DP_OUTSIDE_STEPS:-300}" \
           --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
-    w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory
+    w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory;
+      # then the same with NCCL through sockets only, as between two hosts (item 4). Without CUDA graphs:
+      # W2's graphs at batch 32 do not fit beside the eager first step on one H100, and a stage server has
+      # no eager fallback for that.
       mkdir -p "$out/w2-replicas"
-      for zero in 0 1; do
-        timeout 240 "$bin/conveyor" local examples/gpt-w2.yaml --json --set partition.stages=1 --set replicas=2 \
-          --set micro_batches=4 --set steps=12 --set "optimizer={name: adamw, lr: 0.0001}" --set "zero=$zero" \
-          > "$out/w2-replicas/zero$zero.json" 2> "$out/w2-replicas/zero$zero.log"
-        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('W2 2x1 zero', sys.argv[2], 'ms/step', round(1000*32/j['steady_samples_per_second'],1), [(s.get('replica'), round(s['memory'].get('device_peak_bytes',0)/2**30,2), round(s['memory'].get('optimizer_state_bytes',0)/2**30,2)) for s in j.get('stages',[])], '(replica, peak GiB, optimizer GiB)')" \
-          "$out/w2-replicas/zero$zero.json" "$zero" 2>&1 | tail -1
+      for net in nvlink sockets; do
+        envs=()
+        [ $net = sockets ] && envs=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+        for zero in 0 1; do
+          name=$net-zero$zero
+          /usr/bin/time -f "%e s wall" env "${envs[@]}" timeout 240 "$bin/conveyor" local examples/gpt-w2.yaml --json \
+            --set partition.stages=1 --set replicas=2 --set micro_batches=4 --set steps=12 --set cuda_graphs=false \
+            --set "optimizer={name: adamw, lr: 0.0001}" --set "zero=$zero" --trace "$out/w2-replicas/$name-timeline" \
+            > "$out/w2-replicas/$name.json" 2> "$out/w2-replicas/$name.log"
+          python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('W2 2x1', sys.argv[2], 'ms/step', round(1000*32/j['steady_samples_per_second'],1), 'loss', j.get('final_loss'), [(s.get('replica'), round(s['memory'].get('device_peak_bytes',0)/2**30,2), round(s['memory'].get('optimizer_state_bytes',0)/2**30,2)) for s in j.get('stages',[])], '(replica, peak GiB, optimizer GiB)')" \
+            "$out/w2-replicas/$name.json" "$name" 2>&1 | tail -1
+          tail -1 "$out/w2-replicas/$name.log"
+        done
       done
       tar -czf "$out/w2-replicas.tgz" -C "$out" w2-replicas && rm -rf "$out/w2-replicas" ;;
+    w2-1stage)  # issue 36 item 1 on W2: one stage server holding the whole model against the reference, from outside too
+      timeout 560 python3 bench/bench.py w2 --bin "$bin" --steps 10 --outside-seconds 20 --timeout 130 \
+        --out "$out/w2-1stage" --only 'pytorch-1gpu,conveyor-1dev,conveyor-1dev-eager,conveyor-1stage' | grep -A6 '^| variant'
+      tar -czf "$out/w2-1stage.tgz" -C "$out" w2-1stage && rm -rf "$out/w2-1stage" ;;
     overhead)
       # The profiled step (10) ends on the host (its collectives waited for there, its trace written): the
       # timeline is the last step's (30), a steady one; the variants after the first three are not profiled.

@@ -7,7 +7,9 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import argparse  # noqa: E402
 import bench  # noqa: E402
+import torchscript_w2  # noqa: E402
 
 
 class OutsideJudgement(unittest.TestCase):
@@ -99,6 +101,47 @@ class RepeatedRows(unittest.TestCase):
         firsts = [{"wall_s": 2.2, "steady_samples_per_second": 12000.0}] * 3
         bench.outside_check(args, "w1", {}, firsts, 10.0)
         self.assertEqual(self.lengths, [220, 220])
+
+
+class TorchscriptW2OutsideClock(unittest.TestCase):
+    """torchscript_w2.py --outside-steps (issue 35's W2 rows): the variant's job run again N steps
+    longer (steps set on the command line), the shortest walls' difference over N beside the row's
+    figure, judged as bench.py judges."""
+
+    def check(self, runs, repeats=2, row=None):
+        asked = []
+
+        def run(args, name, job_path, steps=None):
+            asked.append((name, job_path, steps))
+            return dict(runs.pop(0), variant=name)
+        saved = torchscript_w2.run_conveyor
+        torchscript_w2.run_conveyor = run
+        try:
+            row = row or {"variant": "exported-gpt", "ms_per_step": 497.0, "wall_s": 30.0}
+            args = argparse.Namespace(steps=6, outside_steps=40, outside_repeats=repeats)
+            return torchscript_w2.check_outside(args, row, "j.yaml"), asked
+        finally:
+            torchscript_w2.run_conveyor = saved
+
+    def test_the_longer_runs_alternate_with_the_rows_and_the_figure_is_the_shortest_walls_difference(self):
+        row, asked = self.check([{"ms_per_step": 496.0, "wall_s": 50.5}, {"ms_per_step": 497.5, "wall_s": 29.7},
+                                 {"ms_per_step": 496.5, "wall_s": 49.6}])
+        self.assertEqual(asked, [("exported-gpt", "j.yaml", 46), ("exported-gpt", "j.yaml", 6),
+                                 ("exported-gpt", "j.yaml", 46)])
+        self.assertEqual(row["outside_ms_per_step"], 497.5)  # (49.6 - 29.7) / 40
+        self.assertEqual(row["outside_note"], "")
+        self.assertEqual(row["outside_walls"], "6 steps: 30.0/29.7 s; 46 steps: 50.5/49.6 s")
+
+    def test_walls_that_contradict_the_row_mark_it(self):
+        row, _ = self.check([{"ms_per_step": 497.0, "wall_s": 53.0}], repeats=1)  # 575 ms a step outside
+        self.assertIn("CLOCKS DISAGREE", row["outside_note"])
+
+    def test_a_failed_run_is_said_and_a_failed_row_not_checked(self):
+        row, _ = self.check([{"ms_per_step": 496.0, "wall_s": 50.5}, {"error": "exit 1, see x.log"}])
+        self.assertEqual(row["ms_per_step"], 497.0)
+        self.assertIn("run of 6 steps failed: exit 1", row["outside_note"])
+        row, asked = self.check([], row={"variant": "zoo-gpt", "error": "exit 1"})
+        self.assertEqual((asked, row), ([], {"variant": "zoo-gpt", "error": "exit 1"}))
 
 
 if __name__ == "__main__":
