@@ -18,6 +18,37 @@ std::vector<std::string> Split(const std::string& dotted) {
   }
 }
 
+// Writes `node` as it was read, quotes included: yaml-cpp's own emitter drops
+// them, and a quoted "14" (a name, say model.cut_before) would be read back as
+// the integer 14.
+void Emit(const YAML::Node& node, YAML::Emitter& out) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      if (node.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
+      out << YAML::BeginMap;
+      for (const auto& kv : node) {
+        out << YAML::Key;
+        Emit(kv.first, out);
+        out << YAML::Value;
+        Emit(kv.second, out);
+      }
+      out << YAML::EndMap;
+      break;
+    case YAML::NodeType::Sequence:
+      if (node.Style() == YAML::EmitterStyle::Flow) out << YAML::Flow;
+      out << YAML::BeginSeq;
+      for (const auto& item : node) Emit(item, out);
+      out << YAML::EndSeq;
+      break;
+    case YAML::NodeType::Scalar:
+      if (node.Tag() == "!") out << YAML::DoubleQuoted;  // quoted where it was read
+      out << node.Scalar();
+      break;
+    default:
+      out << YAML::Null;
+  }
+}
+
 }  // namespace
 
 StatusOr<std::string> ApplyJobOverrides(const std::string& yaml_text, const std::vector<std::string>& sets) {
@@ -68,7 +99,7 @@ StatusOr<std::string> ApplyJobOverrides(const std::string& yaml_text, const std:
     node[parts.back()] = value;
   }
   YAML::Emitter out;
-  out << root;
+  Emit(root, out);
   if (!out.good()) return absl::InternalError("writing the effective job: " + out.GetLastError());
   return std::string(out.c_str()) + "\n";
 }

@@ -37,6 +37,19 @@ TEST(JobOverrides, SetNestedAndTopLevelKeysOverTheFilesAndAddMissingOnes) {
   EXPECT_EQ(spec.steps(), 4);  // what no override touched stays
 }
 
+// A quoted value stays a string through --set: `cut_before: "14"` names the
+// module "14" (an nn.Sequential's child), not the integer the plain 14 would be.
+TEST(JobOverrides, QuotedValuesOfTheFileStayQuoted) {
+  auto yaml = ApplyJobOverrides("model: {exported: w2.pt2, cut_before: \"14\"}\nname: \"007\"\nsteps: 4\n",
+                                {"steps=66"});
+  ASSERT_TRUE(yaml.ok()) << yaml.status();
+  auto spec = ParseJobYaml(*yaml);
+  ASSERT_TRUE(spec.ok()) << spec.status() << "\n" << *yaml;
+  EXPECT_EQ(spec->model().cut_before(), "14");
+  EXPECT_EQ(spec->name(), "007");
+  EXPECT_EQ(spec->steps(), 66);
+}
+
 TEST(JobOverrides, AOneWordSectionBecomesItsNameAndListsAreYaml) {
   auto yaml = ApplyJobOverrides("model: mlp\nsteps: 2\n", {"model.hidden=[8, 4]", "model.input_dim=6"});
   ASSERT_TRUE(yaml.ok()) << yaml.status();
