@@ -26,7 +26,7 @@ PyTorch's rows need none: their window is wall time between two device synchroni
 
 usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
                                              [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager,...]
-                                             [--outside-steps N]
+                                             [--outside-steps N] [--outside-repeats R]
 """
 import argparse
 import csv
@@ -100,20 +100,32 @@ def job_text(batch, steps, replicas, collectives="auto", graphs=None):
 
 
 def run_conveyor(args, replicas, collectives="auto", graphs=None):
-    """A Conveyor row: (ms per step, median steady step, outside-clock fields or {}), or None."""
+    """A Conveyor row: (ms per step, median steady step, outside-clock fields or {}), or None. With
+    --outside-repeats R the outside check runs R of the longer runs and R - 1 more of the row's length,
+    alternated, long first; the shortest wall of each length counts (bench.py's outside check)."""
     first = run_conveyor_once(args, replicas, collectives, graphs, args.steps)
     if first is None:
         return None
     ms, median, wall = first
     outside = {}
     if args.outside_steps:
-        longer = run_conveyor_once(args, replicas, collectives, graphs, args.steps + args.outside_steps)
-        if longer is None:
-            outside = {"outside_note": "the outside clock's longer run failed"}
-        else:
-            outside_ms, ratio, notes = bench.judge_outside(ms, {args.steps: [wall], args.steps + args.outside_steps: [longer[2]]})
-            outside = {"outside_ms_per_step": round(outside_ms, 2), "outside_ratio": round(ratio, 3),
-                       "outside_note": "; ".join(notes)}
+        short, long_ = args.steps, args.steps + args.outside_steps
+        walls, clocks = {short: [wall], long_: []}, {short: [ms], long_: []}
+        repeats = max(1, getattr(args, "outside_repeats", 1))
+        order = []
+        for i in range(repeats):
+            order += [long_] + ([short] if i < repeats - 1 else [])
+        for n in order:
+            again = run_conveyor_once(args, replicas, collectives, graphs, n)
+            if again is None:
+                return ms, median, {"outside_note": "the outside clock's run of %d steps failed" % n}
+            walls[n].append(again[2])
+            clocks[n].append(again[0])
+        outside_ms, ratio, notes = bench.judge_outside(ms, walls, clocks=clocks if repeats > 1 else None)
+        outside = {"outside_ms_per_step": round(outside_ms, 2), "outside_ratio": round(ratio, 3),
+                   "outside_note": "; ".join(notes),
+                   "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in walls[n]))
+                                              for n in (short, long_))}
     return ms, median, outside
 
 
@@ -152,6 +164,9 @@ def main(argv=None):
     ap.add_argument("--out", default="dp-gpu")
     ap.add_argument("--outside-steps", type=int, default=0,
                     help="check each Conveyor row from outside: run it again this many steps longer (0: no check)")
+    ap.add_argument("--outside-repeats", type=int, default=2,
+                    help="runs of each length for the outside check (the row's own one of them), the shortest wall of "
+                         "each counting: W1's start-up varies by seconds from run to run")
     ap.add_argument("--variants", default="pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-1x1,conveyor-rx1,conveyor-rx1-gloo",
                     help="comma-separated subset (rx1: R replicas of one stage)")
     args = ap.parse_args(argv)
@@ -180,7 +195,8 @@ def main(argv=None):
                      "images_per_second": round(1000.0 * args.batch / ms, 1) if ms else "",
                      "median_step_ms": round(median, 2) if median else "",
                      "outside_ms_per_step": outside.get("outside_ms_per_step", ""),
-                     "outside_ratio": outside.get("outside_ratio", ""), "outside_note": outside.get("outside_note", "")})
+                     "outside_ratio": outside.get("outside_ratio", ""), "outside_note": outside.get("outside_note", ""),
+                     "outside_walls": outside.get("outside_walls", "")})
         print("%-18s %s%s%s" % (name, "%.2f ms" % ms if ms else "failed",
                                 " (median steady step %.2f ms)" % median if median else "",
                                 " (outside %s ms, %sx%s)" % (outside["outside_ms_per_step"], outside["outside_ratio"],
@@ -199,7 +215,7 @@ def main(argv=None):
                                                   up, row["median_step_ms"] or "-", outside))
     with open(os.path.join(args.out, "dp-gpu.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second", "median_step_ms",
-                                          "outside_ms_per_step", "outside_ratio", "outside_note"])
+                                          "outside_ms_per_step", "outside_ratio", "outside_note", "outside_walls"])
         w.writeheader()
         w.writerows(rows)
     return 0

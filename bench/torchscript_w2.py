@@ -55,7 +55,7 @@ usage: bench/torchscript_w2.py [--bin build/bin] [--out DIR] [--steps 8] [--devi
                                [--variants LIST] [--schedule 1f1b] [--micro-batches 8]
                                [--boundary K | --balance layers|params|time]
                                [--vocab V] [--width W] [--heads H] [--mlp-width M] [--seq-len T] [--batch B]
-                               [--outside-steps N] [--outside-repeats R]
+                               [--outside-steps N] [--outside-repeats R] [--outside-variants LIST]
 """
 import argparse
 import csv
@@ -285,6 +285,8 @@ def check_outside(args, row, job_path):
     the row; a failed run is said in outside_note."""
     if not args.outside_steps or "ms_per_step" not in row:
         return row
+    if args.outside_variants and row["variant"] not in args.outside_variants.split(","):
+        return row
     short, long_ = args.steps, args.steps + args.outside_steps
     walls, clocks = {short: [row["wall_s"]], long_: []}, {short: [row["ms_per_step"]], long_: []}
     order = []
@@ -423,6 +425,8 @@ def main():
     p.add_argument("--outside-steps", type=int, default=0,
                    help="check each Conveyor row from outside: run it again this many steps longer and "
                         "give the two wall times' difference over these steps beside its own figure (0: no check)")
+    p.add_argument("--outside-variants", default=None,
+                   help="comma-separated: check only these rows from outside (default: every Conveyor row)")
     p.add_argument("--outside-repeats", type=int, default=2,
                    help="runs of each length for the outside check (the row's own run one of them); the "
                         "shortest wall of each length counts (W2's start-up varies by seconds)")

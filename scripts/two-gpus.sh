@@ -220,7 +220,7 @@ for part in "$@"; do
       # (each run again 300 steps longer: session 24 found other rows' own clocks 5 to 10% short)
       for b in 240 480; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
         timeout 250 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
-          --outside-steps "${DP_OUTSIDE_STEPS:-300}" \
+          --outside-steps "${DP_OUTSIDE_STEPS:-600}" \
           --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
       done ;;
     w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory;

@@ -108,7 +108,7 @@ class TorchscriptW2OutsideClock(unittest.TestCase):
     longer (steps set on the command line), the shortest walls' difference over N beside the row's
     figure, judged as bench.py judges."""
 
-    def check(self, runs, repeats=2, row=None):
+    def check(self, runs, repeats=2, row=None, only=None):
         asked = []
 
         def run(args, name, job_path, steps=None):
@@ -118,7 +118,7 @@ class TorchscriptW2OutsideClock(unittest.TestCase):
         torchscript_w2.run_conveyor = run
         try:
             row = row or {"variant": "exported-gpt", "ms_per_step": 497.0, "wall_s": 30.0}
-            args = argparse.Namespace(steps=6, outside_steps=40, outside_repeats=repeats)
+            args = argparse.Namespace(steps=6, outside_steps=40, outside_repeats=repeats, outside_variants=only)
             return torchscript_w2.check_outside(args, row, "j.yaml"), asked
         finally:
             torchscript_w2.run_conveyor = saved
@@ -142,6 +142,10 @@ class TorchscriptW2OutsideClock(unittest.TestCase):
         self.assertIn("run of 6 steps failed: exit 1", row["outside_note"])
         row, asked = self.check([], row={"variant": "zoo-gpt", "error": "exit 1"})
         self.assertEqual((asked, row), ([], {"variant": "zoo-gpt", "error": "exit 1"}))
+
+    def test_outside_variants_leaves_the_other_rows_unchecked(self):
+        row, asked = self.check([], only="exported-gpt-2stage,zoo-gpt-2stage")
+        self.assertEqual((asked, "outside_note" in row), ([], False))
 
 
 if __name__ == "__main__":

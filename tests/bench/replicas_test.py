@@ -65,7 +65,7 @@ class DpOutsideClock(unittest.TestCase):
         saved = dp_gpu.run_conveyor_once
         dp_gpu.run_conveyor_once = once
         try:
-            return dp_gpu.run_conveyor(argparse.Namespace(steps=100, outside_steps=200), 2)
+            return dp_gpu.run_conveyor(argparse.Namespace(steps=100, outside_steps=200, outside_repeats=1), 2)
         finally:
             dp_gpu.run_conveyor_once = saved
 
@@ -84,7 +84,25 @@ class DpOutsideClock(unittest.TestCase):
     def test_a_failed_longer_run_is_said_and_the_row_kept(self):
         ms, _, outside = self.row({100: 10.0})
         self.assertEqual(ms, 19.0)
-        self.assertEqual(outside, {"outside_note": "the outside clock's longer run failed"})
+        self.assertEqual(outside, {"outside_note": "the outside clock's run of 300 steps failed"})
+
+    def test_repeats_alternate_the_lengths_and_the_shortest_walls_count(self):
+        asked, walls = [], {100: [10.9], 300: [14.1, 13.9]}
+
+        def once(args, replicas, collectives, graphs, steps):
+            asked.append(steps)
+            return 19.0, 18.9, walls[steps].pop(0)
+        saved = dp_gpu.run_conveyor_once
+        dp_gpu.run_conveyor_once = once
+        try:
+            # the row's own run (10.0 s), then 300, 100, 300
+            walls[100].insert(0, 10.0)
+            _, _, outside = dp_gpu.run_conveyor(argparse.Namespace(steps=100, outside_steps=200, outside_repeats=2), 2)
+        finally:
+            dp_gpu.run_conveyor_once = saved
+        self.assertEqual(asked, [100, 300, 100, 300])
+        self.assertEqual(outside["outside_ms_per_step"], 19.5)  # (13.9 - 10.0) / 200
+        self.assertEqual(outside["outside_walls"], "100 steps: 10.00/10.90 s; 300 steps: 14.10/13.90 s")
 
 
 def group_worker(rank, port, queue):
