@@ -173,16 +173,20 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     r = args.replicas
     rows = []
-    chosen = set(v.strip() for v in args.variants.split(","))
-    for key, name, fn in (("pytorch-1gpu-cl", "pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
-                          ("pytorch-ddp", "pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
-                          ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
-                          ("conveyor-1x1", "conveyor-1x1", lambda: run_conveyor(args, 1)),
-                          ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),
-                          ("conveyor-rx1-eager", "conveyor-%dx1-eager" % r, lambda: run_conveyor(args, r, graphs=False)),
-                          ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo"))):
-        if key not in chosen:
-            continue
+    known = (("pytorch-1gpu-cl", "pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
+             ("pytorch-ddp", "pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
+             ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
+             ("conveyor-1x1", "conveyor-1x1", lambda: run_conveyor(args, 1)),
+             ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),
+             ("conveyor-rx1-eager", "conveyor-%dx1-eager" % r, lambda: run_conveyor(args, r, graphs=False)),
+             ("conveyor-rx1-gloo", "conveyor-%dx1-gloo" % r, lambda: run_conveyor(args, r, "gloo")))
+    by_key = {key: (name, fn) for key, name, fn in known}
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in by_key]
+    if unknown:
+        ap.error("unknown variant(s) %s; known: %s" % (",".join(unknown), ",".join(by_key)))
+    for key in chosen:  # in the order given: a call cut short keeps the first ones' figures
+        name, fn = by_key[key]
         median, outside = None, {}
         try:
             ms = fn()

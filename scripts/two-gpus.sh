@@ -34,8 +34,9 @@
 #   scripts/two-gpus.sh four-2x2    (four GPUs) W2 as 2 replicas x 2 stages: Conveyor 1F1B and interleaved against
 #                                   torch.distributed.pipelining 1F1B with DDP over the copies, and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
-#   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives), then W1 as 2 x 1 at batch 240 and
-#                                   480 against DDP, with and without CUDA graphs, one GPU of each kind
+#   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives; 2 x 2 where there are four GPUs)
+#   scripts/two-gpus.sh replicas-dp W1 as 2 x 1 at batch 480 and 240 (DP_BATCHES) against DDP and one GPU, each
+#                                   Conveyor row checked from outside (about 250 s a batch: one batch a call)
 #   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory,
 #                                   over NVLink and through sockets only (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
@@ -96,10 +97,11 @@ for part in "$@"; do
       echo "example: exit $?; $(grep -E '^wrote|wall|test accuracy|rror' "$out/example/example.log" | tr '\n' ' ')"
       rm -rf "$ex" && tar -czf "$out/example.tgz" -C "$out" example && rm -rf "$out/example" ;;
     exported-w2)
-      # Each Conveyor row checked from outside: run again W2_OUTSIDE_STEPS (default 60) steps longer, twice,
-      # and once more at its own length (W2's start-up varies by seconds from run to run)
+      # The exported rows checked from outside: run again W2_OUTSIDE_STEPS (150) steps longer, twice, and once
+      # more at their own length. Not the zoo's by default: its start-up (seeding 1.3 B weights on the CPU, 23 to
+      # 45 s) varied by 1.5 to 7 s from run to run, too much for a check this short (session 25)
       timeout 560 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/exported-w2" --steps 6 \
-        --outside-steps "${W2_OUTSIDE_STEPS:-60}" \
+        --outside-steps "${W2_OUTSIDE_STEPS:-150}" --outside-variants "${W2_OUTSIDE_VARIANTS:-exported-gpt,exported-gpt-2stage}" \
         --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15
       cp "$out/exported-w2/torchscript-w2.csv" "$out/exported-w2.csv" 2> /dev/null
       rm -f "$out"/exported-w2/*.pt "$out"/exported-w2/*.pt2 "$out"/exported-w2/tokens.bin
@@ -214,14 +216,17 @@ for part in "$@"; do
         > "$out/replicas-unit.log" 2>&1
       echo "stage_server_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-unit.log" | tr '\n' ' ')"
       timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
-      echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')"
-      # 100 steps after 2 warm-up on both sides (30 in session 23: the graphed rows' mean 3 to 4 ms above their
-      # steady step); Conveyor's rows also give their steady steps' median and are checked from outside
-      # (each run again 300 steps longer: session 24 found other rows' own clocks 5 to 10% short)
-      for b in 240 480; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
-        timeout 250 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
+      echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')" ;;
+    replicas-dp)
+      # W1 as 2 x 1 against DDP and one GPU of its kind, 100 steps after 2 warm-up on both sides; Conveyor's rows
+      # also give their steady steps' median and are checked from outside: each run again DP_OUTSIDE_STEPS (600)
+      # longer, twice, and once more at its own length, the shortest walls counting (session 25's single runs of
+      # 300 more put rows at 0.77x to 1.20x their own clocks: start-up varies by seconds). About 250 s a batch:
+      # one batch a call after a build (DP_BATCHES=480, then DP_BATCHES=240). The variants run in the order given.
+      for b in ${DP_BATCHES:-480 240}; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
+        timeout 290 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
           --outside-steps "${DP_OUTSIDE_STEPS:-600}" \
-          --variants "${DP_VARIANTS:-pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager}" | grep '^|'
+          --variants "${DP_VARIANTS:-pytorch-ddp,conveyor-rx1,conveyor-1dev}" | grep '^|'
       done ;;
     w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory;
       # then the same with NCCL through sockets only, as between two hosts (item 4). Without CUDA graphs:
@@ -245,7 +250,7 @@ for part in "$@"; do
       tar -czf "$out/w2-replicas.tgz" -C "$out" w2-replicas && rm -rf "$out/w2-replicas" ;;
     w2-1stage)  # issue 36 item 1 on W2: one stage server holding the whole model against the reference, from outside too
       timeout 560 python3 bench/bench.py w2 --bin "$bin" --steps 10 --outside-seconds 20 --timeout 130 \
-        --out "$out/w2-1stage" --only 'pytorch-1gpu,conveyor-1dev,conveyor-1dev-eager,conveyor-1stage' | grep -A6 '^| variant'
+        --out "$out/w2-1stage" --only 'pytorch-1gpu,conveyor-1dev,conveyor-1stage' | grep -A6 '^| variant'
       tar -czf "$out/w2-1stage.tgz" -C "$out" w2-1stage && rm -rf "$out/w2-1stage" ;;
     overhead)
       # The profiled step (10) ends on the host (its collectives waited for there, its trace written): the
