@@ -56,6 +56,7 @@
 #include "stage_server/graphed_passes.h"
 #include "stage_server/gradient_reducer.h"
 #include "stage_server/replica_group.h"
+#include "stage_server/split_backward.h"
 #include "transport/inbox.h"
 #include "transport/loopback_transport.h"
 #include "plan/schedule.h"
@@ -100,6 +101,7 @@ struct Held {
   Tensors outputs;  // the activations sent on, or {the scaled loss}; empty while recomputing.
                     // After an input-gradient-only backward: those it started from
   Tensors grads;    // zero-bubble: the gradients of `outputs`, kept for the weight pass
+  std::shared_ptr<SplitBackward> split;  // zero-bubble: what the weight pass starts from
   at::Tensor labels;  // last chunk with recompute: to rebuild the loss
   double scale = 1;
   int64_t bytes = 0;

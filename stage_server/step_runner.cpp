@@ -208,15 +208,15 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
       if (!input_grads.empty()) input_grads.front() = *g;
     } else if (!roots.empty()) {
       if (input_grad_only) {
-        // Zero-bubble: the input gradients now, the weights' in WeightPass.
-        if (!input_parts.empty()) {
-          Tensors wanted;
-          for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
-          input_grads = torch::autograd::grad(roots, wanted, root_grads, /*retain_graph=*/true,
-                                              /*create_graph=*/false, /*allow_unused=*/true);
-        }
-        h.outputs = roots;
-        h.grads = root_grads;
+        // Zero-bubble: the input gradients now, the weights' in WeightPass
+        // from the gradients kept where the two paths part (split_backward.h).
+        Tensors wanted, params;
+        for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
+        for (const auto& p : c.params)
+          if (p.requires_grad()) params.push_back(p);
+        input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
+        h.outputs.clear();
+        h.grads = root_grads;  // counted below; the split holds them
       } else {
         torch::autograd::backward(roots, root_grads);
         for (std::size_t k = 0; k < input_parts.size(); ++k)
@@ -232,8 +232,9 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grads, input_parts));
   }
   if (input_grad_only) {
-    st.held_bytes += Bytes(h.grads);
-    h.bytes += Bytes(h.grads);
+    const int64_t kept = Bytes(h.grads) + (h.split ? h.split->kept_bytes() : 0);
+    st.held_bytes += kept;
+    h.bytes += kept;
     st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
   } else {
     Release(st, it);
@@ -248,13 +249,7 @@ Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
   Held& h = it->second;
   {
     Span span(st, v1::TraceEvent::WEIGHT, local, mb);
-    std::vector<at::Tensor> params;
-    for (const auto& p : job_->chunks[local].params)
-      if (p.requires_grad()) params.push_back(p);
-    // After the input-gradient pass `outputs` holds only those that require grad.
-    if (!h.outputs.empty() && !params.empty()) {
-      torch::autograd::backward(h.outputs, h.grads, /*retain_graph=*/false, /*create_graph=*/false, params);
-    }
+    if (h.split) h.split->WeightPass();
   }
   Release(st, it);
   return absl::OkStatus();

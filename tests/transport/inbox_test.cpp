@@ -23,7 +23,7 @@ InboxExpectations Expect() {
   return e;
 }
 
-v1::TensorFrame Frame(v1::FrameKind kind, int64_t step, int mb, std::vector<int64_t> shape,
+v1::TensorFrame HeaderFrame(v1::FrameKind kind, int64_t step, int mb, std::vector<int64_t> shape,
                       v1::DType dtype = v1::DTYPE_FLOAT32) {
   v1::TensorFrame f;
   f.set_job_id("job-1");
@@ -52,11 +52,11 @@ TEST(Inbox, ChecksEachTensorOfATupleByPart) {
   Inbox inbox;
   inbox.Open(e);
   inbox.BeginStep(v1::PHASE_TRAIN, 0);
-  v1::TensorFrame mask = Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3, 3}, v1::DTYPE_BOOL);
+  v1::TensorFrame mask = HeaderFrame(v1::FRAME_ACTIVATION, 0, 1, {2, 3, 3}, v1::DTYPE_BOOL);
   mask.set_part(1);
   mask.mutable_tensor()->mutable_data()->resize(2 * 3 * 3);  // a byte per bool
   ASSERT_TRUE(inbox.Deliver(mask).ok());
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
   auto got = inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(30), /*part=*/1);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->header.part(), 1);
@@ -65,19 +65,19 @@ TEST(Inbox, ChecksEachTensorOfATupleByPart) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->header.part(), 0);
 
-  v1::TensorFrame wrong = Frame(v1::FRAME_ACTIVATION, 0, 2, {2, 3, 3});  // float where bool is expected
+  v1::TensorFrame wrong = HeaderFrame(v1::FRAME_ACTIVATION, 0, 2, {2, 3, 3});  // float where bool is expected
   wrong.set_part(1);
   Status st = inbox.Deliver(wrong);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("activation tensor 1"));
   inbox.BeginStep(v1::PHASE_TRAIN, 1);
-  v1::TensorFrame third = Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3});
+  v1::TensorFrame third = HeaderFrame(v1::FRAME_ACTIVATION, 1, 0, {2, 3});
   third.set_part(2);
   st = inbox.Deliver(third);
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("expects no activation tensor 2 for chunk 2"));
   // The mask takes no gradient: part 1 of a gradient is refused.
-  v1::TensorFrame grad = Frame(v1::FRAME_GRADIENT, 1, 0, {2, 3, 3}, v1::DTYPE_BOOL);
+  v1::TensorFrame grad = HeaderFrame(v1::FRAME_GRADIENT, 1, 0, {2, 3, 3}, v1::DTYPE_BOOL);
   grad.set_part(1);
   grad.mutable_tensor()->mutable_data()->resize(2 * 3 * 3);
   st = inbox.Deliver(grad);
@@ -92,15 +92,15 @@ TEST(Inbox, DeliversWhatTheStageWaitsFor) {
   auto taker = std::async(std::launch::async, [&] {
     return inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(30));
   });
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
   auto frame = taker.get();
   ASSERT_TRUE(frame.ok()) << frame.status();
   EXPECT_EQ(frame->header.micro_batch(), 1);
   // The next step's frames may come early; older ones are refused.
-  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_GRADIENT, 1, 0, {2, 5})).ok());
+  EXPECT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_GRADIENT, 1, 0, {2, 5})).ok());
   inbox.BeginStep(v1::PHASE_TRAIN, 1);
   EXPECT_EQ(inbox.held(), 1u);
-  Status stale = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 2, {2, 3}));
+  Status stale = inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 2, {2, 3}));
   EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
   EXPECT_THAT(std::string(stale.message()), HasSubstr("does not expect tensors of step 0"));
 }
@@ -111,13 +111,13 @@ TEST(Inbox, FramesOfTheNextPhaseMayComeEarly) {
   Inbox inbox;
   inbox.Open(Expect());
   inbox.BeginStep(v1::PHASE_TRAIN, 4);
-  v1::TensorFrame eval0 = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  v1::TensorFrame eval0 = HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
   eval0.set_phase(v1::PHASE_EVAL);
   EXPECT_TRUE(inbox.Deliver(eval0).ok());
   inbox.BeginStep(v1::PHASE_EVAL, 0);
   inbox.BeginStep(v1::PHASE_EVAL, 1);
-  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 5, 0, {2, 3})).ok());
-  Status later = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 6, 0, {2, 3}));
+  EXPECT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 5, 0, {2, 3})).ok());
+  Status later = inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 6, 0, {2, 3}));
   EXPECT_TRUE(absl::IsFailedPrecondition(later)) << later;
   inbox.BeginStep(v1::PHASE_TRAIN, 5);
   auto frame = inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now() + std::chrono::seconds(30));
@@ -136,8 +136,8 @@ TEST(Inbox, WithTwoStepsInFlightANeighbourMayBeTwoStepsAhead) {
     Inbox inbox;
     inbox.Open(e);
     for (int64_t step = 0; step < 2 * batches; ++step)
-      EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, step, 0, {2, 3})).ok()) << step;
-    Status far = inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 2 * batches, 0, {2, 3}));
+      EXPECT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, step, 0, {2, 3})).ok()) << step;
+    Status far = inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 2 * batches, 0, {2, 3}));
     EXPECT_TRUE(absl::IsFailedPrecondition(far)) << far;
     inbox.BeginStep(v1::PHASE_TRAIN, 0);
     EXPECT_EQ(inbox.held(), static_cast<std::size_t>(2 * batches));
@@ -145,8 +145,8 @@ TEST(Inbox, WithTwoStepsInFlightANeighbourMayBeTwoStepsAhead) {
   // One step at a time: the next step's only.
   Inbox inbox;
   inbox.Open(Expect());
-  EXPECT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
-  EXPECT_TRUE(absl::IsFailedPrecondition(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3}))));
+  EXPECT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 1, 0, {2, 3}))));
 }
 
 TEST(Inbox, RefusesBadFramesWithTheReason) {
@@ -158,21 +158,21 @@ TEST(Inbox, RefusesBadFramesWithTheReason) {
     absl::StatusCode code;
     const char* message;
   };
-  v1::TensorFrame other_job = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  v1::TensorFrame other_job = HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
   other_job.set_job_id("job-9");
-  v1::TensorFrame short_data = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  v1::TensorFrame short_data = HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
   short_data.mutable_tensor()->mutable_data()->resize(3);
-  v1::TensorFrame wrong_chunk = Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
+  v1::TensorFrame wrong_chunk = HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3});
   wrong_chunk.set_chunk(6);
   Case cases[] = {
       {wrong_chunk, absl::StatusCode::kInvalidArgument, "no activation tensors for chunk 6"},
-      {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4}), absl::StatusCode::kInvalidArgument, "has shape [2, 4], expected [2, 3]"},
-      {Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}, v1::DTYPE_BFLOAT16), absl::StatusCode::kInvalidArgument,
+      {HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 4}), absl::StatusCode::kInvalidArgument, "has shape [2, 4], expected [2, 3]"},
+      {HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}, v1::DTYPE_BFLOAT16), absl::StatusCode::kInvalidArgument,
        "dtype bfloat16, expected float32"},
-      {Frame(v1::FRAME_GRADIENT, 0, 0, {9, 5}), absl::StatusCode::kInvalidArgument, "expected [2, 5]"},
-      {Frame(v1::FRAME_ACTIVATION, 0, 7, {2, 3}), absl::StatusCode::kInvalidArgument, "micro-batch 7 is out of range"},
-      {Frame(v1::FRAME_UNSPECIFIED, 0, 0, {2, 3}), absl::StatusCode::kInvalidArgument, "no kind"},
-      {Frame(v1::FRAME_ACTIVATION, 5, 0, {2, 3}), absl::StatusCode::kFailedPrecondition, "step 5"},
+      {HeaderFrame(v1::FRAME_GRADIENT, 0, 0, {9, 5}), absl::StatusCode::kInvalidArgument, "expected [2, 5]"},
+      {HeaderFrame(v1::FRAME_ACTIVATION, 0, 7, {2, 3}), absl::StatusCode::kInvalidArgument, "micro-batch 7 is out of range"},
+      {HeaderFrame(v1::FRAME_UNSPECIFIED, 0, 0, {2, 3}), absl::StatusCode::kInvalidArgument, "no kind"},
+      {HeaderFrame(v1::FRAME_ACTIVATION, 5, 0, {2, 3}), absl::StatusCode::kFailedPrecondition, "step 5"},
       {other_job, absl::StatusCode::kFailedPrecondition, "runs job 'job-1', not 'job-9'"},
       {short_data, absl::StatusCode::kInvalidArgument, "carries 3 bytes"},
   };
@@ -182,7 +182,7 @@ TEST(Inbox, RefusesBadFramesWithTheReason) {
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.message));
   }
   Inbox closed;
-  EXPECT_TRUE(absl::IsFailedPrecondition(closed.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
+  EXPECT_TRUE(absl::IsFailedPrecondition(closed.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
 }
 
 TEST(Inbox, ABadTensorFailsTheWaitingStep) {
@@ -192,7 +192,7 @@ TEST(Inbox, ABadTensorFailsTheWaitingStep) {
   auto taker = std::async(std::launch::async, [&] {
     return inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now() + std::chrono::seconds(60));
   });
-  EXPECT_FALSE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 4})).ok());
+  EXPECT_FALSE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 4})).ok());
   auto result = taker.get();
   EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
 }
@@ -200,8 +200,8 @@ TEST(Inbox, ABadTensorFailsTheWaitingStep) {
 TEST(Inbox, DuplicateFramesAreRefused) {
   Inbox inbox;
   inbox.Open(Expect());
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
-  EXPECT_TRUE(absl::IsAlreadyExists(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());
+  EXPECT_TRUE(absl::IsAlreadyExists(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3}))));
 }
 
 TEST(Inbox, TimeoutNamesTheActionAndThePeer) {
@@ -224,7 +224,7 @@ TEST(Inbox, FailWakesAWaitingTake) {
   inbox.Fail(absl::AbortedError("stop"));
   EXPECT_TRUE(absl::IsAborted(taker.get().status()));
   inbox.BeginStep(v1::PHASE_TRAIN, 1);  // a new step clears the failure
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 1, 0, {2, 3})).ok());
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 1, 0, {2, 3})).ok());
   EXPECT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 2, 0, Clock::now()).ok());
 }
 
@@ -236,8 +236,8 @@ TEST(Inbox, ASpinningTakeSeesAFrameDeliveredMeanwhile) {
   auto taker = std::async(std::launch::async, [&] {
     return inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now() + std::chrono::seconds(60));
   });
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());  // not the awaited one
-  ASSERT_TRUE(inbox.Deliver(Frame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 0, {2, 3})).ok());  // not the awaited one
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
   auto frame = taker.get();
   ASSERT_TRUE(frame.ok()) << frame.status();
   EXPECT_EQ(frame->header.micro_batch(), 1);
