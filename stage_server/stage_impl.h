@@ -329,6 +329,8 @@ class Stage::Impl {
   at::Tensor ScaledLoss(const StepState& st, const at::Tensor& loss) const;
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
+  // Whether the frame `act` starts from is here (zero-bubble runs weight passes meanwhile).
+  bool FrameReady(const Action& act) const;
   void Release(StepState& st, std::map<std::pair<int, int>, Held>::iterator it);
   // The inputs and labels of batch st.data_step, as this stage reads them.
   Status LoadBatch(StepState& st);

@@ -255,6 +255,19 @@ Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
   return absl::OkStatus();
 }
 
+bool Stage::Impl::FrameReady(const Action& act) const {
+  const Chunk& c = job_->chunks[static_cast<std::size_t>(act.chunk)];
+  switch (act.type) {
+    case ActionType::kForward:
+      return job_->IsFirst(c) || inbox_.Ready(v1::FRAME_ACTIVATION, c.index, act.micro_batch);
+    case ActionType::kBackward:
+      return job_->IsLast(c) || inbox_.Ready(v1::FRAME_GRADIENT, c.index, act.micro_batch);
+    case ActionType::kWeight:
+      break;
+  }
+  return true;
+}
+
 Status Stage::Impl::RunActions(StepState& st) {
   const v1::JobSpec& spec = job_->spec();
   const v1::StageAssignment& a = job_->assignment;
@@ -283,20 +296,37 @@ Status Stage::Impl::RunActions(StepState& st) {
       if (last[static_cast<std::size_t>(c)] >= 0) arm_at[static_cast<std::size_t>(last[static_cast<std::size_t>(c)])] = c;
   }
   std::string doing;
+  std::vector<bool> done(actions.size(), false);
+  auto run = [&](std::size_t i) -> Status {
+    const Action& act = actions[i];
+    doing = std::string(act.type == ActionType::kForward ? "forward" : act.type == ActionType::kBackward ? "backward" : "weight pass") +
+            " of micro-batch " + std::to_string(act.micro_batch);
+    if (arm_at[i] >= 0) {
+      const std::size_t c = static_cast<std::size_t>(arm_at[i]);
+      CONVEYOR_RETURN_IF_ERROR(job_->reducer->Arm(job_->chunk_params[c], job_->chunk_params[c + 1]));
+    }
+    done[i] = true;
+    switch (act.type) {
+      case ActionType::kForward: return Forward(st, act.chunk, act.micro_batch);
+      case ActionType::kBackward: return Backward(st, act.chunk, act.micro_batch, zero_bubble);
+      case ActionType::kWeight: return WeightPass(st, act.chunk, act.micro_batch);
+    }
+    return absl::OkStatus();
+  };
   try {
     for (std::size_t i = 0; i < actions.size(); ++i) {
-      const Action& act = actions[i];
-      doing = std::string(act.type == ActionType::kForward ? "forward" : act.type == ActionType::kBackward ? "backward" : "weight pass") +
-              " of micro-batch " + std::to_string(act.micro_batch);
-      if (arm_at[i] >= 0) {
-        const std::size_t c = static_cast<std::size_t>(arm_at[i]);
-        CONVEYOR_RETURN_IF_ERROR(job_->reducer->Arm(job_->chunk_params[c], job_->chunk_params[c + 1]));
+      if (done[i]) continue;
+      // Zero-bubble (ZB-H1): while the frame this action waits for has not
+      // come, run the weight passes due later whose backward is done, in the
+      // list's order (so the gradients add up in the same order, whatever the
+      // timing): the wait is the bubble they fill.
+      for (std::size_t j = i + 1; zero_bubble && !FrameReady(actions[i]) && j < actions.size(); ++j) {
+        if (done[j] || actions[j].type != ActionType::kWeight) continue;
+        auto held = st.held.find({actions[j].chunk, actions[j].micro_batch});
+        if (held == st.held.end() || !held->second.split) break;  // its backward has not run
+        CONVEYOR_RETURN_IF_ERROR(run(j));
       }
-      switch (act.type) {
-        case ActionType::kForward: CONVEYOR_RETURN_IF_ERROR(Forward(st, act.chunk, act.micro_batch)); break;
-        case ActionType::kBackward: CONVEYOR_RETURN_IF_ERROR(Backward(st, act.chunk, act.micro_batch, zero_bubble)); break;
-        case ActionType::kWeight: CONVEYOR_RETURN_IF_ERROR(WeightPass(st, act.chunk, act.micro_batch)); break;
-      }
+      CONVEYOR_RETURN_IF_ERROR(run(i));
     }
     if (reduce) {
       doing = "all-reduce of the gradients";

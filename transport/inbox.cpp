@@ -213,6 +213,11 @@ StatusOr<Frame> Inbox::Take(v1::FrameKind kind, int chunk, int micro_batch, Cloc
   }
 }
 
+bool Inbox::Ready(v1::FrameKind kind, int chunk, int micro_batch, int part) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !failure_.ok() || frames_.count(Key{phase_, step_, kind, chunk, micro_batch, part}) > 0;
+}
+
 void Inbox::Fail(const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   failure_ = status;

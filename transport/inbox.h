@@ -105,6 +105,9 @@ class Inbox {
   // Waits for the frame (kind, chunk, micro_batch, part) of the current step
   // until `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
   StatusOr<Frame> Take(v1::FrameKind kind, int chunk, int micro_batch, Clock::time_point deadline, int part = 0);
+  // Whether Take() of that frame would return at once: the frame (or its
+  // header) is here, or the inbox has failed. Takes nothing.
+  bool Ready(v1::FrameKind kind, int chunk, int micro_batch, int part = 0) const;
 
   // How long Take() spins for its frame before it sleeps (default 0: at
   // once). A GPU stage spins a little: its frames come on a fast link, and a

@@ -243,7 +243,15 @@ TEST_P(PipelineEquality, PipelinedRunEqualsTheReference) {
     const int s = run.status.stages(i).index();
     int64_t bound = c.micro_batches;
     if (c.schedule == "1f1b") bound = std::min(c.micro_batches, c.stages - s);
-    if (c.schedule == "zero-bubble") bound = std::min(c.micro_batches, 2 * (c.stages - s) - 1);
+    if (c.schedule == "zero-bubble") {
+      // A weight pass run while the stage waits for a frame frees its
+      // micro-batch sooner than the list's place for it: at most the list's
+      // bound, at least 1F1B's (forwards and backwards keep their order).
+      const int64_t peak = run.status.stages(i).peak_activations();
+      EXPECT_LE(peak, std::min(c.micro_batches, 2 * (c.stages - s) - 1)) << "stage " << s;
+      EXPECT_GE(peak, std::min(c.micro_batches, c.stages - s)) << "stage " << s;
+      continue;
+    }
     EXPECT_EQ(run.status.stages(i).peak_activations(), bound) << "stage " << s;
   }
 }

@@ -197,6 +197,23 @@ TEST(Inbox, ABadTensorFailsTheWaitingStep) {
   EXPECT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
 }
 
+// Zero-bubble asks whether its next frame is here before it waits for it.
+TEST(Inbox, ReadySaysWhetherTakeWouldReturnAtOnceAndTakesNothing) {
+  Inbox inbox;
+  inbox.Open(Expect());
+  inbox.BeginStep(v1::PHASE_TRAIN, 0);
+  EXPECT_FALSE(inbox.Ready(v1::FRAME_ACTIVATION, 2, 1));
+  ASSERT_TRUE(inbox.Deliver(HeaderFrame(v1::FRAME_ACTIVATION, 0, 1, {2, 3})).ok());
+  EXPECT_TRUE(inbox.Ready(v1::FRAME_ACTIVATION, 2, 1));
+  EXPECT_TRUE(inbox.Ready(v1::FRAME_ACTIVATION, 2, 1));  // still there
+  EXPECT_FALSE(inbox.Ready(v1::FRAME_ACTIVATION, 2, 0));
+  EXPECT_FALSE(inbox.Ready(v1::FRAME_GRADIENT, 2, 1));
+  ASSERT_TRUE(inbox.Take(v1::FRAME_ACTIVATION, 2, 1, Clock::now()).ok());
+  EXPECT_FALSE(inbox.Ready(v1::FRAME_ACTIVATION, 2, 1));
+  inbox.Fail(absl::UnavailableError("stage 1 is gone"));
+  EXPECT_TRUE(inbox.Ready(v1::FRAME_GRADIENT, 2, 1)) << "a failed inbox: Take() returns the failure at once";
+}
+
 TEST(Inbox, DuplicateFramesAreRefused) {
   Inbox inbox;
   inbox.Open(Expect());
