@@ -11,8 +11,8 @@
 // one backward (their hooks fire: the replicas' buckets start from them).
 //
 // Before, the weight pass ran backward again from the chunk's outputs towards
-// the parameters, recomputing every input gradient on the way (a third of the
-// backward's work again, bench/RESULTS.md). A parameter reached from two
+// the parameters, recomputing every input gradient on the way (bench/RESULTS.md,
+// session 25: zero-bubble 1.26x 1F1B's step on the CPU). A parameter reached from two
 // boundaries (weights shared within the chunk) would be summed twice: then
 // the weight pass falls back to that backward from the outputs.
 #pragma once
