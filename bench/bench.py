@@ -375,6 +375,17 @@ def median_run(runs, key):
     return ordered[(len(ordered) - 1) // 2]
 
 
+def outside_order(short, long_, repeats, have_short=1):
+    """The runs an outside check adds, by length: `repeats` runs of `long_` and enough of `short` to
+    make `repeats` with the `have_short` already run. Alternated, long first: what drifts during the
+    call falls on both lengths."""
+    n_short = max(0, repeats - have_short)
+    order = []
+    for i in range(max(repeats, n_short)):
+        order += ([long_] if i < repeats else []) + ([short] if i < n_short else [])
+    return order
+
+
 def outside_check(args, workload, v, firsts, inside_ms):
     """The variant run again, at --outside-steps and at --steps (--outside-repeats runs of each
     length, the row's own runs `firsts` counting as runs of --steps): ms per step from the difference
@@ -389,12 +400,7 @@ def outside_check(args, workload, v, firsts, inside_ms):
     walls = {args.steps: [r["wall_s"] for r in firsts], more: []}
     clocks = {args.steps: [own_ms(workload, args, r) for r in firsts], more: []}  # each run's own clock, ms/step
     recoveries = sum(int(r.get("recoveries") or 0) for r in firsts)
-    # Alternated, long first: what drifts during the call falls on both lengths.
-    n_long, n_short = args.outside_repeats, max(0, args.outside_repeats - len(firsts))
-    order = []
-    for i in range(max(n_long, n_short)):
-        order += ([more] if i < n_long else []) + ([args.steps] if i < n_short else [])
-    for n in order:
+    for n in outside_order(args.steps, more, args.outside_repeats, len(firsts)):
         r, _ = run_conveyor(args, workload, v, steps=n)
         if not r:
             return {"note": "outside check failed (a run of %d steps)" % n}

@@ -112,10 +112,7 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
         short, long_ = args.steps, args.steps + args.outside_steps
         walls, clocks = {short: [wall], long_: []}, {short: [ms], long_: []}
         repeats = max(1, getattr(args, "outside_repeats", 1))
-        order = []
-        for i in range(repeats):
-            order += [long_] + ([short] if i < repeats - 1 else [])
-        for n in order:
+        for n in bench.outside_order(short, long_, repeats):
             again = run_conveyor_once(args, replicas, collectives, graphs, n)
             if again is None:
                 return ms, median, {"outside_note": "the outside clock's run of %d steps failed" % n}

@@ -289,10 +289,7 @@ def check_outside(args, row, job_path):
         return row
     short, long_ = args.steps, args.steps + args.outside_steps
     walls, clocks = {short: [row["wall_s"]], long_: []}, {short: [row["ms_per_step"]], long_: []}
-    order = []
-    for i in range(max(1, args.outside_repeats)):
-        order += [long_] + ([short] if i < args.outside_repeats - 1 else [])
-    for n in order:
+    for n in bench.outside_order(short, long_, max(1, args.outside_repeats)):
         again = run_conveyor(args, row["variant"], job_path, steps=n)
         if "wall_s" not in again or "ms_per_step" not in again:
             row["outside_note"] = "the outside clock's run of %d steps failed: %s" % (n, again.get("error", "no figures"))
