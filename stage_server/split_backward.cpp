@@ -197,6 +197,8 @@ void SplitBackward::WeightPass() {
 
 int64_t SplitBackward::kept_bytes() const {
   int64_t n = 0;
+  for (const at::Tensor& g : root_grads_)
+    if (g.defined()) n += static_cast<int64_t>(g.numel() * g.element_size());
   for (const auto& b : boundaries_)
     if (b->node)
       for (const at::Tensor& g : b->grads)

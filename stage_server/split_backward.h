@@ -38,7 +38,8 @@ class SplitBackward {
   // The parameters' gradients, accumulated into their .grad; releases the graph.
   void WeightPass();
 
-  // Bytes of the gradients kept for the weight pass (the stage's memory report).
+  // Bytes of the gradients kept for the weight pass, the outputs' among them
+  // (the stage's memory report).
   int64_t kept_bytes() const;
   // Whether the weight pass starts at the boundaries (false: from the outputs again).
   bool split() const { return split_; }

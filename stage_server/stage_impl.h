@@ -98,9 +98,8 @@ inline std::vector<int> PartsOf(const std::vector<v1::SampleSpec>& specs, bool a
 // zero-bubble, its weight pass) is done.
 struct Held {
   Tensors inputs;   // those that take a gradient require grad (never the model's input)
-  Tensors outputs;  // the activations sent on, or {the scaled loss}; empty while recomputing.
-                    // After an input-gradient-only backward: those it started from
-  Tensors grads;    // zero-bubble: the gradients of `outputs`, kept for the weight pass
+  Tensors outputs;  // the activations sent on, or {the scaled loss}; empty while recomputing
+                    // and after an input-gradient-only backward
   std::shared_ptr<SplitBackward> split;  // zero-bubble: what the weight pass starts from
   at::Tensor labels;  // last chunk with recompute: to rebuild the loss
   double scale = 1;

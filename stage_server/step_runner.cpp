@@ -216,7 +216,6 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
           if (p.requires_grad()) params.push_back(p);
         input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
         h.outputs.clear();
-        h.grads = root_grads;  // counted below; the split holds them
       } else {
         torch::autograd::backward(roots, root_grads);
         for (std::size_t k = 0; k < input_parts.size(); ++k)
@@ -232,7 +231,7 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     CONVEYOR_RETURN_IF_ERROR(Send(st, v1::FRAME_GRADIENT, c.index - 1, mb, input_grads, input_parts));
   }
   if (input_grad_only) {
-    const int64_t kept = Bytes(h.grads) + (h.split ? h.split->kept_bytes() : 0);
+    const int64_t kept = h.split ? h.split->kept_bytes() : 0;
     st.held_bytes += kept;
     h.bytes += kept;
     st.peak_bytes = std::max(st.peak_bytes, st.held_bytes);
