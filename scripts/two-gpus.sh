@@ -57,7 +57,8 @@
 #   scripts/two-gpus.sh w2-1stage   W2 on one stage server holding the whole model against the reference and PyTorch,
 #                                   each Conveyor row checked from outside (20 s more)
 #   scripts/two-gpus.sh zb          W2: zero-bubble (split backward, weight passes while waiting) against 1F1B,
-#                                   interleaved and torch-pp, with timelines; zero-bubble-m8 then from outside
+#                                   interleaved and torch-pp, with timelines (about 350 s)
+#   scripts/two-gpus.sh zb-outside  W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from outside
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
 #
@@ -277,14 +278,16 @@ for part in "$@"; do
       done
       tar -czf "$out/overhead.tgz" -C "$out" overhead && rm -rf "$out/overhead" && ls -la "$out/overhead.tgz" ;;
     zb)  # issue 36 item 3: zero-bubble with its split backward (session 25) against 1F1B, interleaved and torch-pp
-      # on W2, one call; the zero-bubble row then alone, checked from outside (the zoo's W2 start-up varies by
-      # seconds: 60 s more of steps)
-      timeout 400 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-steps 0 --timeout 130 --out "$out/zb" \
+      # on W2, one call (about 350 s after a build)
+      timeout 420 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-steps 0 --timeout 130 --out "$out/zb" \
         --only 'pytorch-1gpu,torch-pp-1f1b-m8,1f1b-m8,interleaved-m8,zero-bubble-m4,zero-bubble-m8' \
         --trace-dir "$out/zb/timelines" | grep -A9 '^| variant'
+      tar -czf "$out/zb.tgz" -C "$out" zb && rm -rf "$out/zb" ;;
+    zb-outside)  # the zero-bubble row (ZB_ROWS) alone, checked from outside (the zoo's W2 start-up varies by
+      # seconds: 60 s more of steps)
       timeout 190 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-seconds 60 --timeout 130 \
-        --out "$out/zb-outside" --only 'zero-bubble-m8' | grep -A3 '^| variant'
-      tar -czf "$out/zb.tgz" -C "$out" zb zb-outside && rm -rf "$out/zb" "$out/zb-outside" ;;
+        --out "$out/zb-outside" --only "${ZB_ROWS:-zero-bubble-m8}" | grep -A3 '^| variant'
+      tar -czf "$out/zb-outside.tgz" -C "$out" zb-outside && rm -rf "$out/zb-outside" ;;
     window)
       ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
       mkdir -p "$out/window"
