@@ -412,6 +412,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
       job->updated_by[static_cast<std::size_t>(owner[i])].push_back(all_params[i].second);
       if (owner[i] == a.replica()) updated.push_back(all_params[i]);
     }
+    at::NoGradGuard no_grad;  // each replica's share broadcast in place after each step
+    for (const std::vector<at::Tensor>& share : job->updated_by) job->updated_flat.push_back(FlatViews::Make(share));
   }
   if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);
   const v1::JobSpec& spec = a.spec();

@@ -53,6 +53,7 @@
 #include "stage_server/checkpoint.h"
 #include "stage_server/device_clock.h"
 #include "stage_server/device_info.h"
+#include "stage_server/flat_views.h"
 #include "stage_server/graphed_passes.h"
 #include "stage_server/gradient_reducer.h"
 #include "stage_server/replica_group.h"
@@ -210,16 +211,16 @@ class Stage::Impl {
     std::unique_ptr<GradientReducer> reducer;
     std::vector<std::size_t> chunk_params;
     // The buffers (BatchNorm's statistics) that replica 0 broadcasts after
-    // each step, made views of one flat tensor per dtype (FlattenBuffers):
-    // one collective each, no copies; buffer_data: where each buffer's data
-    // then lies (a buffer replaced since is flattened again).
-    std::vector<at::Tensor> buffer_flats;
-    std::vector<const void*> buffer_data;
+    // each step, views of flat tensors (a buffer replaced since is
+    // flattened again).
+    FlatViews flat_buffers;
     // zero: 1 (ZeRO-1): the parameters each replica updates, by replica,
     // made when the stage is configured (the optimizer holds this replica's
-    // alone); empty otherwise. optimizer_shards: replica 0's copy of every
-    // replica's serialised optimizer, gathered for a checkpoint.
+    // alone) and made views of flat tensors then, before any graph records
+    // them (updated_flat); empty otherwise. optimizer_shards: replica 0's
+    // copy of every replica's serialised optimizer, gathered for a checkpoint.
     std::vector<std::vector<at::Tensor>> updated_by;
+    std::vector<FlatViews> updated_flat;
     std::vector<std::string> optimizer_shards;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
@@ -350,8 +351,6 @@ class Stage::Impl {
   // replicas: replica 0's buffers (BatchNorm's running statistics) to every
   // copy after the step, so that the copies stay equal.
   Status BroadcastBuffers();
-  // Rebinds `buffers` to views of job_->buffer_flats, holding their values.
-  void FlattenBuffers(const std::vector<at::Tensor>& buffers);
   // Waits for the step's work on the device, watching the links meanwhile.
   Status FinishOnDevice(StepState& st);
   // Polls `done` until the device passes it; a broken link, a failed or late

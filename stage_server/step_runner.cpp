@@ -405,11 +405,14 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
 
 Status Stage::Impl::ShareShardedParameters() {
   at::NoGradGuard no_grad;
-  // One broadcast per replica, of the parameters it updated.
+  // One broadcast per replica (and dtype), of the parameters it updated, in
+  // place: they are views of its flats (made at configure).
   for (std::size_t k = 0; k < job_->updated_by.size(); ++k) {
-    std::vector<at::Tensor>& updated = job_->updated_by[k];
+    const std::vector<at::Tensor>& updated = job_->updated_by[k];
     if (updated.empty()) continue;
-    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(updated, static_cast<int>(k)),
+    FlatViews& flat = job_->updated_flat[k];
+    if (!flat.Holds(updated)) flat = FlatViews::Make(updated);  // one replaced since (not by Conveyor)
+    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(flat.flats(), static_cast<int>(k)),
                                       Who() + " sharing the parameters replica " + std::to_string(k) + " updated"));
   }
   return absl::OkStatus();
@@ -524,35 +527,8 @@ Status Stage::Impl::BroadcastBuffers() {
       if (b.defined() && b.numel() > 0) buffers.push_back(b);
   if (buffers.empty()) return absl::OkStatus();
   at::NoGradGuard no_grad;
-  bool flat = buffers.size() == job_->buffer_data.size();
-  for (std::size_t i = 0; flat && i < buffers.size(); ++i) flat = buffers[i].data_ptr() == job_->buffer_data[i];
-  if (!flat) FlattenBuffers(buffers);
-  return job_->replica_group->Broadcast(job_->buffer_flats);
-}
-
-void Stage::Impl::FlattenBuffers(const std::vector<at::Tensor>& buffers) {
-  std::map<std::pair<int, std::string>, std::vector<std::size_t>> groups;  // (dtype, device) -> buffers
-  for (std::size_t i = 0; i < buffers.size(); ++i)
-    groups[{static_cast<int>(buffers[i].scalar_type()), buffers[i].device().str()}].push_back(i);
-  job_->buffer_flats.clear();
-  job_->buffer_data.assign(buffers.size(), nullptr);
-  for (const auto& [key, members] : groups) {
-    int64_t total = 0;
-    for (std::size_t i : members) total += buffers[i].numel();
-    at::Tensor flat = at::empty({total}, buffers[members.front()].options());
-    int64_t offset = 0;
-    for (std::size_t i : members) {
-      at::Tensor b = buffers[i];  // the module's own tensor (shared)
-      const int64_t n = b.numel();
-      flat.narrow(0, offset, n).view(b.sizes()).copy_(b);
-      std::vector<int64_t> strides(static_cast<std::size_t>(b.dim()), 1);
-      for (int64_t d = b.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(1, b.size(d + 1));
-      b.set_(flat.storage(), flat.storage_offset() + offset, b.sizes(), strides);
-      job_->buffer_data[i] = b.data_ptr();
-      offset += n;
-    }
-    job_->buffer_flats.push_back(flat);
-  }
+  if (!job_->flat_buffers.Holds(buffers)) job_->flat_buffers = FlatViews::Make(buffers);
+  return job_->replica_group->Broadcast(job_->flat_buffers.flats());
 }
 
 Status Stage::Impl::FinishOnDevice(StepState& st) {

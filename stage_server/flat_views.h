@@ -1,0 +1,37 @@
+// Tensors rebound as views of one flat tensor per (dtype, device), holding
+// their values and their strides: a collective on the flats is one call per
+// group, in place, with no copy in or out and no staging memory. Replicas
+// broadcast BatchNorm's statistics this way after each step, and under zero 1
+// each replica's updated parameters (a copy the size of the parameters,
+// alive until the broadcast finished, was what ZeRO-1 saved: session 26).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace conveyor {
+
+class FlatViews {
+ public:
+  FlatViews() = default;
+
+  // Rebinds each of `tensors` (the module's own handles: the module sees the
+  // move) to a view of a new flat tensor of its group, its values copied
+  // there. A dense tensor keeps its strides (channels_last stays
+  // channels_last); any other becomes contiguous. Call it before a CUDA
+  // graph records the tensors' addresses; autograd's grad mode must be off.
+  static FlatViews Make(const std::vector<at::Tensor>& tensors);
+
+  // Whether `tensors` are those Make rebound, still where it put them (a
+  // tensor replaced since, or another list, is not).
+  bool Holds(const std::vector<at::Tensor>& tensors) const;
+
+  std::vector<at::Tensor>& flats() { return flats_; }
+
+ private:
+  std::vector<at::Tensor> flats_;
+  std::vector<const void*> data_;  // where each tensor's data lies
+};
+
+}  // namespace conveyor
