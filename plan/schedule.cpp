@@ -19,10 +19,27 @@ std::vector<Action> OneFOneB(int stage, int stages, int m) {
   return out;
 }
 
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): B is the input
+// gradient only and W, the weight gradient, trails it by P - s - 1
+// micro-batches, filling the cool-down; the stage server also runs a due W
+// while it waits for a frame (step_runner.cpp). Two changes, each found on
+// W2's two-GPU timeline (session 26) and in a simulation of that runner:
+// - the first stage's B computes nothing (nothing before it needs a
+//   gradient), so it warms up with one forward more and runs each W right
+//   after its B: it computes while the first gradient comes back instead of
+//   waiting, and holds P + 1 micro-batches (2P - 1 before);
+// - the last stage keeps the W's of its last kLastDeferred micro-batches
+//   until after its last B, so that the last gradients leave for the stages
+//   before it without waiting behind a W (it holds kLastDeferred, 1 before).
+// The W's keep their order on every stage, so the gradients add up in the
+// same order as before.
+constexpr int kLastDeferred = 3;
+
 std::vector<Action> ZeroBubbleH1(int stage, int stages, int m) {
   std::vector<Action> out;
-  const int warmup = std::min(m, stages - stage);
-  const int defer = std::min(m, stages - stage - 1);
+  const bool first = stage == 0 && stages > 1, last = stage == stages - 1 && stages > 1;
+  const int warmup = std::min(m, stages - stage + (first ? 1 : 0));
+  const int defer = first ? 0 : std::min(m, stages - stage - 1);
   int next_f = 0, next_w = 0;
   for (; next_f < warmup; ++next_f) out.push_back({ActionType::kForward, next_f});
   for (int b = 0; b < m; ++b) {
@@ -31,6 +48,10 @@ std::vector<Action> ZeroBubbleH1(int stage, int stages, int m) {
     if (next_f < m) out.push_back({ActionType::kForward, next_f++});
   }
   while (next_w < m) out.push_back({ActionType::kWeight, next_w++});
+  if (last) {  // the last micro-batches' W's after every B, in their order
+    auto late = [&](const Action& a) { return a.type == ActionType::kWeight && a.micro_batch >= m - kLastDeferred; };
+    std::stable_partition(out.begin(), out.end(), [&](const Action& a) { return !late(a); });
+  }
   return out;
 }
 

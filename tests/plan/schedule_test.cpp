@@ -52,14 +52,17 @@ TEST(Schedule, InterleavedTableForFourStagesEightMicroBatchesTwoChunks) {
 
 TEST(Schedule, ZeroBubbleTableForFourStagesEightMicroBatches) {
   // ZB-H1: B is the input gradient only; W, the weight gradient, trails by
-  // P - s - 1 micro-batches and fills the cool-down.
+  // P - s - 1 micro-batches and fills the cool-down. The first stage (whose B
+  // computes nothing) warms up with one forward more and runs each W after
+  // its B; the last keeps its last 3 W's until after its last B.
   const char* expected[] = {
-      "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 W0 F7 B4 W1 B5 W2 B6 W3 B7 W4 W5 W6 W7",
+      "F0 F1 F2 F3 F4 B0 W0 F5 B1 W1 F6 B2 W2 F7 B3 W3 B4 W4 B5 W5 B6 W6 B7 W7",
       "F0 F1 F2 B0 F3 B1 F4 B2 W0 F5 B3 W1 F6 B4 W2 F7 B5 W3 B6 W4 B7 W5 W6 W7",
       "F0 F1 B0 F2 B1 W0 F3 B2 W1 F4 B3 W2 F5 B4 W3 F6 B5 W4 F7 B6 W5 B7 W6 W7",
-      "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3 F4 B4 W4 F5 B5 W5 F6 B6 W6 F7 B7 W7",
+      "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3 F4 B4 W4 F5 B5 F6 B6 F7 B7 W5 W6 W7",
   };
   for (int s = 0; s < 4; ++s) EXPECT_EQ(List(v1::SCHEDULE_ZERO_BUBBLE, s, 4, 8), expected[s]) << s;
+  EXPECT_EQ(List(v1::SCHEDULE_ZERO_BUBBLE, 0, 1, 3), "F0 B0 W0 F1 B1 W1 F2 B2 W2");  // one stage: as it was
 }
 
 TEST(Schedule, FewerMicroBatchesThanStages) {
@@ -130,8 +133,11 @@ TEST(Schedule, EveryScheduleIsDeadlockFreeAndBoundsMemory) {
         ASSERT_TRUE(Simulate(kind, p, m, 1, &peak)) << ScheduleName(kind) << " P=" << p << " M=" << m;
         for (int s = 0; s < p; ++s) {
           int bound = kind == v1::SCHEDULE_GPIPE ? m : std::min(m, p - s);
-          // ZB-H1 keeps a micro-batch until its deferred weight pass.
-          if (kind == v1::SCHEDULE_ZERO_BUBBLE) bound = std::min(m, 2 * (p - s) - 1);
+          // ZB-H1 keeps a micro-batch until its deferred weight pass; the
+          // first stage one forward ahead, the last 3 W's deferred.
+          if (kind == v1::SCHEDULE_ZERO_BUBBLE) {
+            bound = std::min(m, p == 1 ? 1 : s == 0 ? p + 1 : s == p - 1 ? 3 : 2 * (p - s) - 1);
+          }
           EXPECT_EQ(peak[s], bound) << ScheduleName(kind) << " P=" << p << " M=" << m << " stage " << s;
         }
       }
