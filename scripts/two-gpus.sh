@@ -35,8 +35,8 @@
 #                                   torch.distributed.pipelining 1F1B with DDP over the copies, and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives; 2 x 2 where there are four GPUs)
-#   scripts/two-gpus.sh replicas-dp W1 as 2 x 1 at batch 480 and 240 (DP_BATCHES) against DDP and one GPU, each
-#                                   Conveyor row checked from outside (about 250 s a batch: one batch a call)
+#   scripts/two-gpus.sh replicas-dp W1 as 2 x 1 at batch 480 and 240 (DP_BATCHES) against DDP (and one GPU, DP_VARIANTS),
+#                                   each Conveyor row checked from outside (about 140 s a batch)
 #   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory,
 #                                   over NVLink and through sockets only (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
@@ -58,7 +58,7 @@
 #                                   each Conveyor row checked from outside (20 s more)
 #   scripts/two-gpus.sh zb          W2: zero-bubble (split backward, weight passes while waiting) against 1F1B,
 #                                   interleaved and torch-pp, with timelines (about 350 s)
-#   scripts/two-gpus.sh zb-outside  W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from outside
+#   scripts/two-gpus.sh zb-outside  W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from outside (about 350 s)
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
 #
@@ -221,15 +221,17 @@ for part in "$@"; do
       timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
       echo "gpu_test replicas: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/replicas-gpu.log" | tr '\n' ' ')" ;;
     replicas-dp)
-      # W1 as 2 x 1 against DDP and one GPU of its kind, 100 steps after 2 warm-up on both sides; Conveyor's rows
-      # also give their steady steps' median and are checked from outside: each run again DP_OUTSIDE_STEPS (600)
-      # longer, twice, and once more at its own length, the shortest walls counting (session 25's single runs of
-      # 300 more put rows at 0.77x to 1.20x their own clocks: start-up varies by seconds). About 250 s a batch:
-      # one batch a call after a build (DP_BATCHES=480, then DP_BATCHES=240). The variants run in the order given.
+      # W1 as 2 x 1 against DDP, 100 steps after 2 warm-up on both sides; Conveyor's rows also give their steady
+      # steps' median and are checked from outside: each run again DP_OUTSIDE_STEPS (600) longer, twice, and once
+      # more at its own length, the shortest walls counting (session 25's single runs of 300 more put rows at 0.77x
+      # to 1.20x their own clocks: start-up varies by seconds). About 140 s a batch with the default variants
+      # (session 26); conveyor-1dev adds about 150 s a batch (DP_VARIANTS): then one batch a call. Each row's
+      # line is kept in dp-w1-b$b.log as it comes (a batch cut by its timeout writes no table).
       for b in ${DP_BATCHES:-480 240}; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
+        mkdir -p "$out/dp-w1-b$b"
         timeout 290 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
           --outside-steps "${DP_OUTSIDE_STEPS:-600}" \
-          --variants "${DP_VARIANTS:-pytorch-ddp,conveyor-rx1,conveyor-1dev}" | grep '^|'
+          --variants "${DP_VARIANTS:-pytorch-ddp,conveyor-rx1}" 2>&1 | tee "$out/dp-w1-b$b.log" | grep '^|'
       done ;;
     w2-replicas)  # issue 32: W2 as 2 x 1 (one GPU a copy) with AdamW, ZeRO-1 off and on: step time, peak memory;
       # then the same with NCCL through sockets only, as between two hosts (item 4). Without CUDA graphs:
@@ -284,8 +286,8 @@ for part in "$@"; do
         --trace-dir "$out/zb/timelines" | grep -A9 '^| variant'
       tar -czf "$out/zb.tgz" -C "$out" zb && rm -rf "$out/zb" ;;
     zb-outside)  # the zero-bubble row (ZB_ROWS) alone, checked from outside (the zoo's W2 start-up varies by
-      # seconds: 60 s more of steps)
-      timeout 190 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-seconds 60 --timeout 130 \
+      # seconds: 60 s more of steps, two runs of each length: four starts of about 45 s; 190 s was not enough)
+      timeout 420 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-seconds 60 --timeout 130 \
         --out "$out/zb-outside" --only "${ZB_ROWS:-zero-bubble-m8}" | grep -A3 '^| variant'
       tar -czf "$out/zb-outside.tgz" -C "$out" zb-outside && rm -rf "$out/zb-outside" ;;
     window)
