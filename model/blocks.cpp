@@ -10,6 +10,11 @@ namespace conveyor {
 
 namespace nn = torch::nn;
 
+void DenseImpl::reset() {
+  weight = register_parameter("weight", at::zeros({out_, in_}));
+  bias = register_parameter("bias", at::zeros({out_}));
+}
+
 at::Tensor DenseImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
 
 BottleneckImpl::BottleneckImpl(int64_t in_planes, int64_t planes, int64_t stride) {

@@ -2,25 +2,34 @@
 // ResNet bottleneck, and a GPT decoder's embedding and pre-norm block.
 #pragma once
 
+#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 namespace conveyor {
 
-// torch::nn::Linear computed by ATen's linear. The C++ frontend's own
+// A linear layer: torch::nn::Linear's parameters and names ("weight" [out,
+// in], "bias" [out]), computed by ATen's linear. The C++ frontend's own
 // Linear::forward multiplies a 3-D input and then adds the bias in a kernel
 // of its own; at::linear (what PyTorch's Python nn.Linear calls) folds the
 // bias into the GEMM's epilogue. On W2 the separate adds took 8% of a step.
-// Same parameters, names and initialisation as nn::Linear.
-class DenseImpl : public torch::nn::LinearImpl {
+// Its parameters start as zeros: the zoo draws them (InitLayer, from the
+// layer's own generator) or a checkpoint fills them. nn::Linear drew them
+// once more through the global generator only to be overwritten, a pass over
+// 95% of W2's 1.34 B weights, one thread, at every start.
+class DenseImpl : public torch::nn::Cloneable<DenseImpl> {
  public:
-  using torch::nn::LinearImpl::LinearImpl;
+  DenseImpl(int64_t in_features, int64_t out_features) : in_(in_features), out_(out_features) { reset(); }
+  void reset() override;
   at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_;
 };
 TORCH_MODULE(Dense);
 
