@@ -127,37 +127,76 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
   // When each (model chunk, micro-batch)'s forward and (input-gradient) backward ended.
   std::vector<std::vector<double>> forwarded(chunks, std::vector<double>(micro_batches, kNotYet));
   std::vector<std::vector<double>> backwarded = forwarded;
-  std::vector<std::size_t> next(stages, 0);
+  std::vector<std::vector<bool>> done(stages);
+  for (int s = 0; s < stages; ++s) done[s].assign(lists[s].size(), false);
+  std::vector<std::size_t> next(stages, 0);  // each list's first action not done
   std::vector<double> free(stages, 0);
   double end = 0;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < stages; ++s) {
-      for (; next[s] < lists[s].size(); ++next[s]) {
-        const Action& a = lists[s][next[s]];
-        const int c = a.chunk * stages + s, mb = a.micro_batch;
-        double ready = free[s], cost = 0;
-        if (a.type == ActionType::kForward) {
-          if (c > 0 && forwarded[c - 1][mb] == kNotYet) break;
-          if (c > 0) ready = std::max(ready, forwarded[c - 1][mb]);
-          cost = forward[c];
-        } else if (a.type == ActionType::kBackward) {
-          if (c + 1 < chunks && backwarded[c + 1][mb] == kNotYet) break;
-          if (c + 1 < chunks) ready = std::max(ready, backwarded[c + 1][mb]);
-          cost = split ? backward[c] / 2 : backward[c];
-        } else {
-          cost = backward[c] / 2;
+  // Under zero-bubble the first chunk's input-gradient pass computes nothing
+  // and its weight pass is the whole backward; elsewhere each is half of it.
+  auto cost = [&](const Action& a, int c) {
+    if (a.type == ActionType::kForward) return forward[c];
+    if (!split) return backward[c];
+    if (c == 0) return a.type == ActionType::kBackward ? 0.0 : backward[c];
+    return backward[c] / 2;
+  };
+  // When what `a` waits for arrives (kNotYet: not computed yet).
+  auto arrives = [&](const Action& a, int c) {
+    if (a.type == ActionType::kForward) return c > 0 ? forwarded[c - 1][a.micro_batch] : 0.0;
+    if (a.type == ActionType::kBackward) return c + 1 < chunks ? backwarded[c + 1][a.micro_batch] : 0.0;
+    return 0.0;
+  };
+  auto run = [&](int s, std::size_t i, double start) {
+    const Action& a = lists[s][i];
+    const int c = a.chunk * stages + s;
+    free[s] = start + cost(a, c);
+    end = std::max(end, free[s]);
+    if (a.type == ActionType::kForward) forwarded[c][a.micro_batch] = free[s];
+    if (a.type == ActionType::kBackward) backwarded[c][a.micro_batch] = free[s];
+    done[s][i] = true;
+    while (next[s] < lists[s].size() && done[s][next[s]]) ++next[s];
+  };
+  // Events in time order: the free stage that became free first acts. A
+  // stage whose next action's input has not arrived runs, as the stage
+  // server does under zero-bubble (step_runner.cpp), the list's next weight
+  // passes whose backward is done, in order; else it waits for the input.
+  // Nothing another stage has not yet simulated can arrive before the
+  // earliest free stage's time, so "not computed yet" means "not yet there".
+  for (;;) {
+    int acted = -1;
+    std::vector<int> order;
+    for (int s = 0; s < stages; ++s)
+      if (next[s] < lists[s].size()) order.push_back(s);
+    if (order.empty()) break;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return free[x] < free[y]; });
+    for (int s : order) {
+      const std::size_t i = next[s];
+      const Action& a = lists[s][i];
+      const double at = arrives(a, a.chunk * stages + s);
+      if (at != kNotYet && at <= free[s]) {
+        run(s, i, free[s]);
+      } else {
+        std::size_t pull = lists[s].size();
+        for (std::size_t j = i + 1; split && j < lists[s].size(); ++j) {
+          const Action& w = lists[s][j];
+          if (done[s][j] || w.type != ActionType::kWeight) continue;
+          if (backwarded[w.chunk * stages + s][w.micro_batch] == kNotYet) break;  // its backward has not run
+          pull = j;
+          break;
         }
-        free[s] = ready + cost;
-        end = std::max(end, free[s]);
-        if (a.type == ActionType::kForward) forwarded[c][mb] = free[s];
-        if (a.type == ActionType::kBackward) backwarded[c][mb] = free[s];
-        progress = true;
+        if (pull < lists[s].size()) {
+          run(s, pull, free[s]);
+        } else if (at != kNotYet) {
+          run(s, i, at);
+        } else {
+          continue;  // waits for another stage
+        }
       }
+      acted = s;
+      break;
     }
+    if (acted < 0) return absl::InternalError("simulation: the schedule deadlocks");
   }
-  for (int s = 0; s < stages; ++s)
-    if (next[s] != lists[s].size()) return absl::InternalError("simulation: the schedule deadlocks");
   return end;
 }
 

@@ -52,9 +52,12 @@ std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 
 // How long one step takes when each stage runs its list in order, an action
 // starts once its stage is free and its input has arrived (transfers take no
-// time), and every action of model chunk c costs forward[c] or backward[c]
-// (under zero-bubble the input-gradient and weight passes half of backward[c]
-// each). The partitioner uses it to compare cuts. INVALID_ARGUMENT for what
+// time), and every action of model chunk c costs forward[c] or backward[c].
+// Under zero-bubble the input-gradient and weight passes cost half of
+// backward[c] each (on chunk 0, nothing and all of it: the first chunk's
+// input needs no gradient), and a stage runs its next due weight passes
+// while the input of its next action has not arrived, as the stage server
+// does. The partitioner uses it to compare cuts. INVALID_ARGUMENT for what
 // BuildSchedule refuses, or costs not one per model chunk.
 StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
                               const std::vector<double>& forward, const std::vector<double>& backward);
