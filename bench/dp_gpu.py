@@ -203,6 +203,7 @@ def main(argv=None):
                                 " (outside %s ms, %sx%s)" % (outside["outside_ms_per_step"], outside["outside_ratio"],
                                                              ": " + outside["outside_note"] if outside["outside_note"] else "")
                                 if "outside_ratio" in outside else ""), flush=True)
+        write_csv(args.out, rows)  # after each row: a batch cut by its timeout keeps the rows it finished
     by_name = {row["variant"]: row["ms_per_step"] for row in rows}
     single = {"pytorch": by_name.get("pytorch-1gpu-cl"), "conveyor": by_name.get("conveyor-1dev")}
     print("\nW1, global batch %d over %d GPUs, %d steps after %d warm-up" % (args.batch, r, args.steps, WARMUP))
@@ -214,12 +215,16 @@ def main(argv=None):
         outside = "%s, %sx" % (row["outside_ms_per_step"], row["outside_ratio"]) if row["outside_ratio"] != "" else "-"
         print("| %s | %s | %s | %s | %s | %s |" % (row["variant"], row["ms_per_step"] or "failed", row["images_per_second"] or "-",
                                                   up, row["median_step_ms"] or "-", outside))
-    with open(os.path.join(args.out, "dp-gpu.csv"), "w", newline="") as f:
+    write_csv(args.out, rows)
+    return 0
+
+
+def write_csv(out, rows):
+    with open(os.path.join(out, "dp-gpu.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["variant", "ms_per_step", "images_per_second", "median_step_ms",
                                           "outside_ms_per_step", "outside_ratio", "outside_note", "outside_walls"])
         w.writeheader()
         w.writerows(rows)
-    return 0
 
 
 if __name__ == "__main__":

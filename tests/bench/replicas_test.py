@@ -104,6 +104,28 @@ class DpOutsideClock(unittest.TestCase):
         self.assertEqual(outside["outside_ms_per_step"], 19.5)  # (13.9 - 10.0) / 200
         self.assertEqual(outside["outside_walls"], "100 steps: 10.00/10.90 s; 300 steps: 14.10/13.90 s")
 
+    def test_each_row_is_in_the_csv_before_the_next_variant_runs(self):
+        # A batch cut by its timeout (scripts/two-gpus.sh replicas-dp) keeps the rows it finished.
+        import csv
+        import tempfile
+        seen = []
+
+        def ddp(replicas, batch, steps):
+            return 35.0
+
+        def conveyor(args, replicas, collectives="auto", graphs=True):
+            with open(os.path.join(args.out, "dp-gpu.csv")) as f:
+                seen.extend(row["variant"] for row in csv.DictReader(f))
+            raise RuntimeError("killed")
+        saved = dp_gpu.run_ddp, dp_gpu.run_conveyor
+        dp_gpu.run_ddp, dp_gpu.run_conveyor = ddp, conveyor
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                dp_gpu.main(["--out", out, "--variants", "pytorch-ddp,conveyor-rx1"])
+        finally:
+            dp_gpu.run_ddp, dp_gpu.run_conveyor = saved
+        self.assertEqual(seen, ["pytorch-ddp-2"])
+
 
 def group_worker(rank, port, queue):
     import torch
