@@ -226,7 +226,8 @@ for part in "$@"; do
       # more at its own length, the shortest walls counting (session 25's single runs of 300 more put rows at 0.77x
       # to 1.20x their own clocks: start-up varies by seconds). About 140 s a batch with the default variants
       # (session 26); conveyor-1dev adds about 150 s a batch (DP_VARIANTS): then one batch a call. Each row's
-      # line is kept in dp-w1-b$b.log as it comes (a batch cut by its timeout writes no table).
+      # line is kept in dp-w1-b$b.log as it comes, and dp-gpu.csv after each row (a batch cut by its timeout keeps
+      # the rows it finished).
       for b in ${DP_BATCHES:-480 240}; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
         mkdir -p "$out/dp-w1-b$b"
         timeout 290 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
