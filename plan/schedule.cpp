@@ -112,6 +112,13 @@ StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, in
   }
 }
 
+int MostHeld(v1::ScheduleKind kind, int stage, int stages, int m) {
+  const int p = stages, s = stage;
+  if (kind == v1::SCHEDULE_GPIPE) return m;
+  if (kind != v1::SCHEDULE_ZERO_BUBBLE || p == 1) return std::min(m, p - s);
+  return std::min(m, s == 0 ? p + 1 : s == p - 1 ? kLastDeferred : 2 * (p - s) - 1);
+}
+
 StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
                               const std::vector<double>& forward, const std::vector<double>& backward) {
   const int chunks = stages * virtual_stages;

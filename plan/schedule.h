@@ -43,10 +43,19 @@ struct Action {
 //              needs v >= 2 and M a multiple of P.
 // zero-bubble: ZB-H1: 1F1B whose backwards compute only the input gradient;
 //              each weight-gradient pass is deferred by P - s - 1
-//              micro-batches, into what would be the cool-down bubble.
+//              micro-batches, into what would be the cool-down bubble; the
+//              first stage warms up with one forward more, the last defers
+//              its last 3 weight passes past its last backward.
 // INVALID_ARGUMENT when the arguments do not fit the schedule.
 StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, int stages, int micro_batches,
                                             int virtual_stages = 1);
+
+// The most micro-batches stage `stage` holds at once running its list of
+// gpipe, 1f1b or zero-bubble as written (from a forward to the end of its
+// backward, or of its weight pass under zero-bubble). Zero-bubble's stage
+// server, running weight passes early while it waits, holds at most this and
+// at least 1F1B's.
+int MostHeld(v1::ScheduleKind kind, int stage, int stages, int micro_batches);
 // Eval: every micro-batch through every local chunk, in chain order.
 std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 

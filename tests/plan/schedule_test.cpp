@@ -132,12 +132,13 @@ TEST(Schedule, EveryScheduleIsDeadlockFreeAndBoundsMemory) {
         std::vector<int> peak;
         ASSERT_TRUE(Simulate(kind, p, m, 1, &peak)) << ScheduleName(kind) << " P=" << p << " M=" << m;
         for (int s = 0; s < p; ++s) {
-          int bound = kind == v1::SCHEDULE_GPIPE ? m : std::min(m, p - s);
           // ZB-H1 keeps a micro-batch until its deferred weight pass; the
           // first stage one forward ahead, the last 3 W's deferred.
+          int bound = kind == v1::SCHEDULE_GPIPE ? m : std::min(m, p - s);
           if (kind == v1::SCHEDULE_ZERO_BUBBLE) {
             bound = std::min(m, p == 1 ? 1 : s == 0 ? p + 1 : s == p - 1 ? 3 : 2 * (p - s) - 1);
           }
+          EXPECT_EQ(MostHeld(kind, s, p, m), bound) << ScheduleName(kind) << " P=" << p << " M=" << m << " stage " << s;
           EXPECT_EQ(peak[s], bound) << ScheduleName(kind) << " P=" << p << " M=" << m << " stage " << s;
         }
       }
