@@ -7,6 +7,10 @@ and each against one GPU of its own kind:
 
   pytorch-1gpu-cl        one GPU, the whole batch (bench/torch_single.py's channels-last variant)
   pytorch-ddp-R          torch.nn.parallel.DistributedDataParallel, R processes, NCCL, batch / R each
+  pytorch-ddp-R-graph    the same with each process's whole step (forward, backward with DDP's all-reduces,
+                         SGD) captured once as a CUDA graph and replayed, by PyTorch's recipe for DDP
+                         (DDP made on a side stream, 11 eager steps first, async error handling off): what
+                         Conveyor's replicas do with their passes (cuda_graphs: auto)
   conveyor-1dev          `conveyor train --reference` on one GPU
   conveyor-1x1           one stage server on one GPU (`conveyor local`, replicas: 1): what a replica costs
                          before any all-reduce
@@ -25,7 +29,7 @@ over N (start-up and teardown cancel), beside the row's own figure; a row more t
 PyTorch's rows need none: their window is wall time between two device synchronizations.
 
 usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [--batch 240] [--steps 20] [--out DIR]
-                                             [--variants pytorch-1gpu-cl,pytorch-ddp,conveyor-1dev,conveyor-rx1,conveyor-rx1-eager,...]
+                                             [--variants pytorch-1gpu-cl,pytorch-ddp,pytorch-ddp-graph,conveyor-1dev,conveyor-rx1,...]
                                              [--outside-steps N] [--outside-repeats R]
 """
 import argparse
@@ -45,7 +49,9 @@ import torch_pipelining as tp  # noqa: E402
 WARMUP = bench.WARMUP  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
 
 
-def ddp_worker(rank, world, port, batch, steps, out_path):
+def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
+    if graph:  # PyTorch's recipe for capturing DDP (CUDA semantics, "Usage with DistributedDataParallel")
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = os.environ["NCCL_ASYNC_ERROR_HANDLING"] = "0"
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -54,17 +60,33 @@ def ddp_worker(rank, world, port, batch, steps, out_path):
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
     model = tp.build_stage("w1", 0, tp.NUM_UNITS["w1"], dev, 1000, channels_last=True)
-    ddp = DDP(model, device_ids=[rank])
+    side = torch.cuda.Stream()
+    if graph:
+        with torch.cuda.stream(side):
+            ddp = DDP(model, device_ids=[rank])
+    else:
+        ddp = DDP(model, device_ids=[rank])
     x, y = tp.make_batch("w1", dev, dev, channels_last=True, batch=batch // world)
     opt = torch.optim.SGD(ddp.parameters(), lr=tp.WORKLOADS["w1"]["lr"])
     lossf = tp.loss_fn("w1")
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not graph)  # a graph keeps its gradients' addresses
         lossf(ddp(x), y).backward()
         opt.step()
 
+    run_step = step
+    if graph:  # at least 11 eager DDP steps on a side stream, then the capture; replays after
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(11):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured, stream=side):  # the stream DDP was made and warmed up on
+            step()
+        run_step = captured.replay
     # The clock of every bench row (torch_pipelining.window): a window of steps back to back.
-    mean = torch.tensor([tp.window(step, lambda: torch.cuda.synchronize(dev), WARMUP, steps, dist.barrier)],
+    mean = torch.tensor([tp.window(run_step, lambda: torch.cuda.synchronize(dev), WARMUP, steps, dist.barrier)],
                         device=dev, dtype=torch.float64)
     dist.all_reduce(mean, op=dist.ReduceOp.MAX)
     if rank == 0:
@@ -73,11 +95,11 @@ def ddp_worker(rank, world, port, batch, steps, out_path):
     dist.destroy_process_group()
 
 
-def run_ddp(world, batch, steps):
+def run_ddp(world, batch, steps, graph=False):
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "ddp.json")
-        mp.start_processes(ddp_worker, args=(world, tp.free_port(), batch, steps, out), nprocs=world,
+        mp.start_processes(ddp_worker, args=(world, tp.free_port(), batch, steps, out, graph), nprocs=world,
                            start_method="spawn")
         return json.load(open(out))["ms"]
 
@@ -172,6 +194,7 @@ def main(argv=None):
     rows = []
     known = (("pytorch-1gpu-cl", "pytorch-1gpu-cl", lambda: run_torch_single(args.batch, args.steps)),
              ("pytorch-ddp", "pytorch-ddp-%d" % r, lambda: run_ddp(r, args.batch, args.steps)),
+             ("pytorch-ddp-graph", "pytorch-ddp-%d-graph" % r, lambda: run_ddp(r, args.batch, args.steps, graph=True)),
              ("conveyor-1dev", "conveyor-1dev", lambda: run_conveyor(args, 0)),
              ("conveyor-1x1", "conveyor-1x1", lambda: run_conveyor(args, 1)),
              ("conveyor-rx1", "conveyor-%dx1" % r, lambda: run_conveyor(args, r)),

@@ -126,6 +126,26 @@ class DpOutsideClock(unittest.TestCase):
             dp_gpu.run_ddp, dp_gpu.run_conveyor = saved
         self.assertEqual(seen, ["pytorch-ddp-2"])
 
+    def test_the_captured_ddp_row_asks_ddp_for_a_graph(self):
+        import csv
+        import tempfile
+        asked = []
+
+        def ddp(replicas, batch, steps, graph=False):
+            asked.append((replicas, batch, graph))
+            return 20.0 if graph else 30.0
+        saved = dp_gpu.run_ddp
+        dp_gpu.run_ddp = ddp
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                dp_gpu.main(["--out", out, "--batch", "480", "--variants", "pytorch-ddp,pytorch-ddp-graph"])
+                with open(os.path.join(out, "dp-gpu.csv")) as f:
+                    rows = {row["variant"]: row["ms_per_step"] for row in csv.DictReader(f)}
+        finally:
+            dp_gpu.run_ddp = saved
+        self.assertEqual(asked, [(2, 480, False), (2, 480, True)])
+        self.assertEqual(rows, {"pytorch-ddp-2": "30.0", "pytorch-ddp-2-graph": "20.0"})
+
 
 def group_worker(rank, port, queue):
     import torch
