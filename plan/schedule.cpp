@@ -169,40 +169,41 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
   // passes whose backward is done, in order; else it waits for the input.
   // Nothing another stage has not yet simulated can arrive before the
   // earliest free stage's time, so "not computed yet" means "not yet there".
+  std::vector<char> waiting(stages, 0);  // for another stage's output, since the last action
   for (;;) {
-    int acted = -1;
-    std::vector<int> order;
-    for (int s = 0; s < stages; ++s)
-      if (next[s] < lists[s].size()) order.push_back(s);
-    if (order.empty()) break;
-    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return free[x] < free[y]; });
-    for (int s : order) {
-      const std::size_t i = next[s];
-      const Action& a = lists[s][i];
-      const double at = arrives(a, a.chunk * stages + s);
-      if (at != kNotYet && at <= free[s]) {
-        run(s, i, free[s]);
-      } else {
-        std::size_t pull = lists[s].size();
-        for (std::size_t j = i + 1; split && j < lists[s].size(); ++j) {
-          const Action& w = lists[s][j];
-          if (done[s][j] || w.type != ActionType::kWeight) continue;
-          if (backwarded[w.chunk * stages + s][w.micro_batch] == kNotYet) break;  // its backward has not run
-          pull = j;
-          break;
-        }
-        if (pull < lists[s].size()) {
-          run(s, pull, free[s]);
-        } else if (at != kNotYet) {
-          run(s, i, at);
-        } else {
-          continue;  // waits for another stage
-        }
-      }
-      acted = s;
-      break;
+    int s = -1;  // the earliest free stage not waiting (the lowest index among equals)
+    bool left = false;
+    for (int t = 0; t < stages; ++t) {
+      if (next[t] == lists[t].size()) continue;
+      left = true;
+      if (!waiting[t] && (s < 0 || free[t] < free[s])) s = t;
     }
-    if (acted < 0) return absl::InternalError("simulation: the schedule deadlocks");
+    if (!left) break;
+    if (s < 0) return absl::InternalError("simulation: the schedule deadlocks");
+    const std::size_t i = next[s];
+    const Action& a = lists[s][i];
+    const double at = arrives(a, a.chunk * stages + s);
+    if (at != kNotYet && at <= free[s]) {
+      run(s, i, free[s]);
+    } else {
+      std::size_t pull = lists[s].size();
+      for (std::size_t j = i + 1; split && j < lists[s].size(); ++j) {
+        const Action& w = lists[s][j];
+        if (done[s][j] || w.type != ActionType::kWeight) continue;
+        if (backwarded[w.chunk * stages + s][w.micro_batch] == kNotYet) break;  // its backward has not run
+        pull = j;
+        break;
+      }
+      if (pull < lists[s].size()) {
+        run(s, pull, free[s]);
+      } else if (at != kNotYet) {
+        run(s, i, at);
+      } else {
+        waiting[s] = 1;
+        continue;
+      }
+    }
+    std::fill(waiting.begin(), waiting.end(), 0);
   }
   return end;
 }
