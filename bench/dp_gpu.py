@@ -74,17 +74,8 @@ def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
         lossf(ddp(x), y).backward()
         opt.step()
 
-    run_step = step
-    if graph:  # at least 11 eager DDP steps on a side stream, then the capture; replays after
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(11):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        captured = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured, stream=side):  # the stream DDP was made and warmed up on
-            step()
-        run_step = captured.replay
+    # At least 11 eager DDP steps, then the capture, on the stream DDP was made on; replays after.
+    run_step = tp.captured(step, 11, side) if graph else step
     # The clock of every bench row (torch_pipelining.window): a window of steps back to back.
     mean = torch.tensor([tp.window(run_step, lambda: torch.cuda.synchronize(dev), WARMUP, steps, dist.barrier)],
                         device=dev, dtype=torch.float64)

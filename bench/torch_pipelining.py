@@ -334,6 +334,22 @@ def window(step, sync, warmup, steps, barrier=None):
     return (time.perf_counter() - t0) / steps
 
 
+def captured(step, eager_steps, stream=None):
+    """PyTorch's whole-network capture recipe: `eager_steps` steps on a side stream (`stream`, or a new
+    one), the step captured once as a CUDA graph on that stream; returns the graph's replay."""
+    import torch
+    side = stream or torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(eager_steps):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        step()
+    return graph.replay
+
+
 def timed(step, devices, opts, barrier=None):
     """window() over `devices`: (mean seconds per step, steps timed)."""
     import torch

@@ -50,20 +50,7 @@ def run(workload, variant, batch, steps, warmup, name, profile_dir=None):
         opt.step()
         last["loss"] = loss
 
-    if variant == "pytorch-1gpu-graph":
-        # PyTorch's whole-network capture recipe: warm up on a side stream, capture, replay.
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        run_step = graph.replay
-    else:
-        run_step = step
+    run_step = tp.captured(step, 3) if variant == "pytorch-1gpu-graph" else step
     torch.cuda.reset_peak_memory_stats(dev)
     mean = tp.window(run_step, lambda: torch.cuda.synchronize(dev), warmup, steps)
     # --profile-dir: one more step under torch.profiler, DIR/w1-NAME.json (bench/profile_summary.py)
