@@ -33,6 +33,7 @@ usage: bench/bench.py dp (or bench/dp_gpu.py) [--bin build/bin] [--replicas 2] [
                                              [--outside-steps N] [--outside-repeats R]
 """
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -60,11 +61,8 @@ def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
     model = tp.build_stage("w1", 0, tp.NUM_UNITS["w1"], dev, 1000, channels_last=True)
-    side = torch.cuda.Stream()
-    if graph:
-        with torch.cuda.stream(side):
-            ddp = DDP(model, device_ids=[rank])
-    else:
+    side = torch.cuda.Stream() if graph else None  # DDP made, warmed up and captured on it
+    with torch.cuda.stream(side) if graph else contextlib.nullcontext():
         ddp = DDP(model, device_ids=[rank])
     x, y = tp.make_batch("w1", dev, dev, channels_last=True, batch=batch // world)
     opt = torch.optim.SGD(ddp.parameters(), lr=tp.WORKLOADS["w1"]["lr"])

@@ -335,8 +335,10 @@ def window(step, sync, warmup, steps, barrier=None):
 
 
 def captured(step, eager_steps, stream=None):
-    """PyTorch's whole-network capture recipe: `eager_steps` steps on a side stream (`stream`, or a new
-    one), the step captured once as a CUDA graph on that stream; returns the graph's replay."""
+    """PyTorch's whole-network capture recipe: `eager_steps` steps on a side stream, then the step
+    captured once as a CUDA graph; returns the graph's replay. With `stream` (DDP's, which it was made
+    on) the warm-up and the capture both run on it; else the warm-up on a new stream and the capture
+    on torch.cuda.graph's own."""
     import torch
     side = stream or torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -345,7 +347,7 @@ def captured(step, eager_steps, stream=None):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, stream=stream):
         step()
     return graph.replay
 
