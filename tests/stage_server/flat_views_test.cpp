@@ -4,6 +4,7 @@
 #include "stage_server/flat_views.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gtest/gtest.h>
 
 namespace conveyor {
