@@ -81,6 +81,13 @@ def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"ms": 1000 * mean.item()}, f)
+    if graph:
+        # destroy_process_group() hangs in ncclCommDestroy once NCCL collectives were captured in a graph
+        # (pytorch/pytorch#115388; both ranks hung there in session 27's first try): each rank waits for its
+        # own work and leaves without it.
+        torch.cuda.synchronize(dev)
+        sys.stdout.flush()
+        os._exit(0)
     dist.destroy_process_group()
 
 
