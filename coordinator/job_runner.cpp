@@ -691,8 +691,6 @@ v1::JobStatus JobRunner::Run() {
   Publish();
   LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages",
            Replicas(spec_) > 1 ? " x " + std::to_string(Replicas(spec_)) + " replicas" : "");
-  if (spec_.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
-    LOG_WARN("job ", status_.job_id(), ": the zero-bubble schedule is experimental (see docs/schedules.md)");
 
   // A job that resumes after a coordinator restart recovers from the start.
   started_ = status_.step() > 0 || status_.checkpoint_step() > 0;
