@@ -636,5 +636,33 @@ TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) 
   }
 }
 
+// With clipping by the global gradient norm each copy holds the sums of its
+// own parameters' gradients only (they are reduced to their owner): the
+// norm is each copy's share summed over the copies, so clipping scales as
+// without sharding (to float rounding: the sum runs in another order).
+TEST(Zero, ClippingByTheGlobalNormUnderShardingTrainsAsWithout) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  const std::string job =
+      "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 2}\nreplicas: 2\n"
+      "data: {name: synthetic, train_samples: 512}\nbatch_size: 32\nmicro_batches: 2\nsteps: 10\n"
+      "optimizer: {name: sgd, lr: 0.5}\nclip_grad_norm: 0.05\n";
+  v1::JobStatus runs[2];
+  for (int zero : {0, 1}) {
+    InProcessCluster cluster(4);
+    auto coordinator = cluster.StartCoordinator();
+    runs[zero] = RunToEnd(*coordinator, job + "zero: " + std::to_string(zero) + "\n");
+    ASSERT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
+  }
+  ASSERT_EQ(runs[1].losses_size(), 10);
+  ASSERT_EQ(runs[0].losses_size(), 10);
+  ASSERT_EQ(runs[1].grad_norms_size(), 10);
+  ASSERT_EQ(runs[0].grad_norms_size(), 10);
+  EXPECT_GT(runs[0].grad_norms(0), 0.05) << "the test needs a norm that clipping cuts";
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_NEAR(runs[1].grad_norms(i), runs[0].grad_norms(i), 1e-5 * runs[0].grad_norms(i)) << "step " << i + 1;
+    EXPECT_NEAR(runs[1].losses(i), runs[0].losses(i), 1e-5 * std::abs(runs[0].losses(i))) << "step " << i + 1;
+  }
+}
+
 }  // namespace
 }  // namespace conveyor
