@@ -7,6 +7,7 @@
 
 #include <ATen/Context.h>
 
+#include <array>
 #include <cstdlib>
 #include <future>
 #include <map>
@@ -604,6 +605,23 @@ TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
               run.steady_seconds(), 1e-9);
 }
 
+// The 2 x 2 MLP job of the Zero tests, with `recipe` (optimizer and the
+// like), run with zero 0 and with zero 1 on clusters of their own.
+constexpr char kZeroJob[] =
+    "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 2}\nreplicas: 2\n"
+    "data: {name: synthetic, train_samples: 512}\nbatch_size: 32\nmicro_batches: 2\nsteps: 10\n";
+
+std::array<v1::JobStatus, 2> RunUnshardedAndSharded(const std::string& recipe) {
+  std::array<v1::JobStatus, 2> runs;
+  for (int zero : {0, 1}) {
+    InProcessCluster cluster(4);
+    auto coordinator = cluster.StartCoordinator();
+    runs[zero] = RunToEnd(*coordinator, kZeroJob + recipe + "zero: " + std::to_string(zero) + "\n");
+    EXPECT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
+  }
+  return runs;
+}
+
 // ZeRO-1 (zero: 1) on a 2 x 2 grid with AdamW: each replica updates its half
 // of each stage's parameters with its half of the moments and sends them to
 // the other; the run equals the unsharded one bit for bit (losses and
@@ -611,18 +629,9 @@ TEST(Clock, AReadOneStepLateCountsOnlyTheStepsTheDeviceFinished) {
 // (the memory report's shares add up to the unsharded state).
 TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
-  const std::string job =
-      "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 2}\nreplicas: 2\n"
-      "data: {name: synthetic, train_samples: 512}\nbatch_size: 32\nmicro_batches: 2\nsteps: 10\n"
-      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\n";
-  v1::JobStatus runs[2];
-  for (int zero : {0, 1}) {
-    InProcessCluster cluster(4);
-    auto coordinator = cluster.StartCoordinator();
-    runs[zero] = RunToEnd(*coordinator, job + "zero: " + std::to_string(zero) + "\n");
-    ASSERT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
-    ASSERT_EQ(runs[zero].stages_size(), 4);
-  }
+  const auto runs = RunUnshardedAndSharded("optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\n");
+  ASSERT_EQ(runs[0].stages_size(), 4);
+  ASSERT_EQ(runs[1].stages_size(), 4);
   EXPECT_EQ(runs[1].param_digest(), runs[0].param_digest());
   ASSERT_EQ(runs[1].losses_size(), runs[0].losses_size());
   for (int i = 0; i < runs[0].losses_size(); ++i) EXPECT_EQ(runs[1].losses(i), runs[0].losses(i)) << "step " << i + 1;
@@ -642,21 +651,11 @@ TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) 
 // without sharding (to float rounding: the sum runs in another order).
 TEST(Zero, ClippingByTheGlobalNormUnderShardingTrainsAsWithout) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
-  const std::string job =
-      "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 2}\nreplicas: 2\n"
-      "data: {name: synthetic, train_samples: 512}\nbatch_size: 32\nmicro_batches: 2\nsteps: 10\n"
-      "optimizer: {name: sgd, lr: 0.5}\nclip_grad_norm: 0.05\n";
-  v1::JobStatus runs[2];
-  for (int zero : {0, 1}) {
-    InProcessCluster cluster(4);
-    auto coordinator = cluster.StartCoordinator();
-    runs[zero] = RunToEnd(*coordinator, job + "zero: " + std::to_string(zero) + "\n");
-    ASSERT_EQ(runs[zero].state(), v1::JOB_STATE_SUCCEEDED) << "zero " << zero << ": " << runs[zero].error();
+  const auto runs = RunUnshardedAndSharded("optimizer: {name: sgd, lr: 0.5}\nclip_grad_norm: 0.05\n");
+  for (const v1::JobStatus& run : runs) {
+    ASSERT_EQ(run.losses_size(), 10);
+    ASSERT_EQ(run.grad_norms_size(), 10);
   }
-  ASSERT_EQ(runs[1].losses_size(), 10);
-  ASSERT_EQ(runs[0].losses_size(), 10);
-  ASSERT_EQ(runs[1].grad_norms_size(), 10);
-  ASSERT_EQ(runs[0].grad_norms_size(), 10);
   EXPECT_GT(runs[0].grad_norms(0), 0.05) << "the test needs a norm that clipping cuts";
   for (int i = 0; i < 10; ++i) {
     EXPECT_NEAR(runs[1].grad_norms(i), runs[0].grad_norms(i), 1e-5 * runs[0].grad_norms(i)) << "step " << i + 1;
