@@ -605,9 +605,8 @@ std::vector<JobKey> MakeTable() {
       .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
       .Get([](const S& s) { return BucketCapMb(s); });
   add("zero", kInt,
-      "replicas: the ZeRO stage. `1` shards each stage's optimizer state over its R copies (each gradient is summed "
-      "into its owner's copy alone, and each copy updates the parameters it owns with its share of the state and "
-      "sends them to the others, as PyTorch's "
+      "replicas: the ZeRO stage. `1` shards each stage's optimizer state over its R copies (each copy updates the "
+      "parameters it owns with its share of the state and sends them to the others, as PyTorch's "
       "ZeroRedundancyOptimizer): the state takes 1/R of the memory; `0` keeps all of it on every copy. No effect "
       "with one replica (see [parallelism.md](parallelism.md))")
       .Default("0")

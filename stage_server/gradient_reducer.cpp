@@ -6,27 +6,24 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <map>
-#include <tuple>
 #include <utility>
 
 namespace conveyor {
 
 GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes,
-                                 bool hooks, std::vector<int> owners)
+                                 bool hooks)
     : group_(group), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), ready_(params_.size()) {
-  // Reverse order, one open bucket per (dtype, device, owner); a bucket
-  // closes when the next parameter would take it past bucket_bytes.
-  std::map<std::tuple<int, std::string, int>, std::size_t> open;
+  // Reverse order, one open bucket per (dtype, device); a bucket closes when
+  // the next parameter would take it past bucket_bytes.
+  std::map<std::pair<int, std::string>, std::size_t> open;
   std::map<std::size_t, int64_t> bytes;
   for (std::size_t k = params_.size(); k-- > 0;) {
     const at::Tensor& p = params_[k];
-    const int owner = k < owners.size() ? owners[k] : -1;
-    const auto key = std::make_tuple(static_cast<int>(p.scalar_type()), p.device().str(), owner);
+    const auto key = std::make_pair(static_cast<int>(p.scalar_type()), p.device().str());
     const int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
     auto it = open.find(key);
     if (it == open.end() || (bytes[it->second] > 0 && bytes[it->second] + size > bucket_bytes)) {
       buckets_.emplace_back();
-      buckets_.back().owner = owner;
       it = open.insert_or_assign(key, buckets_.size() - 1).first;
     }
     Bucket& b = buckets_[it->second];
@@ -137,7 +134,7 @@ void GradientReducer::StartReady() {
   while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) {
     Bucket& b = buckets_[next_++];
     if (!error_.ok()) continue;
-    auto work = b.owner < 0 ? group_->StartAllReduce(b.flat) : group_->StartReduce(b.flat, b.owner);
+    auto work = group_->StartAllReduce(b.flat);
     if (work.ok()) {
       b.work = std::move(*work);
     } else {

@@ -17,13 +17,6 @@
 // parameter's gradient accumulator); one that never comes (a parameter unused
 // in this pass) is taken as it stands at Finish. Not thread-safe beyond the
 // hooks: the rest on the stage's executor thread.
-//
-// Under zero: 1 each parameter has an owner, the replica that updates it:
-// buckets then hold one owner's parameters each and are summed into the
-// owner's bucket alone (a reduce, half an all-reduce's bytes); the other
-// replicas' gradients of those parameters are left undefined, and the owner
-// sends the updated parameters back (ZeRO-1's reduce-scatter and all-gather,
-// by parameter tensor).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,10 +44,8 @@ class GradientReducer {
   // created (forward order); their gradients become views of the buckets
   // (holding what they held). `group` outlives the reducer. Without `hooks`
   // (passes replayed as CUDA graphs) no bucket starts during backward: all
-  // start in Finish. `owners` (empty, or one replica per parameter): each
-  // bucket summed into its owner's only.
-  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes, bool hooks = true,
-                  std::vector<int> owners = {});
+  // start in Finish.
+  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes, bool hooks = true);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -70,8 +61,7 @@ class GradientReducer {
   // group.
   Status Arm(std::size_t first, std::size_t last);
   // Starts the buckets not started yet, waits for all of them, and leaves
-  // each parameter's gradient summed over the replicas (with owners: in its
-  // owner's copy). Disarms. Without Arm
+  // each parameter's gradient summed over the replicas. Disarms. Without Arm
   // or hooks every bucket starts here, in order. The errors of ReplicaGroup.
   Status Finish();
 
@@ -88,7 +78,6 @@ class GradientReducer {
     std::vector<std::size_t> members;  // indices into params_
     std::vector<int64_t> offsets;      // each member's first element in `flat`
     at::Tensor flat;
-    int owner = -1;  // the replica it is summed into; -1: all of them
     std::size_t ready = 0;
     std::unique_ptr<ReplicaGroup::Work> work;
   };

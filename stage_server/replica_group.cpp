@@ -262,21 +262,9 @@ std::function<Status(const Status&)> ReplicaGroup::Watcher() {
 }
 
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor flat) {
-  return StartSum(std::move(flat), -1);
-}
-
-StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartReduce(at::Tensor flat, int root) {
-  if (root < 0 || root >= options_.size)
-    return absl::InvalidArgumentError(options_.who + ": reduce to replica " + std::to_string(root) + " of " +
-                                      std::to_string(options_.size));
-  return StartSum(std::move(flat), root);
-}
-
-StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartSum(at::Tensor flat, int root) {
-  const char* what = root < 0 ? "all-reduce" : "reduce";
   CONVEYOR_RETURN_IF_ERROR(Join());
   if (impl_->nccl && flat.is_cuda()) {
-    auto done = root < 0 ? impl_->nccl->AllReduce(std::move(flat)) : impl_->nccl->Reduce(std::move(flat), root);
+    auto done = impl_->nccl->AllReduce(std::move(flat));
     if (!done.ok()) {
       impl_.reset();
       return done.status();
@@ -292,19 +280,12 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartSum(at::Tensor 
     std::vector<at::Tensor> one{widen ? flat.to(at::kFloat) : flat};
     std::function<void()> then;
     if (widen) then = [flat, wide = one[0]]() mutable { flat.copy_(wide); };
-    C10dWork work;
-    if (root < 0) {
-      work = impl_->group->allreduce(one);
-    } else {
-      c10d::ReduceOptions o;
-      o.rootRank = root;
-      work = impl_->group->reduce(one, o);
-    }
+    C10dWork work = impl_->group->allreduce(one);
     return std::unique_ptr<Work>(new GlooWork(
-        std::move(work), options_.timeout, [this, what](const std::exception& e) { return Failure(what, e); },
+        std::move(work), options_.timeout, [this](const std::exception& e) { return Failure("all-reduce", e); },
         std::move(then)));
   } catch (const std::exception& e) {
-    return Failure(what, e);
+    return Failure("all-reduce", e);
   }
 }
 
@@ -383,8 +364,6 @@ Status NoGloo(const std::string& who) {
 Status ReplicaGroup::Join() { return NoGloo(options_.who); }
 Status ReplicaGroup::AllReduce(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor) { return NoGloo(options_.who); }
-StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartReduce(at::Tensor, int) { return NoGloo(options_.who); }
-StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartSum(at::Tensor, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::BroadcastBytes(std::string*, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }

@@ -92,11 +92,6 @@ class ReplicaGroup {
   // must start the same all-reduces in the same order (c10d matches them by
   // their sequence). Joins first if it has not.
   StatusOr<std::unique_ptr<Work>> StartAllReduce(at::Tensor flat);
-  // Starts summing `flat` over the group into replica `root`'s `flat` (the
-  // others' `flat` is undefined after it): half an all-reduce's traffic, for
-  // gradients only `root` updates with (zero: 1). As StartAllReduce
-  // otherwise.
-  StatusOr<std::unique_ptr<Work>> StartReduce(at::Tensor flat, int root);
   // Waits on the host until every collective on the device is done (a Work's
   // end time is then known): call after the work that uses their results is
   // enqueued and before those results leave the device. The errors of
@@ -133,8 +128,6 @@ class ReplicaGroup {
   Status Failure(const std::string& what, const std::exception& e);
   // Joins the NCCL group (options_.nccl), its id shared through the store.
   Status JoinNccl();
-  // StartAllReduce (root < 0) or StartReduce.
-  StatusOr<std::unique_ptr<Work>> StartSum(at::Tensor flat, int root);
   Options options_;
   int nccl_joins_ = 0;
   std::unique_ptr<Impl> impl_;

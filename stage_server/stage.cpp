@@ -395,21 +395,17 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     }
   }
 
-  const bool sharded = a.spec().zero_stage() >= 1 && a.num_replicas() > 1 && !all_params.empty();
-  if (sharded) {
+  // After the graphs: a stage that replays them keeps no hooks on its gradients.
+  CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
+  ParameterGroups groups;
+  NamedTensors updated = all_params;  // by this stage's optimizer
+  if (a.spec().zero_stage() >= 1 && a.num_replicas() > 1 && !all_params.empty()) {
     if (static_cast<int>(all_params.size()) < a.num_replicas()) {
       return absl::FailedPreconditionError(who + ": zero 1 shards the optimizer by parameter tensor, and this stage has " +
                                            std::to_string(all_params.size()) + " for " +
                                            std::to_string(a.num_replicas()) + " replicas");
     }
-    job->owners = ShardOwners(all_params, a.num_replicas());
-  }
-  // After the graphs: a stage that replays them keeps no hooks on its gradients.
-  CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
-  ParameterGroups groups;
-  NamedTensors updated = all_params;  // by this stage's optimizer
-  if (sharded) {
-    const std::vector<int>& owner = job->owners;
+    const std::vector<int> owner = ShardOwners(all_params, a.num_replicas());
     job->updated_by.resize(static_cast<std::size_t>(a.num_replicas()));
     updated.clear();
     for (std::size_t i = 0; i < all_params.size(); ++i) {
@@ -530,7 +526,7 @@ Status Stage::Impl::JoinReplicas(Job& job) {
   // (2x H100, session 20). With graphs the buckets all start after backward.
   job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
                                                   static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024),
-                                                  /*hooks=*/job.graphs == nullptr, job.owners);
+                                                  /*hooks=*/job.graphs == nullptr);
   return absl::OkStatus();
 }
 

@@ -219,7 +219,6 @@ class Stage::Impl {
     // alone) and made views of flat tensors then, before any graph records
     // them (updated_flat); empty otherwise. optimizer_shards: replica 0's
     // copy of every replica's serialised optimizer, gathered for a checkpoint.
-    std::vector<int> owners;  // zero: 1: the replica that updates each parameter (chunks' order)
     std::vector<std::vector<at::Tensor>> updated_by;
     std::vector<FlatViews> updated_flat;
     std::vector<std::string> optimizer_shards;
@@ -340,10 +339,6 @@ class Stage::Impl {
   Status PrepareUpdate(StepState& st);
   // Writes the checkpoint of the state after `step` (0-based) was applied.
   StatusOr<v1::CheckpointRecord> CheckpointAfter(int64_t step);
-  // The squared norm of the stage's gradients, on the device (undefined
-  // where none has one). Under ZeRO-1 each copy holds the sums of its own
-  // parameters' gradients only: their norm, summed over the copies.
-  StatusOr<at::Tensor> StageGradSquaredNorm(const std::vector<at::Tensor>& params);
   // ZeRO-1: each replica's updated parameters to the other copies.
   Status ShareShardedParameters();
   // ZeRO-1: every replica's optimizer, serialised, to replica 0

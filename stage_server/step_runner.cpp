@@ -374,15 +374,14 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
     // device clips with it, and the host reads it after the step (as the
     // reference does). Alone, the stage clips its own gradients: they are all
     // of them.
-    CONVEYOR_ASSIGN_OR_RETURN(st.sq, StageGradSquaredNorm(params));
+    st.sq = GradSquaredNormTensor(params);
     st.reply->set_updated_before_read(true);
     job_->pending_step = -1;
     if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(params, spec.clip_grad_norm(), st.sq);
     job_->optimizer->step();
     return ShareShardedParameters();
   }
-  CONVEYOR_ASSIGN_OR_RETURN(const at::Tensor sq_tensor, StageGradSquaredNorm(params));
-  const double sq = sq_tensor.defined() ? sq_tensor.item<double>() : 0.0;
+  const double sq = GradSquaredNorm(params);
   st.reply->set_grad_sq_norm(sq);
   if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
   job_->pending_step = -1;
@@ -402,16 +401,6 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
   if (spec.clip_grad_norm() > 0) ScaleGrads(params, ClipFactor(spec.clip_grad_norm(), std::sqrt(sq)));
   job_->optimizer->step();
   return ShareShardedParameters();
-}
-
-StatusOr<at::Tensor> Stage::Impl::StageGradSquaredNorm(const std::vector<at::Tensor>& params) {
-  if (job_->updated_by.empty()) return GradSquaredNormTensor(params);
-  at::Tensor sq = GradSquaredNormTensor(job_->updated_by[static_cast<std::size_t>(job_->assignment.replica())]);
-  if (!sq.defined()) sq = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaGroup::Work> sum,
-                            job_->replica_group->StartAllReduce(sq.reshape({1})));
-  CONVEYOR_RETURN_IF_ERROR(Annotate(sum->Wait(), Who() + " summing the gradient norm over the replicas"));
-  return sq;
 }
 
 Status Stage::Impl::ShareShardedParameters() {

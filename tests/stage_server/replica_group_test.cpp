@@ -294,63 +294,6 @@ TEST(GradientReducer, WithoutHooksFinishStartsAndSumsEveryBucket) {
   }
 }
 
-// zero: 1: with owners, each bucket holds one owner's parameters and is
-// summed into that owner's copy alone (a reduce); the owner's gradients are
-// the whole sums.
-void ExpectEachBucketIsSummedIntoItsOwner(bool nccl) {
-  TinyStage whole;
-  for (int r = 0; r < 2; ++r)
-    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
-  // {unused, w1, b1, w2}; in reverse, 16 floats a bucket at most: (w2), (b1, unused), (w1).
-  const std::vector<int> owners{1, 0, 1, 0};
-  std::vector<at::Tensor> got[2];
-  int buckets[2] = {0, 0};
-  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
-    TinyStage stage(nccl ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.rank())) : at::Device(at::kCPU));
-    GradientReducer reducer(&g, stage.params(), 16 * 4, /*hooks=*/true, owners);
-    buckets[g.rank()] = reducer.num_buckets();
-    reducer.Reset();
-    stage.Backward(Rows(g.rank(), 0));
-    Status st = reducer.Arm(0, 4);
-    if (!st.ok()) return st;
-    stage.Backward(Rows(g.rank(), 1));
-    st = reducer.Finish();
-    for (const at::Tensor& p : stage.params()) got[g.rank()].push_back(p.grad().cpu());
-    return st;
-  }, nccl);
-  ASSERT_TRUE(st0.ok()) << st0;
-  ASSERT_TRUE(st1.ok()) << st1;
-  EXPECT_EQ(buckets[0], 3);
-  EXPECT_EQ(buckets[1], 3);
-  for (std::size_t i = 1; i < 4; ++i) {
-    const int owner = owners[i];
-    EXPECT_TRUE(at::allclose(got[owner][i], whole.params()[i].grad(), 1e-5, 1e-6))
-        << "parameter " << i << " in its owner's copy (replica " << owner << ")";
-  }
-  // The other copy's are undefined (Gloo's reduce leaves partial sums there,
-  // NCCL's the replica's own), not all of them the sums: no all-reduce ran.
-  bool all_summed = true;
-  for (std::size_t i = 1; i < 4; ++i)
-    all_summed = all_summed && at::allclose(got[1 - owners[i]][i], whole.params()[i].grad(), 1e-5, 1e-6);
-  EXPECT_FALSE(all_summed) << "every copy got every sum: an all-reduce, not a reduce to the owner";
-  EXPECT_TRUE(at::equal(got[1][0], at::zeros({5}))) << "a parameter without gradients gets the (zero) sum";
-}
-
-TEST(GradientReducer, WithOwnersEachBucketIsSummedIntoItsOwnersCopy) {
-  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
-  ExpectEachBucketIsSummedIntoItsOwner(/*nccl=*/false);
-}
-
-TEST(ReplicaGroup, AReduceToAReplicaOutsideTheGroupIsRefused) {
-  ReplicaGroup group(Member(1, 0, 1s));  // refused before it joins: no store needed
-  for (int root : {-1, 2}) {
-    auto work = group.StartReduce(at::ones({3}), root);
-    ASSERT_FALSE(work.ok());
-    EXPECT_TRUE(absl::IsInvalidArgument(work.status())) << work.status();
-    EXPECT_THAT(std::string(work.status().message()), HasSubstr("reduce to replica " + std::to_string(root) + " of 2"));
-  }
-}
-
 bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaDeviceCount() >= 2; }
 
 // The same over NCCL on two GPUs: the buckets' sums on the devices, each
@@ -358,11 +301,6 @@ bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaD
 TEST(GradientReducer, OverNcclOnTwoGpusTheBucketsSumEveryReplicasGradients) {
   if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
   ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/true);
-}
-
-TEST(GradientReducer, OverNcclOnTwoGpusWithOwnersEachBucketIsSummedIntoItsOwnersCopy) {
-  if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
-  ExpectEachBucketIsSummedIntoItsOwner(/*nccl=*/true);
 }
 
 // NCCL collectives on two GPUs: sums (fp32 and bf16) and a broadcast on the

@@ -49,9 +49,6 @@ class NcclGroup {
   virtual StatusOr<c10::Event> AllReduce(at::Tensor t) = 0;
   // Rank `root`'s `t` to every rank, in place.
   virtual StatusOr<c10::Event> Broadcast(at::Tensor t, int root) = 0;
-  // Sums `t` over the ranks into rank `root`'s `t`, in place; the other
-  // ranks' `t` is left as it was.
-  virtual StatusOr<c10::Event> Reduce(at::Tensor t, int root) = 0;
   // The sum over the ranks of `in` (size x out.numel() elements), rank r's
   // r-th part into `out`.
   virtual StatusOr<c10::Event> ReduceScatter(at::Tensor in, at::Tensor out) = 0;

@@ -66,12 +66,6 @@ class NcclGroupImpl final : public NcclGroup {
     });
   }
 
-  StatusOr<c10::Event> Reduce(at::Tensor t, int root) override {
-    return Enqueue("reduce", {t}, [&](ncclDataType_t type, cudaStream_t s) {
-      return ncclReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), type, ncclSum, root, comm_, s);
-    });
-  }
-
   StatusOr<c10::Event> ReduceScatter(at::Tensor in, at::Tensor out) override {
     if (in.numel() != out.numel() * size_ || in.scalar_type() != out.scalar_type())
       return absl::InvalidArgumentError(label_ + ": reduce-scatter of " + std::to_string(in.numel()) + " into " +
