@@ -83,11 +83,18 @@ void ProgressPrinter::Update(const v1::JobStatus& s) {
   std::ostringstream line;
   line << "epoch " << s.epoch() << "/" << s.total_epochs() << "  step " << s.step() << "/" << s.total_steps();
   line << "  loss " << std::fixed << std::setprecision(4) << s.loss();
-  if (s.lrs_size() > 0) line << "  lr " << std::scientific << std::setprecision(3) << s.lrs(s.lrs_size() - 1);
-  if (s.grad_norms_size() > 0)
-    line << "  grad norm " << std::fixed << std::setprecision(4) << s.grad_norms(s.grad_norms_size() - 1);
-  if (s.loss_scales_size() > 0)
-    line << "  loss scale " << std::defaultfloat << s.loss_scales(s.loss_scales_size() - 1);
+  // The last step's figures: in lr, grad_norm and loss_scale where the
+  // series were left out (a watch), else the series' last.
+  if (s.has_lr() || s.lrs_size() > 0)
+    line << "  lr " << std::scientific << std::setprecision(3) << (s.has_lr() ? s.lr() : s.lrs(s.lrs_size() - 1));
+  if (s.has_grad_norm() || s.grad_norms_size() > 0) {
+    line << "  grad norm " << std::fixed << std::setprecision(4)
+         << (s.has_grad_norm() ? s.grad_norm() : s.grad_norms(s.grad_norms_size() - 1));
+  }
+  if (s.has_loss_scale() || s.loss_scales_size() > 0) {
+    line << "  loss scale " << std::defaultfloat
+         << (s.has_loss_scale() ? s.loss_scale() : s.loss_scales(s.loss_scales_size() - 1));
+  }
   line << "  " << std::fixed << std::setprecision(0) << s.samples_per_second() << " samples/s"
        << "  ETA " << FormatDuration(s.eta_seconds());
   if (tty_) {

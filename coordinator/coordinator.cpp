@@ -160,11 +160,45 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
   return job.status;
 }
 
+namespace {
+
+// Swaps the per-step series of `a` and `b` (no copy).
+void SwapSeries(v1::JobStatus* a, v1::JobStatus* b) {
+  a->mutable_losses()->Swap(b->mutable_losses());
+  a->mutable_lrs()->Swap(b->mutable_lrs());
+  a->mutable_grad_norms()->Swap(b->mutable_grad_norms());
+  a->mutable_loss_scales()->Swap(b->mutable_loss_scales());
+  a->mutable_step_seconds()->Swap(b->mutable_step_seconds());
+}
+
+// Leaves the series of `*status` out (GetJobRequest.omit_losses), keeping
+// their last figures; `series` holds them (`status` itself by default).
+void OmitSeries(v1::JobStatus* status, const v1::JobStatus* series = nullptr) {
+  const v1::JobStatus& from = series ? *series : *status;
+  if (from.lrs_size() > 0) status->set_lr(from.lrs(from.lrs_size() - 1));
+  if (from.grad_norms_size() > 0) status->set_grad_norm(from.grad_norms(from.grad_norms_size() - 1));
+  if (from.loss_scales_size() > 0) status->set_loss_scale(from.loss_scales(from.loss_scales_size() - 1));
+  v1::JobStatus none;
+  SwapSeries(status, &none);
+}
+
+}  // namespace
+
 StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_losses) {
   v1::JobStatus status;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = running_.find(job_id);
+    if (it != running_.end() && omit_losses) {
+      // Copied without the series, which grow with every step.
+      v1::JobStatus& live = it->second.live;
+      v1::JobStatus series;
+      SwapSeries(&live, &series);
+      status = live;
+      OmitSeries(&status, &series);
+      SwapSeries(&live, &series);  // back
+      return status;
+    }
     if (it != running_.end()) status = it->second.live;
   }
   if (status.job_id().empty()) {
@@ -172,7 +206,7 @@ StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_lo
     if (!job.ok()) return job.status();
     status = std::move(job->status);
   }
-  if (omit_losses) status.clear_losses();
+  if (omit_losses) OmitSeries(&status);
   return status;
 }
 
@@ -188,7 +222,7 @@ StatusOr<std::vector<v1::JobStatus>> Coordinator::List(bool with_losses) {
       auto full = store_->Get(j.job_id());
       if (full.ok()) *j.mutable_losses() = full->status.losses();
     }
-    if (!with_losses) j.clear_losses();
+    if (!with_losses) OmitSeries(&j);
   }
   return jobs;
 }

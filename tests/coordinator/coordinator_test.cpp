@@ -150,6 +150,49 @@ TEST(Coordinator, CancelsRunningAndQueuedJobs) {
   EXPECT_EQ(RunToEnd(*c, "model: toy\npartition: {stages: 2}\nsteps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
 }
 
+// A watch (omit_losses) carries none of the per-step series, which grow with
+// every step, and keeps their last figures; a plain Get has the series. For a
+// running job (the live status) and for one that ended (the store's).
+TEST(Coordinator, LeavingTheSeriesOutKeepsTheLastStepsFigures) {
+  InProcessCluster cluster(2);
+  auto c = cluster.StartCoordinator();
+  const std::string job = std::string(kEndless) + "optimizer: {name: sgd, lr: 0.05}\nclip_grad_norm: 1.0\n" +
+                          "loss_scale: {dynamic: true}\n";
+  auto id = c->Submit(job);
+  ASSERT_TRUE(id.ok()) << id.status();
+  WaitFor(*c, *id, [](const v1::JobStatus& s) { return s.step() > 3; });
+  auto expect_series_left_out = [&](const char* when) {
+    auto full = c->Get(*id);
+    auto slim = c->Get(*id, /*omit_losses=*/true);
+    ASSERT_TRUE(full.ok() && slim.ok()) << when;
+    ASSERT_GT(full->lrs_size(), 0) << when;
+    ASSERT_GT(full->grad_norms_size(), 0) << when;
+    ASSERT_GT(full->loss_scales_size(), 0) << when;
+    EXPECT_GT(full->losses_size(), 0) << when;
+    EXPECT_GT(full->step_seconds_size(), 0) << when;
+    EXPECT_EQ(slim->losses_size() + slim->lrs_size() + slim->grad_norms_size() + slim->loss_scales_size() +
+                  slim->step_seconds_size(),
+              0)
+        << when;
+    // A running job may have taken a step between the two calls: the slim status's figures are its own step's.
+    if (slim->step() != full->step()) return;
+    ASSERT_TRUE(slim->has_lr() && slim->has_grad_norm() && slim->has_loss_scale()) << when;
+    EXPECT_EQ(slim->lr(), full->lrs(full->lrs_size() - 1)) << when;
+    EXPECT_EQ(slim->grad_norm(), full->grad_norms(full->grad_norms_size() - 1)) << when;
+    EXPECT_EQ(slim->loss_scale(), full->loss_scales(full->loss_scales_size() - 1)) << when;
+    EXPECT_EQ(slim->loss(), full->loss()) << when;
+  };
+  expect_series_left_out("running");
+  ASSERT_TRUE(c->Cancel(*id).ok());
+  WaitFor(*c, *id, [](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  expect_series_left_out("cancelled");
+  auto list = c->List();
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].grad_norms_size() + (*list)[0].lrs_size() + (*list)[0].step_seconds_size(), 0);
+  EXPECT_TRUE((*list)[0].has_grad_norm());
+}
+
 TEST(Coordinator, RunsJobsInSubmissionOrder) {
   InProcessCluster cluster(2);
   auto c = cluster.StartCoordinator();
