@@ -162,15 +162,6 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
 
 namespace {
 
-// Swaps the per-step series of `a` and `b` (no copy).
-void SwapSeries(v1::JobStatus* a, v1::JobStatus* b) {
-  a->mutable_losses()->Swap(b->mutable_losses());
-  a->mutable_lrs()->Swap(b->mutable_lrs());
-  a->mutable_grad_norms()->Swap(b->mutable_grad_norms());
-  a->mutable_loss_scales()->Swap(b->mutable_loss_scales());
-  a->mutable_step_seconds()->Swap(b->mutable_step_seconds());
-}
-
 // Leaves the series of `*status` out (GetJobRequest.omit_losses), keeping
 // their last figures; `series` holds them (`status` itself by default).
 void OmitSeries(v1::JobStatus* status, const v1::JobStatus* series = nullptr) {
@@ -345,8 +336,8 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
     }
   }
   cv_.notify_all();
-  if (save) {
-    Status st = store_->Update(status);
+  if (save) {  // the series (every step's figures) at a state change; checkpoints' records save them too
+    Status st = store_->Update(status, /*with_series=*/state_changed);
     if (!st.ok()) LOG_ERROR("saving job ", status.job_id(), ": ", st.message());
     if (state_changed) CountJobs();
   }

@@ -17,6 +17,14 @@ void AddStatusEvent(v1::JobStatus* status, const std::string& text) {
   if (events->size() > kEventsInStatus) events->DeleteSubrange(0, events->size() - kEventsInStatus);
 }
 
+void SwapSeries(v1::JobStatus* a, v1::JobStatus* b) {
+  a->mutable_losses()->Swap(b->mutable_losses());
+  a->mutable_lrs()->Swap(b->mutable_lrs());
+  a->mutable_grad_norms()->Swap(b->mutable_grad_norms());
+  a->mutable_loss_scales()->Swap(b->mutable_loss_scales());
+  a->mutable_step_seconds()->Swap(b->mutable_step_seconds());
+}
+
 namespace {
 
 // A prepared statement, finalised on scope exit.
@@ -124,6 +132,16 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "  accuracy REAL NOT NULL,"
       "  at_ms INTEGER NOT NULL,"
       "  PRIMARY KEY (job_id, step));"));
+  // The series column (a JobStatus holding only the per-step series) came
+  // later: a database made before gets it, NULL in its rows, whose status
+  // blobs still hold their series.
+  bool has_series = false;
+  {
+    Stmt q(db, "SELECT name FROM pragma_table_info('jobs');");
+    while (q.Step()) has_series = has_series || q.Text(0) == "series";
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+  }
+  if (!has_series) CONVEYOR_RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN series BLOB;"));
   return store;
 }
 
@@ -176,17 +194,24 @@ StatusOr<std::string> JobStore::Insert(const v1::JobSpec& spec, const std::strin
   return id;
 }
 
-Status JobStore::Update(const v1::JobStatus& status) {
+Status JobStore::Update(const v1::JobStatus& status, bool with_series) {
   std::lock_guard<std::mutex> lock(mu_);
-  return UpdateLocked(status);
+  return UpdateLocked(status, with_series);
 }
 
-Status JobStore::UpdateLocked(const v1::JobStatus& status) {
-  Stmt upd(db_, "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
+Status JobStore::UpdateLocked(const v1::JobStatus& status, bool with_series) {
+  // The status without its series, and (with_series) the series alone; a
+  // copy in memory costs little beside serialising and writing them.
+  v1::JobStatus unseries = status, series;
+  SwapSeries(&unseries, &series);
+  const std::string blob = unseries.SerializeAsString();
+  Stmt upd(db_, with_series ? "UPDATE jobs SET state = ?, status = ?, updated_ms = ?, series = ? WHERE id = ?;"
+                            : "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
   upd.Bind(1, static_cast<int64_t>(status.state()));
-  upd.Bind(2, status.SerializeAsString());
+  upd.Bind(2, blob);
   upd.Bind(3, NowUnixMs());
-  upd.BindText(4, status.job_id());
+  if (with_series) upd.Bind(4, series.SerializeAsString());
+  upd.BindText(with_series ? 5 : 4, status.job_id());
   upd.Step();
   return upd.status();
 }
@@ -203,7 +228,7 @@ Status JobStore::AddEvent(const std::string& job_id, const std::string& event) {
 
 StatusOr<StoredJob> JobStore::Get(const std::string& job_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt q(db_, "SELECT spec, status FROM jobs WHERE id = ?;");
+  Stmt q(db_, "SELECT spec, status, series FROM jobs WHERE id = ?;");
   q.BindText(1, job_id);
   if (!q.Step()) {
     CONVEYOR_RETURN_IF_ERROR(q.status());
@@ -212,6 +237,11 @@ StatusOr<StoredJob> JobStore::Get(const std::string& job_id) {
   StoredJob job;
   if (!job.spec.ParseFromString(q.Blob(0)) || !job.status.ParseFromString(q.Blob(1)))
     return absl::DataLossError("job database: job " + job_id + " is corrupt");
+  if (!q.IsNull(2)) {  // NULL: a row from before the column, its series in its status
+    v1::JobStatus series;
+    if (!series.ParseFromString(q.Blob(2))) return absl::DataLossError("job database: job " + job_id + "'s series are corrupt");
+    SwapSeries(&job.status, &series);
+  }
   return job;
 }
 
@@ -222,7 +252,8 @@ StatusOr<std::vector<v1::JobStatus>> JobStore::List() {
   while (q.Step()) {
     v1::JobStatus s;
     if (!s.ParseFromString(q.Blob(0))) return absl::DataLossError("job database: a job is corrupt");
-    s.clear_losses();
+    v1::JobStatus none;
+    SwapSeries(&s, &none);  // rows from before the series column hold them
     out.push_back(std::move(s));
   }
   CONVEYOR_RETURN_IF_ERROR(q.status());
@@ -286,7 +317,7 @@ Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
     st = ins.status();
     if (!st.ok()) break;
   }
-  if (st.ok()) st = UpdateLocked(status);
+  if (st.ok()) st = UpdateLocked(status, /*with_series=*/true);
   if (!st.ok()) {
     Exec("ROLLBACK;").IgnoreError();
     return st;

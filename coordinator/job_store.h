@@ -23,6 +23,10 @@ int64_t NowUnixMs();
 // Appends an event to the latest ones a job's status carries.
 void AddStatusEvent(v1::JobStatus* status, const std::string& text);
 
+// Swaps the per-step series of two statuses (losses, lrs, grad_norms,
+// loss_scales, step_seconds), which grow with every step; no copy.
+void SwapSeries(v1::JobStatus* a, v1::JobStatus* b);
+
 struct StoredJob {
   v1::JobSpec spec;
   v1::JobStatus status;
@@ -38,7 +42,12 @@ class JobStore {
 
   // Stores a new QUEUED job and returns its id ("job-<n>", never reused).
   StatusOr<std::string> Insert(const v1::JobSpec& spec, const std::string& yaml, v1::JobStatus status);
-  Status Update(const v1::JobStatus& status);
+  // Saves a job's status. Its per-step series are saved only `with_series`
+  // (a state change, the end): a running job's status saved once a second
+  // would otherwise write every step's figures again each time; Get returns
+  // the series last saved (a checkpoint's record saves them too, for the
+  // resume from it).
+  Status Update(const v1::JobStatus& status, bool with_series = true);
   Status AddEvent(const std::string& job_id, const std::string& event);
   StatusOr<StoredJob> Get(const std::string& job_id);
   // All jobs in submission order, without losses.
@@ -74,7 +83,7 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   Status Exec(const std::string& sql);
-  Status UpdateLocked(const v1::JobStatus& status);  // REQUIRES: mu_ held
+  Status UpdateLocked(const v1::JobStatus& status, bool with_series);  // REQUIRES: mu_ held
 
   std::mutex mu_;  // serialises every use of db_
   sqlite3* db_;

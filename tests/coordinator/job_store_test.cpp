@@ -1,7 +1,7 @@
 #include "coordinator/job_store.h"
 
 #include <gtest/gtest.h>
-
+#include <sqlite3.h>
 
 #include "tests/support/test_util.h"
 
@@ -120,6 +120,95 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].losses_size(), 0);  // lists leave the losses out
   EXPECT_TRUE(absl::IsNotFound((*store)->Get("job-999").status()));
+}
+
+// A running job's status saved once a second leaves its per-step series
+// out: Get gives the scalars last saved with the series last saved (a state
+// change's, a checkpoint's).
+TEST(JobStore, ASaveWithoutTheSeriesKeepsTheOnesSavedBefore) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto id = (*store)->Insert(v1::JobSpec(), "", v1::JobStatus());
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto job = (*store)->Get(*id);
+  ASSERT_TRUE(job.ok());
+  v1::JobStatus& s = job->status;
+  s.set_state(v1::JOB_STATE_RUNNING);
+  for (int i = 0; i < 3; ++i) {
+    s.add_losses(1.0f + i);
+    s.add_lrs(0.1);
+    s.add_grad_norms(2.0 + i);
+    s.add_step_seconds(0.5);
+  }
+  s.set_step(3);
+  ASSERT_TRUE((*store)->Update(s).ok());
+  s.add_losses(9.0f);
+  s.add_lrs(0.1);
+  s.set_step(4);
+  ASSERT_TRUE((*store)->Update(s, /*with_series=*/false).ok());
+  auto got = (*store)->Get(*id);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->status.step(), 4);
+  ASSERT_EQ(got->status.losses_size(), 3);
+  EXPECT_EQ(got->status.losses(2), 3.0f);
+  EXPECT_EQ(got->status.grad_norms_size(), 3);
+  EXPECT_EQ(got->status.step_seconds_size(), 3);
+  ASSERT_TRUE((*store)->Update(s).ok());  // with the series again
+  got = (*store)->Get(*id);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status.losses_size(), 4);
+  auto list = (*store)->List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].losses_size() + (*list)[0].lrs_size(), 0);
+}
+
+// A database made before the series had a column of their own: its rows'
+// series are in their status, and it opens with them there.
+TEST(JobStore, ADatabaseFromBeforeTheSeriesColumnKeepsItsJobsSeries) {
+  const testing::ScopedTempDir folder("job-store");
+  const std::string path = folder.path() + "/jobs.db";
+  v1::JobStatus old;
+  old.set_job_id("job-1");
+  old.set_state(v1::JOB_STATE_SUCCEEDED);
+  old.set_step(2);
+  old.add_losses(0.5f);
+  old.add_losses(0.25f);
+  old.add_grad_norms(1.5);
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    const std::string sql =
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE, name TEXT NOT NULL,"
+        " spec_yaml TEXT NOT NULL, spec BLOB NOT NULL, state INTEGER NOT NULL, status BLOB NOT NULL,"
+        " submitted_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);";
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_stmt* ins = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO jobs (id, name, spec_yaml, spec, state, status, submitted_ms, updated_ms) "
+                                 "VALUES ('job-1', 'old', '', x'', 3, ?, 0, 0);",
+                                 -1, &ins, nullptr),
+              SQLITE_OK);
+    const std::string blob = old.SerializeAsString();
+    sqlite3_bind_blob(ins, 1, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(ins), SQLITE_DONE);
+    sqlite3_finalize(ins);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto job = (*store)->Get("job-1");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->status.losses_size(), 2);
+  EXPECT_EQ(job->status.losses(1), 0.25f);
+  EXPECT_EQ(job->status.grad_norms_size(), 1);
+  // Saved again, its series move to their own column.
+  job->status.set_step(3);
+  ASSERT_TRUE((*store)->Update(job->status).ok());
+  auto again = (*store)->Get("job-1");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->status.losses_size(), 2);
+  EXPECT_EQ(again->status.step(), 3);
 }
 
 TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
