@@ -35,9 +35,8 @@
 #                                   torch.distributed.pipelining 1F1B with DDP over the copies, and PyTorch on one GPU
 #   (issue 32, "Replicas at GPU speed")
 #   scripts/two-gpus.sh replicas    the replicas' GPU tests (NCCL collectives; 2 x 2 where there are four GPUs)
-#   scripts/two-gpus.sh replicas-dp W1 as 2 x 1 at batch 480 and 240 (DP_BATCHES) against DDP, eager and captured (and one
-#                                   GPU, DP_VARIANTS),
-#                                   each Conveyor row checked from outside (about 140 s a batch)
+#   scripts/two-gpus.sh replicas-dp W1 as 2 x 1 at batch 240 (DP_BATCHES) against DDP, eager and captured (and one
+#                                   GPU, DP_VARIANTS), each Conveyor row checked from outside (about 320 s a batch)
 #   scripts/two-gpus.sh w2-replicas W2 as 2 x 1 with AdamW, ZeRO-1 off and on: each copy's step time and peak memory,
 #                                   over NVLink and through sockets only (NCCL_P2P_DISABLE, NCCL_SHM_DISABLE)
 #   scripts/two-gpus.sh overhead    W1 on one stage server at batch 240 against the reference, and 2 x 1 at 480:
@@ -225,14 +224,15 @@ for part in "$@"; do
       # W1 as 2 x 1 against DDP, 100 steps after 2 warm-up on both sides; Conveyor's rows also give their steady
       # steps' median and are checked from outside: each run again DP_OUTSIDE_STEPS (600) longer, twice, and once
       # more at its own length, the shortest walls counting (session 25's single runs of 300 more put rows at 0.77x
-      # to 1.20x their own clocks: start-up varies by seconds). About 140 s a batch for DDP and 2 x 1 (session 26);
-      # DDP with its step captured in a CUDA graph (the strongest PyTorch row, not yet run) last, in case its
-      # capture fails or hangs; conveyor-1dev adds about 150 s a batch (DP_VARIANTS): then one batch a call. Each row's
-      # line is kept in dp-w1-b$b.log as it comes, and dp-gpu.csv after each row (a batch cut by its timeout keeps
-      # the rows it finished).
-      for b in ${DP_BATCHES:-480 240}; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
+      # to 1.20x their own clocks: start-up varies by seconds). DDP and 2 x 1 took 245 to 290 s a batch (session
+      # 27), DDP with its step captured in a CUDA graph (the strongest PyTorch row) about 35 s more, last in case its
+      # capture fails or hangs: one batch a call (DP_BATCHES, 240 by default: the batch where 2 x 1 leads the
+      # captured DDP by the least); conveyor-1dev adds about 150 s (DP_VARIANTS). Each row's line is kept in
+      # dp-w1-b$b.log as it comes, and dp-gpu.csv after each row (a batch cut by its timeout keeps the rows it
+      # finished).
+      for b in ${DP_BATCHES:-240}; do  # replicas replay CUDA graphs (auto); -eager: cuda_graphs false
         mkdir -p "$out/dp-w1-b$b"
-        timeout 290 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
+        timeout 400 python3 bench/dp_gpu.py --bin "$bin" --batch "$b" --steps "${DP_STEPS:-100}" --out "$out/dp-w1-b$b" \
           --outside-steps "${DP_OUTSIDE_STEPS:-600}" \
           --variants "${DP_VARIANTS:-pytorch-ddp,conveyor-rx1,pytorch-ddp-graph}" 2>&1 | tee "$out/dp-w1-b$b.log" | grep '^|'
       done ;;
