@@ -1,18 +1,18 @@
 #include "stage_server/flat_views.h"
 
-#include <map>
-#include <string>
-#include <utility>
-
 namespace conveyor {
+
+std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtypeAndDevice(const std::vector<at::Tensor>& tensors) {
+  std::map<std::pair<int, std::string>, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    groups[{static_cast<int>(tensors[i].scalar_type()), tensors[i].device().str()}].push_back(i);
+  return groups;
+}
 
 FlatViews FlatViews::Make(const std::vector<at::Tensor>& tensors) {
   FlatViews made;
-  std::map<std::pair<int, std::string>, std::vector<std::size_t>> groups;  // (dtype, device) -> tensors
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    groups[{static_cast<int>(tensors[i].scalar_type()), tensors[i].device().str()}].push_back(i);
   made.data_.assign(tensors.size(), nullptr);
-  for (const auto& [key, members] : groups) {
+  for (const auto& [key, members] : ByDtypeAndDevice(tensors)) {
     int64_t total = 0;
     for (std::size_t i : members) total += tensors[i].numel();
     at::Tensor flat = at::empty({total}, tensors[members.front()].options());

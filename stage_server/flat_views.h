@@ -8,9 +8,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace conveyor {
+
+// The indices of `tensors` by (dtype, device): the groups that each have a
+// flat buffer of their own (here and in ReplicaGroup's collectives).
+std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtypeAndDevice(const std::vector<at::Tensor>& tensors);
 
 class FlatViews {
  public:

@@ -24,6 +24,7 @@
 #include <map>
 #include <utility>
 
+#include "stage_server/flat_views.h"
 #include "transport/nccl/nccl_channel.h"
 #include "transport/nccl/nccl_group.h"
 
@@ -78,20 +79,12 @@ int64_t NowUs() {
 // 1.13's allreduce returns a ProcessGroup::Work, 2.x's a c10d::Work.
 using C10dWork = decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
 
-// One flat buffer per (dtype, device) of `tensors`: their indices.
-std::map<std::pair<int, std::string>, std::vector<std::size_t>> ByDtype(const std::vector<at::Tensor>& tensors) {
-  std::map<std::pair<int, std::string>, std::vector<std::size_t>> buckets;
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    buckets[{static_cast<int>(tensors[i].scalar_type()), tensors[i].device().str()}].push_back(i);
-  return buckets;
-}
-
 // Runs `collective` (a Status of the flat tensor) on one flat copy of each
 // dtype's tensors, then copies the result back into them (on a dtype's only
 // tensor, where it is flat, in place); stops at the first error.
 template <typename Collective>
 Status OnFlatBuffers(std::vector<at::Tensor>& tensors, Collective collective) {
-  for (auto& [key, members] : ByDtype(tensors)) {
+  for (auto& [key, members] : ByDtypeAndDevice(tensors)) {
     if (members.size() == 1 && tensors[members[0]].dim() == 1 && tensors[members[0]].is_contiguous()) {
       CONVEYOR_RETURN_IF_ERROR(collective(tensors[members[0]]));  // flat already: in place
       continue;
