@@ -165,10 +165,7 @@ namespace {
 // Leaves the series of `*status` out (GetJobRequest.omit_losses), keeping
 // their last figures; `series` holds them (`status` itself by default).
 void OmitSeries(v1::JobStatus* status, const v1::JobStatus* series = nullptr) {
-  const v1::JobStatus& from = series ? *series : *status;
-  if (from.lrs_size() > 0) status->set_lr(from.lrs(from.lrs_size() - 1));
-  if (from.grad_norms_size() > 0) status->set_grad_norm(from.grad_norms(from.grad_norms_size() - 1));
-  if (from.loss_scales_size() > 0) status->set_loss_scale(from.loss_scales(from.loss_scales_size() - 1));
+  KeepLastOfSeries(status, series ? *series : *status);
   v1::JobStatus none;
   SwapSeries(status, &none);
 }

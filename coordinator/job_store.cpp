@@ -25,6 +25,12 @@ void SwapSeries(v1::JobStatus* a, v1::JobStatus* b) {
   a->mutable_step_seconds()->Swap(b->mutable_step_seconds());
 }
 
+void KeepLastOfSeries(v1::JobStatus* status, const v1::JobStatus& series) {
+  if (series.lrs_size() > 0) status->set_lr(series.lrs(series.lrs_size() - 1));
+  if (series.grad_norms_size() > 0) status->set_grad_norm(series.grad_norms(series.grad_norms_size() - 1));
+  if (series.loss_scales_size() > 0) status->set_loss_scale(series.loss_scales(series.loss_scales_size() - 1));
+}
+
 namespace {
 
 // A prepared statement, finalised on scope exit.
@@ -204,6 +210,7 @@ Status JobStore::UpdateLocked(const v1::JobStatus& status, bool with_series) {
   // copy in memory costs little beside serialising and writing them.
   v1::JobStatus unseries = status, series;
   SwapSeries(&unseries, &series);
+  KeepLastOfSeries(&unseries, series);  // what a list of jobs shows of them
   const std::string blob = unseries.SerializeAsString();
   Stmt upd(db_, with_series ? "UPDATE jobs SET state = ?, status = ?, updated_ms = ?, series = ? WHERE id = ?;"
                             : "UPDATE jobs SET state = ?, status = ?, updated_ms = ? WHERE id = ?;");
@@ -252,8 +259,9 @@ StatusOr<std::vector<v1::JobStatus>> JobStore::List() {
   while (q.Step()) {
     v1::JobStatus s;
     if (!s.ParseFromString(q.Blob(0))) return absl::DataLossError("job database: a job is corrupt");
-    v1::JobStatus none;
-    SwapSeries(&s, &none);  // rows from before the series column hold them
+    v1::JobStatus series;
+    SwapSeries(&s, &series);  // rows from before the series column hold them
+    KeepLastOfSeries(&s, series);
     out.push_back(std::move(s));
   }
   CONVEYOR_RETURN_IF_ERROR(q.status());

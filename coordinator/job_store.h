@@ -26,6 +26,9 @@ void AddStatusEvent(v1::JobStatus* status, const std::string& text);
 // Swaps the per-step series of two statuses (losses, lrs, grad_norms,
 // loss_scales, step_seconds), which grow with every step; no copy.
 void SwapSeries(v1::JobStatus* a, v1::JobStatus* b);
+// Sets `status`'s lr, grad_norm and loss_scale to the last of `series`'s
+// (where it has them), as a status left without its series carries them.
+void KeepLastOfSeries(v1::JobStatus* status, const v1::JobStatus& series);
 
 struct StoredJob {
   v1::JobSpec spec;

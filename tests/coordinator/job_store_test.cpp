@@ -161,6 +161,8 @@ TEST(JobStore, ASaveWithoutTheSeriesKeepsTheOnesSavedBefore) {
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].losses_size() + (*list)[0].lrs_size(), 0);
+  ASSERT_TRUE((*list)[0].has_grad_norm()) << "a list keeps the last step's figures";
+  EXPECT_EQ((*list)[0].grad_norm(), 4.0);
 }
 
 // A database made before the series had a column of their own: its rows'
