@@ -160,7 +160,7 @@ void InstallCrashHandler(const char* program) {
   // A write to a socket or pipe whose peer is gone fails with EPIPE, which
   // the code handles, instead of killing the process: a stage server died of
   // SIGPIPE when its replica peer was killed during a Gloo all-reduce
-  // (Recovery.ChaosWithTheOptimizerShardedOverTwoReplicasEndsAtTheUnshardedDigest).
+  // (Recovery.ChaosWithTheOptimizerShardedOverTwoReplicasEndsAtTheUninterruptedDigest).
   signal(SIGPIPE, SIG_IGN);
 }
 

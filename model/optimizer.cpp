@@ -235,22 +235,6 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& 
   }
 }
 
-std::vector<int> ShardOwners(const NamedTensors& params, int shards) {
-  std::vector<std::size_t> order(params.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return params[a].second.numel() > params[b].second.numel();
-  });
-  std::vector<int64_t> load(static_cast<std::size_t>(std::max(1, shards)), 0);
-  std::vector<int> owner(params.size(), 0);
-  for (std::size_t i : order) {
-    const auto least = std::min_element(load.begin(), load.end()) - load.begin();
-    owner[i] = static_cast<int>(least);
-    load[static_cast<std::size_t>(least)] += params[i].second.numel();
-  }
-  return owner;
-}
-
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }

@@ -36,11 +36,6 @@ struct ParameterGroups {
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const v1::OptimizerSpec& spec, const NamedTensors& params,
                                                        ParameterGroups* groups = nullptr);
 
-// ZeRO-1: which of `shards` copies updates each of `params` (their order):
-// the largest first, each to the copy that holds the fewest elements so far
-// (ties to the lowest), as PyTorch's ZeroRedundancyOptimizer partitions.
-std::vector<int> ShardOwners(const NamedTensors& params, int shards);
-
 // Sets every group's learning rate (plan/lr_schedule.h computes it).
 void SetLearningRate(torch::optim::Optimizer& optimizer, double lr);
 

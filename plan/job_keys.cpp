@@ -605,10 +605,10 @@ std::vector<JobKey> MakeTable() {
       .Set([](const V& v, S* s) { s->set_bucket_cap_mb(v.number); })
       .Get([](const S& s) { return BucketCapMb(s); });
   add("zero", kInt,
-      "replicas: the ZeRO stage. `1` shards each stage's optimizer state over its R copies (each copy updates the "
-      "parameters it owns with its share of the state and sends them to the others, as PyTorch's "
-      "ZeroRedundancyOptimizer): the state takes 1/R of the memory; `0` keeps all of it on every copy. No effect "
-      "with one replica (see [parallelism.md](parallelism.md))")
+      "replicas: the ZeRO stage. `1` shards each stage's optimizer state over its R copies, as DeepSpeed's ZeRO-1: "
+      "the gradients are reduce-scattered, each copy updates its 1/R slice of every gradient bucket with its share "
+      "of the state, and the parameters are all-gathered (the bytes of one all-reduce): the state takes 1/R of the "
+      "memory; `0` keeps all of it on every copy. No effect with one replica (see [parallelism.md](parallelism.md))")
       .Default("0")
       .Range(0, 1)
       .Set([](const V& v, S* s) { s->set_zero_stage(static_cast<int32_t>(v.integer)); });

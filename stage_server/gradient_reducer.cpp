@@ -5,14 +5,15 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
 namespace conveyor {
 
 GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes,
-                                 bool hooks)
-    : group_(group), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), ready_(params_.size()) {
+                                 bool hooks, bool slice)
+    : group_(group), slice_(slice), params_(std::move(params)), slot_(params_.size()), armed_(params_.size()), ready_(params_.size()) {
   // Reverse order, one open bucket per (dtype, device); a bucket closes when
   // the next parameter would take it past bucket_bytes.
   std::map<std::pair<int, std::string>, std::size_t> open;
@@ -34,7 +35,9 @@ GradientReducer::GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> pa
   }
   for (Bucket& b : buckets_) {
     const at::Tensor& last = params_[b.members.back()];
-    b.flat = at::zeros({b.offsets.back() + last.numel()}, last.options().requires_grad(false));
+    int64_t n = b.offsets.back() + last.numel();
+    if (slice_) n = (n + group_->size() - 1) / group_->size() * group_->size();  // equal slices
+    b.flat = at::zeros({n}, last.options().requires_grad(false));
   }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) view_data_.push_back(View(i).data_ptr());
@@ -55,10 +58,10 @@ GradientReducer::~GradientReducer() {
   for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hooks_[i]);
 }
 
-at::Tensor GradientReducer::View(std::size_t i) const {
+at::Tensor GradientReducer::ViewIn(const at::Tensor& flat, std::size_t i) const {
   const at::Tensor& p = params_[i];
   const auto [b, m] = slot_[i];
-  at::Tensor part = buckets_[b].flat.narrow(0, buckets_[b].offsets[m], p.numel());
+  at::Tensor part = flat.narrow(0, buckets_[b].offsets[m], p.numel());
   // The parameter's own layout where it is dense (channels-last weights
   // too), so that autograd's gradients add without a strided copy.
   if (p.is_non_overlapping_and_dense()) return part.as_strided(p.sizes(), p.strides());
@@ -134,7 +137,7 @@ void GradientReducer::StartReady() {
   while (next_ < buckets_.size() && buckets_[next_].ready == buckets_[next_].members.size()) {
     Bucket& b = buckets_[next_++];
     if (!error_.ok()) continue;
-    auto work = group_->StartAllReduce(b.flat);
+    auto work = slice_ ? group_->StartReduceScatter(b.flat) : group_->StartAllReduce(b.flat);
     if (work.ok()) {
       b.work = std::move(*work);
     } else {
@@ -142,6 +145,35 @@ void GradientReducer::StartReady() {
     }
   }
 }
+
+std::vector<GradientReducer::Part> GradientReducer::SliceParameters() {
+  std::vector<Part> parts;
+  if (!slice_) return parts;
+  param_flats_.clear();
+  for (const Bucket& b : buckets_) param_flats_.push_back(at::zeros_like(b.flat));
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];  // shares the module's TensorImpl: the module sees the move
+    const auto [k, m] = slot_[i];
+    const at::Tensor& flat = param_flats_[k];
+    at::Tensor place = ViewIn(flat, i);
+    place.copy_(p);
+    p.set_(flat.storage(), place.storage_offset(), place.sizes(), place.strides());
+    // The parameter's elements in this member's slice [lo, hi) of the bucket.
+    const int64_t size = flat.numel() / group_->size();
+    const int64_t first = buckets_[k].offsets[m];
+    const int64_t lo = std::max(first, size * group_->rank());
+    const int64_t hi = std::min(first + p.numel(), size * (group_->rank() + 1));
+    if (lo >= hi) continue;
+    at::Tensor part = at::empty({0}, flat.options());
+    part.set_(flat.storage(), flat.storage_offset() + lo, {hi - lo}, {1});
+    part.set_requires_grad(true);
+    part.mutable_grad() = buckets_[k].flat.narrow(0, lo, hi - lo);
+    parts.push_back({i, part});
+  }
+  return parts;
+}
+
+Status GradientReducer::GatherParameters() { return group_->AllGather(param_flats_); }
 
 Status GradientReducer::Finish() {
   std::unique_lock<std::mutex> lock(mu_);

@@ -17,6 +17,14 @@
 // parameter's gradient accumulator); one that never comes (a parameter unused
 // in this pass) is taken as it stands at Finish. Not thread-safe beyond the
 // hooks: the rest on the stage's executor thread.
+//
+// ZeRO-1 (made with `slice`): each bucket, padded to a multiple of the
+// group's size, is reduce-scattered instead: member r gets the sums of its
+// r-th slice of every bucket, updates the parameters' elements that lie
+// there (SliceParameters), and every member's slices come back to all
+// (GatherParameters): a reduce-scatter and an all-gather move the bytes of
+// one all-reduce, and each member keeps the optimizer state of 1/R of the
+// elements.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -44,8 +52,9 @@ class GradientReducer {
   // created (forward order); their gradients become views of the buckets
   // (holding what they held). `group` outlives the reducer. Without `hooks`
   // (passes replayed as CUDA graphs) no bucket starts during backward: all
-  // start in Finish.
-  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes, bool hooks = true);
+  // start in Finish. With `slice`, Finish reduce-scatters (ZeRO-1, above).
+  GradientReducer(ReplicaGroup* group, std::vector<at::Tensor> params, int64_t bucket_bytes, bool hooks = true,
+                  bool slice = false);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
@@ -65,6 +74,22 @@ class GradientReducer {
   // or hooks every bucket starts here, in order. The errors of ReplicaGroup.
   Status Finish();
 
+  // ZeRO-1: rebinds the parameters as views of flat tensors laid out as the
+  // gradients' buckets (their values kept), and returns, for each parameter
+  // with elements in this member's slice of its bucket, those elements (in
+  // memory order) as a flat tensor of their own whose gradient is the same
+  // part of the bucket: what this member's optimizer updates. Call once,
+  // with autograd's grad mode off, before anything records the parameters'
+  // addresses (CUDA graphs). Made without `slice`: nothing.
+  struct Part {
+    std::size_t param;  // index into the constructor's params
+    at::Tensor tensor;
+  };
+  std::vector<Part> SliceParameters();
+  // After the parts were updated: every member's slices to every member, in
+  // place (one all-gather per bucket). The errors of ReplicaGroup.
+  Status GatherParameters();
+
   struct Span {
     int bucket;
     int64_t start_us, end_us;  // host time, microseconds since the epoch
@@ -81,8 +106,10 @@ class GradientReducer {
     std::size_t ready = 0;
     std::unique_ptr<ReplicaGroup::Work> work;
   };
-  // Parameter i's view of its bucket.
-  at::Tensor View(std::size_t i) const;
+  // Parameter i's view of `flat`, laid out as its bucket (gradients' or,
+  // sliced, parameters').
+  at::Tensor ViewIn(const at::Tensor& flat, std::size_t i) const;
+  at::Tensor View(std::size_t i) const { return ViewIn(buckets_[slot_[i].first].flat, i); }
   // Makes parameter i's gradient its view again where it is not (mu_ held).
   void Attach(std::size_t i);
   // Hook: autograd has accumulated parameter i's gradient.
@@ -93,7 +120,9 @@ class GradientReducer {
   void StartReady();
 
   ReplicaGroup* group_;
+  bool slice_;
   std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> param_flats_;  // sliced: the parameters, by bucket
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept: a new one would lack the hook
   std::vector<uintptr_t> hooks_;
   std::vector<std::pair<std::size_t, std::size_t>> slot_;  // parameter -> (bucket, member)

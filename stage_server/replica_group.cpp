@@ -282,6 +282,57 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::T
   }
 }
 
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartReduceScatter(at::Tensor flat) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  if (flat.dim() != 1 || flat.numel() % options_.size != 0)
+    return absl::InvalidArgumentError(options_.who + ": reduce-scatter of " + std::to_string(flat.numel()) +
+                                      " elements in " + std::to_string(options_.size) + " equal slices");
+  if (!(impl_->nccl && flat.is_cuda())) return StartAllReduce(std::move(flat));
+  const int64_t n = flat.numel() / options_.size;
+  auto done = impl_->nccl->ReduceScatter(flat, flat.narrow(0, n * options_.rank, n));  // in place
+  if (!done.ok()) {
+    impl_.reset();
+    return done.status();
+  }
+  auto end = std::make_shared<std::atomic<int64_t>>(0);
+  if (!defer_confirm_) impl_->pending_ends.push_back(end);
+  return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
+}
+
+Status ReplicaGroup::AllGather(const std::vector<at::Tensor>& flats) {
+  CONVEYOR_RETURN_IF_ERROR(Join());
+  for (const at::Tensor& flat : flats) {
+    if (flat.dim() != 1 || flat.numel() % options_.size != 0)
+      return absl::InvalidArgumentError(options_.who + ": all-gather of " + std::to_string(flat.numel()) +
+                                        " elements in " + std::to_string(options_.size) + " equal slices");
+  }
+  try {
+    for (const at::Tensor& flat : flats) {
+      const int64_t n = flat.numel() / options_.size;
+      if (impl_->nccl && flat.is_cuda()) {  // in place; the work after it waits on the device
+        auto done = impl_->nccl->AllGather(flat.narrow(0, n * options_.rank, n), flat);
+        if (!done.ok()) {
+          impl_.reset();
+          return done.status();
+        }
+        CONVEYOR_RETURN_IF_ERROR(DeviceWork(std::move(*done), std::make_shared<std::atomic<int64_t>>(0)).Wait());
+        continue;
+      }
+      // Gloo: the bytes (it has no bfloat16 in 1.13, and nothing is summed),
+      // each member's slice a view of `flat` (c10d copies into them).
+      at::Tensor bytes = flat.view(at::kByte);
+      const int64_t b = bytes.numel() / options_.size;
+      std::vector<std::vector<at::Tensor>> outputs(1);
+      for (int r = 0; r < options_.size; ++r) outputs[0].push_back(bytes.narrow(0, b * r, b));
+      std::vector<at::Tensor> input{bytes.narrow(0, b * options_.rank, b).clone()};
+      impl_->group->allgather(outputs, input)->wait(options_.timeout);
+    }
+  } catch (const std::exception& e) {
+    return Failure("all-gather", e);
+  }
+  return Confirm();
+}
+
 Status ReplicaGroup::AllReduce(std::vector<at::Tensor>& grads) {
   try {
     CONVEYOR_RETURN_IF_ERROR(OnFlatBuffers(grads, [&](const at::Tensor& flat) -> Status {
@@ -358,6 +409,10 @@ Status ReplicaGroup::Join() { return NoGloo(options_.who); }
 Status ReplicaGroup::AllReduce(std::vector<at::Tensor>&) { return NoGloo(options_.who); }
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor) { return NoGloo(options_.who); }
 Status ReplicaGroup::Broadcast(std::vector<at::Tensor>&, int) { return NoGloo(options_.who); }
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartReduceScatter(at::Tensor) {
+  return NoGloo(options_.who);
+}
+Status ReplicaGroup::AllGather(const std::vector<at::Tensor>&) { return NoGloo(options_.who); }
 Status ReplicaGroup::BroadcastBytes(std::string*, int) { return NoGloo(options_.who); }
 Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { return absl::InternalError(e.what()); }
 Status ReplicaGroup::Confirm() { return absl::OkStatus(); }

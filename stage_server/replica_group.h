@@ -92,6 +92,15 @@ class ReplicaGroup {
   // must start the same all-reduces in the same order (c10d matches them by
   // their sequence). Joins first if it has not.
   StatusOr<std::unique_ptr<Work>> StartAllReduce(at::Tensor flat);
+  // ZeRO-1's halves of an all-reduce, on a flat tensor of size() equal
+  // slices, slice r this member's (rank r). StartReduceScatter: the sum over
+  // the group of this member's slice lands in it, in place (what the other
+  // slices then hold is undefined); the same order rules as StartAllReduce.
+  // NCCL reduce-scatters; Gloo (LibTorch 1.13's has no reduce-scatter)
+  // all-reduces the whole. AllGather: in each of `flats`, every member's
+  // slice to every member, in place, with AllReduce's errors and waits.
+  StatusOr<std::unique_ptr<Work>> StartReduceScatter(at::Tensor flat);
+  Status AllGather(const std::vector<at::Tensor>& flats);
   // Waits on the host until every collective on the device is done (a Work's
   // end time is then known): call after the work that uses their results is
   // enqueued and before those results leave the device. The errors of

@@ -399,21 +399,19 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
   ParameterGroups groups;
   NamedTensors updated = all_params;  // by this stage's optimizer
-  if (a.spec().zero_stage() >= 1 && a.num_replicas() > 1 && !all_params.empty()) {
-    if (static_cast<int>(all_params.size()) < a.num_replicas()) {
-      return absl::FailedPreconditionError(who + ": zero 1 shards the optimizer by parameter tensor, and this stage has " +
-                                           std::to_string(all_params.size()) + " for " +
-                                           std::to_string(a.num_replicas()) + " replicas");
-    }
-    const std::vector<int> owner = ShardOwners(all_params, a.num_replicas());
-    job->updated_by.resize(static_cast<std::size_t>(a.num_replicas()));
+  if (job->reducer && a.spec().zero_stage() >= 1 && !all_params.empty()) {
+    at::NoGradGuard no_grad;  // before any graph records the parameters' addresses
     updated.clear();
-    for (std::size_t i = 0; i < all_params.size(); ++i) {
-      job->updated_by[static_cast<std::size_t>(owner[i])].push_back(all_params[i].second);
-      if (owner[i] == a.replica()) updated.push_back(all_params[i]);
+    for (GradientReducer::Part& part : job->reducer->SliceParameters()) {
+      updated.emplace_back(all_params[part.param].first, part.tensor);
+      job->updated.push_back(std::move(part.tensor));
     }
-    at::NoGradGuard no_grad;  // each replica's share broadcast in place after each step
-    for (const std::vector<at::Tensor>& share : job->updated_by) job->updated_flat.push_back(FlatViews::Make(share));
+    job->sliced = true;
+    if (updated.empty()) {
+      return absl::FailedPreconditionError(who + ": zero 1 slices this stage's " + std::to_string(num_params) +
+                                           " parameter elements over " + std::to_string(a.num_replicas()) +
+                                           " replicas, and none fall in this replica's slices");
+    }
   }
   if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);
   const v1::JobSpec& spec = a.spec();
@@ -526,7 +524,8 @@ Status Stage::Impl::JoinReplicas(Job& job) {
   // (2x H100, session 20). With graphs the buckets all start after backward.
   job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
                                                   static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024),
-                                                  /*hooks=*/job.graphs == nullptr);
+                                                  /*hooks=*/job.graphs == nullptr,
+                                                  /*slice=*/a.spec().zero_stage() >= 1);
   return absl::OkStatus();
 }
 

@@ -214,13 +214,14 @@ class Stage::Impl {
     // each step, views of flat tensors (a buffer replaced since is
     // flattened again).
     FlatViews flat_buffers;
-    // zero: 1 (ZeRO-1): the parameters each replica updates, by replica,
-    // made when the stage is configured (the optimizer holds this replica's
-    // alone) and made views of flat tensors then, before any graph records
-    // them (updated_flat); empty otherwise. optimizer_shards: replica 0's
-    // copy of every replica's serialised optimizer, gathered for a checkpoint.
-    std::vector<std::vector<at::Tensor>> updated_by;
-    std::vector<FlatViews> updated_flat;
+    // zero: 1 (ZeRO-1): the reducer reduce-scatters the gradients in slices
+    // (sliced), and this replica's optimizer updates `updated`, the
+    // parameters' elements in its slices (GradientReducer::SliceParameters,
+    // at configure); the parameters are all-gathered after each update.
+    // optimizer_shards: replica 0's copy of every replica's serialised
+    // optimizer, gathered for a checkpoint.
+    bool sliced = false;
+    std::vector<at::Tensor> updated;
     std::vector<std::string> optimizer_shards;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
@@ -341,6 +342,11 @@ class Stage::Impl {
   StatusOr<v1::CheckpointRecord> CheckpointAfter(int64_t step);
   // ZeRO-1: each replica's updated parameters to the other copies.
   Status ShareShardedParameters();
+  // What this stage's optimizer updates: every parameter, or its slices (zero 1).
+  std::vector<at::Tensor> UpdatedParams() const;
+  // zero 1: `sq`, this replica's slices' squared gradient norm, summed over
+  // the replicas in place (defined then); nothing otherwise.
+  Status SumOverSlices(at::Tensor& sq);
   // ZeRO-1: every replica's optimizer, serialised, to replica 0
   // (job_->optimizer_shards).
   Status GatherOptimizerShards();

@@ -39,13 +39,13 @@ std::string Stage::Impl::SerializeState() {
     for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
     for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
   }
-  if (!job_->updated_by.empty()) {
+  if (job_->sliced) {
     // zero 1: every replica's share, as each serialised it (GatherOptimizerShards).
     for (std::size_t k = 0; k < job_->optimizer_shards.size(); ++k) {
       const std::string& bytes = job_->optimizer_shards[k];
       at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
       if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-      archive.write("optimizer_shard" + std::to_string(k), t, /*is_buffer=*/true);
+      archive.write("optimizer_slice" + std::to_string(k), t, /*is_buffer=*/true);
     }
   } else if (job_->optimizer) {
     torch::serialize::OutputArchive opt;
@@ -82,14 +82,15 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
       for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
       for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
     }
-    if (!job_->updated_by.empty() && job_->optimizer) {
+    if (job_->sliced && job_->optimizer) {
       // zero 1: this replica's share (the spec, and so the replica count,
       // is the checkpoint's: the header's digest says so).
-      const std::string key = "optimizer_shard" + std::to_string(job_->assignment.replica());
+      const std::string key = "optimizer_slice" + std::to_string(job_->assignment.replica());
       at::Tensor bytes;
       if (!archive.try_read(key, bytes, /*is_buffer=*/true)) {
         return absl::FailedPreconditionError("checkpoint " + path + " holds no " + key +
-                                             " (it was written without zero 1, or for other replicas)");
+                                             " (it was written without zero 1, for other replicas, or before zero 1 sliced the"
+                                             " optimizer state, when it was by tensor)");
       }
       bytes = bytes.to(at::kCPU).contiguous();
       std::istringstream shard(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())));

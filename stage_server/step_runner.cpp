@@ -355,8 +355,7 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
   const double lr = LearningRate(spec, step, std::max(st.req->total_steps(), step + 1));
   SetLearningRate(*job_->optimizer, lr);
   st.reply->set_lr(lr);
-  std::vector<at::Tensor> params;
-  for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
+  const std::vector<at::Tensor> params = UpdatedParams();
   // Loss scaling: the gradients back to the loss's own scale (GradScaler's
   // unscale_), then the test's injected overflow, if any, at this step.
   const double loss_scale = st.req->loss_scale();
@@ -375,13 +374,16 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
     // reference does). Alone, the stage clips its own gradients: they are all
     // of them.
     st.sq = GradSquaredNormTensor(params);
+    CONVEYOR_RETURN_IF_ERROR(SumOverSlices(st.sq));
     st.reply->set_updated_before_read(true);
     job_->pending_step = -1;
     if (spec.clip_grad_norm() > 0) ClipGradsOnDevice(params, spec.clip_grad_norm(), st.sq);
     job_->optimizer->step();
     return ShareShardedParameters();
   }
-  const double sq = GradSquaredNorm(params);
+  at::Tensor sq_sum = GradSquaredNormTensor(params);
+  CONVEYOR_RETURN_IF_ERROR(SumOverSlices(sq_sum));
+  const double sq = sq_sum.defined() ? sq_sum.item<double>() : 0.0;
   st.reply->set_grad_sq_norm(sq);
   if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
   job_->pending_step = -1;
@@ -403,19 +405,27 @@ Status Stage::Impl::PrepareUpdate(StepState& st) {
   return ShareShardedParameters();
 }
 
+std::vector<at::Tensor> Stage::Impl::UpdatedParams() const {
+  if (job_->sliced) return job_->updated;
+  std::vector<at::Tensor> params;
+  for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
+  return params;
+}
+
+Status Stage::Impl::SumOverSlices(at::Tensor& sq) {
+  if (!job_->sliced) return absl::OkStatus();
+  // Each replica's slices hold part of the gradients: the squared norm is
+  // the sum of theirs (on the device under NCCL: no host wait here).
+  if (!sq.defined()) sq = at::zeros({}, at::TensorOptions(device_).dtype(at::kDouble));
+  CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<ReplicaGroup::Work> work,
+                            job_->replica_group->StartAllReduce(sq.reshape({1})));
+  return Annotate(work->Wait(), Who() + " summing the gradient norm's slices");
+}
+
 Status Stage::Impl::ShareShardedParameters() {
+  if (!job_->sliced) return absl::OkStatus();
   at::NoGradGuard no_grad;
-  // One broadcast per replica (and dtype), of the parameters it updated, in
-  // place: they are views of its flats (made at configure).
-  for (std::size_t k = 0; k < job_->updated_by.size(); ++k) {
-    const std::vector<at::Tensor>& updated = job_->updated_by[k];
-    if (updated.empty()) continue;
-    FlatViews& flat = job_->updated_flat[k];
-    if (!flat.Holds(updated)) flat = FlatViews::Make(updated);  // one replaced since (not by Conveyor)
-    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->Broadcast(flat.flats(), static_cast<int>(k)),
-                                      Who() + " sharing the parameters replica " + std::to_string(k) + " updated"));
-  }
-  return absl::OkStatus();
+  return Annotate(job_->reducer->GatherParameters(), Who() + " gathering the parameters the replicas updated");
 }
 
 Status Stage::Impl::GatherOptimizerShards() {
@@ -450,11 +460,7 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
       // A gradient somewhere was not finite: no step here either (the next
       // step zeroes the gradients first).
     } else if (job_->optimizer) {
-      if (req.grad_scale() != 1) {
-        std::vector<at::Tensor> params;
-        for (const Chunk& c : job_->chunks) params.insert(params.end(), c.params.begin(), c.params.end());
-        ScaleGrads(params, req.grad_scale());
-      }
+      if (req.grad_scale() != 1) ScaleGrads(UpdatedParams(), req.grad_scale());
       job_->optimizer->step();
       CONVEYOR_RETURN_IF_ERROR(ShareShardedParameters());
     }
@@ -472,7 +478,7 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
   // The replicas hold the same state: replica 0 writes it for all of them
   // (a restored copy gets it from there, LoadCheckpoint). Under zero 1 each
   // holds a share of the optimizer's: replica 0 gathers them first.
-  if (!job_->updated_by.empty()) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
+  if (job_->sliced) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
   if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
   if (!record.ok()) {

@@ -609,8 +609,8 @@ TEST_F(GpuTest, AReplicaKilledDuringItsNcclAllReduceResumesToTheUninterruptedDig
 }
 
 // ZeRO-1 over NCCL on two GPUs: a 2 x 1 GPT with AdamW whose optimizer state
-// is split between the two copies (each updates its parameters and
-// broadcasts them on the devices) ends bit for bit where the unsharded run
+// is split between the two copies (each updates its slices of the buckets,
+// reduce-scattered and all-gathered on the devices) ends bit for bit where the unsharded run
 // does, each copy holding part of the state. Needs two GPUs.
 TEST_F(GpuTest, ZeroOneOverNcclOnTwoGpusEqualsTheUnshardedRun) {
   if (gpus_ < 2) GTEST_SKIP() << "needs two GPUs";

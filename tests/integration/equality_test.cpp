@@ -8,6 +8,7 @@
 #include <ATen/Context.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <future>
 #include <map>
@@ -623,13 +624,16 @@ std::array<v1::JobStatus, 2> RunUnshardedAndSharded(const std::string& recipe) {
 }
 
 // ZeRO-1 (zero: 1) on a 2 x 2 grid with AdamW: each replica updates its half
-// of each stage's parameters with its half of the moments and sends them to
-// the other; the run equals the unsharded one bit for bit (losses and
-// digest), and each stage's optimizer state is split between its two copies
-// (the memory report's shares add up to the unsharded state).
+// of every gradient bucket's elements (buckets of 8 KiB here: several a
+// stage, parameters cut across slices and buckets, biases without weight
+// decay) with its half of the moments, and the copies all-gather them; the
+// run equals the unsharded one bit for bit (losses and digest), and each
+// stage's optimizer state is split between its two copies (the memory
+// report's shares add up to the unsharded state).
 TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
-  const auto runs = RunUnshardedAndSharded("optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1}\n");
+  const auto runs = RunUnshardedAndSharded(
+      "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\nbucket_cap_mb: 0.0078125\n");
   ASSERT_EQ(runs[0].stages_size(), 4);
   ASSERT_EQ(runs[1].stages_size(), 4);
   EXPECT_EQ(runs[1].param_digest(), runs[0].param_digest());
@@ -645,9 +649,10 @@ TEST(Zero, ShardingTheOptimizerOverTwoReplicasTrainsAsWithoutAndSplitsItsState) 
   }
 }
 
-// With clipping by the global gradient norm: the sharded run's norms (every
-// copy has the whole sums; the coordinator combines the stages') and so its
-// clipping and losses are the unsharded run's, bit for bit.
+// With clipping by the global gradient norm: each copy's squared norm of its
+// slices, summed over the copies (and the coordinator combining the
+// stages'), is the unsharded run's norm to float rounding (the same sums in
+// another order), so the clipping and the losses are the unsharded run's.
 TEST(Zero, ClippingByTheGlobalNormUnderShardingTrainsAsWithout) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
   const auto runs = RunUnshardedAndSharded("optimizer: {name: sgd, lr: 0.5}\nclip_grad_norm: 0.05\n");
@@ -656,10 +661,9 @@ TEST(Zero, ClippingByTheGlobalNormUnderShardingTrainsAsWithout) {
     ASSERT_EQ(run.grad_norms_size(), 10);
   }
   EXPECT_GT(runs[0].grad_norms(0), 0.05) << "the test needs a norm that clipping cuts";
-  EXPECT_EQ(runs[1].param_digest(), runs[0].param_digest());
   for (int i = 0; i < 10; ++i) {
-    EXPECT_EQ(runs[1].grad_norms(i), runs[0].grad_norms(i)) << "step " << i + 1;
-    EXPECT_EQ(runs[1].losses(i), runs[0].losses(i)) << "step " << i + 1;
+    EXPECT_NEAR(runs[1].grad_norms(i), runs[0].grad_norms(i), 1e-6 * runs[0].grad_norms(i)) << "step " << i + 1;
+    EXPECT_NEAR(runs[1].losses(i), runs[0].losses(i), 1e-6 * std::abs(runs[0].losses(i))) << "step " << i + 1;
   }
 }
 

@@ -6,6 +6,7 @@
 #include "transport/nccl/nccl_channel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -294,6 +295,62 @@ TEST(GradientReducer, WithoutHooksFinishStartsAndSumsEveryBucket) {
   }
 }
 
+// ZeRO-1's buckets (slice): each replica gets the sums of its slice of every
+// bucket as the gradients of its parts (the parameters' elements there: w2
+// cut between the slices of its bucket, `unused` between the slices of one
+// padded to 6), updates them, and the all-gather gives every replica every
+// parameter whole: here one step of plain gradient descent, lr 1, which must
+// equal the whole run's.
+void ExpectSlicedReplicasUpdateTheirPartsAndGatherWholeParameters(bool nccl) {
+  TinyStage whole;
+  for (int r = 0; r < 2; ++r)
+    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  std::vector<at::Tensor> got[2];
+  int64_t part_elements[2] = {0, 0};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    TinyStage stage(nccl ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(g.rank())) : at::Device(at::kCPU));
+    GradientReducer reducer(&g, stage.params(), 16 * 4, /*hooks=*/true, /*slice=*/true);
+    std::vector<GradientReducer::Part> parts;
+    {
+      at::NoGradGuard no_grad;
+      parts = reducer.SliceParameters();
+    }
+    for (const auto& part : parts) part_elements[g.rank()] += part.tensor.numel();
+    reducer.Reset();
+    stage.Backward(Rows(g.rank(), 0));
+    Status st = reducer.Arm(0, 4);
+    if (!st.ok()) return st;
+    stage.Backward(Rows(g.rank(), 1));
+    st = reducer.Finish();
+    if (!st.ok()) return st;
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& part : parts) part.tensor.sub_(part.tensor.grad());
+      st = reducer.GatherParameters();
+    }
+    for (const at::Tensor& p : stage.params()) got[g.rank()].push_back(p.detach().cpu());
+    return st;
+  }, nccl);
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  EXPECT_EQ(part_elements[0] + part_elements[1], 5 + 12 + 4 + 8) << "the parts cover every element once";
+  EXPECT_GT(part_elements[0], 0);
+  EXPECT_GT(part_elements[1], 0);
+  for (int r = 0; r < 2; ++r) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      const at::Tensor p = whole.params()[i];
+      const at::Tensor want = p.grad().defined() ? (p - p.grad()).detach() : p.detach();
+      EXPECT_TRUE(at::allclose(got[r][i], want, 1e-5, 1e-6)) << "replica " << r << " parameter " << i << ": " << got[r][i];
+    }
+  }
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(at::equal(got[0][i], got[1][i])) << "parameter " << i;
+}
+
+TEST(GradientReducer, SlicedEachReplicaUpdatesItsPartsAndEveryOneGetsTheWholeParameters) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  ExpectSlicedReplicasUpdateTheirPartsAndGatherWholeParameters(/*nccl=*/false);
+}
+
 bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaDeviceCount() >= 2; }
 
 // The same over NCCL on two GPUs: the buckets' sums on the devices, each
@@ -301,6 +358,12 @@ bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaD
 TEST(GradientReducer, OverNcclOnTwoGpusTheBucketsSumEveryReplicasGradients) {
   if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
   ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(/*nccl=*/true);
+}
+
+// ZeRO-1's reduce-scatter and all-gather over NCCL, in place on the devices.
+TEST(GradientReducer, OverNcclOnTwoGpusSlicedReplicasUpdateTheirPartsAndGatherWholeParameters) {
+  if (!TwoGpusWithNccl()) GTEST_SKIP() << "needs two GPUs, NCCL and c10d's Gloo group (the id's store)";
+  ExpectSlicedReplicasUpdateTheirPartsAndGatherWholeParameters(/*nccl=*/true);
 }
 
 // NCCL collectives on two GPUs: sums (fp32 and bf16) and a broadcast on the
