@@ -254,18 +254,19 @@ std::function<Status(const Status&)> ReplicaGroup::Watcher() {
   return [nccl = impl_->nccl](const Status& stop) { return nccl->Poll(stop); };
 }
 
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::OnDevice(StatusOr<c10::Event> done) {
+  if (!done.ok()) {
+    impl_.reset();
+    return done.status();
+  }
+  auto end = std::make_shared<std::atomic<int64_t>>(0);
+  if (!defer_confirm_) impl_->pending_ends.push_back(end);
+  return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
+}
+
 StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartAllReduce(at::Tensor flat) {
   CONVEYOR_RETURN_IF_ERROR(Join());
-  if (impl_->nccl && flat.is_cuda()) {
-    auto done = impl_->nccl->AllReduce(std::move(flat));
-    if (!done.ok()) {
-      impl_.reset();
-      return done.status();
-    }
-    auto end = std::make_shared<std::atomic<int64_t>>(0);
-    if (!defer_confirm_) impl_->pending_ends.push_back(end);
-    return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
-  }
+  if (impl_->nccl && flat.is_cuda()) return OnDevice(impl_->nccl->AllReduce(std::move(flat)));
   try {
     // Gloo has no bfloat16 sum (LibTorch 1.13: "Invalid scalar type"): such a
     // bucket is summed in float and rounded back to bfloat16 once.
@@ -289,14 +290,7 @@ StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::StartReduceScatter(a
                                       " elements in " + std::to_string(options_.size) + " equal slices");
   if (!(impl_->nccl && flat.is_cuda())) return StartAllReduce(std::move(flat));
   const int64_t n = flat.numel() / options_.size;
-  auto done = impl_->nccl->ReduceScatter(flat, flat.narrow(0, n * options_.rank, n));  // in place
-  if (!done.ok()) {
-    impl_.reset();
-    return done.status();
-  }
-  auto end = std::make_shared<std::atomic<int64_t>>(0);
-  if (!defer_confirm_) impl_->pending_ends.push_back(end);
-  return std::unique_ptr<Work>(new DeviceWork(std::move(*done), std::move(end)));
+  return OnDevice(impl_->nccl->ReduceScatter(flat, flat.narrow(0, n * options_.rank, n)));  // in place
 }
 
 Status ReplicaGroup::AllGather(const std::vector<at::Tensor>& flats) {
@@ -418,6 +412,9 @@ Status ReplicaGroup::Failure(const std::string&, const std::exception& e) { retu
 Status ReplicaGroup::Confirm() { return absl::OkStatus(); }
 std::function<Status(const Status&)> ReplicaGroup::Watcher() { return nullptr; }
 Status ReplicaGroup::JoinNccl() { return NoGloo(options_.who); }
+StatusOr<std::unique_ptr<ReplicaGroup::Work>> ReplicaGroup::OnDevice(StatusOr<c10::Event>) {
+  return NoGloo(options_.who);
+}
 
 #endif
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <chrono>
 #include <functional>
@@ -137,6 +138,9 @@ class ReplicaGroup {
   Status Failure(const std::string& what, const std::exception& e);
   // Joins the NCCL group (options_.nccl), its id shared through the store.
   Status JoinNccl();
+  // The Work of a collective enqueued on the device (`done`: the event after
+  // it), its end left for Confirm; forgets the group where it failed.
+  StatusOr<std::unique_ptr<Work>> OnDevice(StatusOr<c10::Event> done);
   Options options_;
   int nccl_joins_ = 0;
   std::unique_ptr<Impl> impl_;

@@ -210,12 +210,18 @@ at::Tensor Rows(int replica, int micro_batch) {
   return at::arange(6, at::kFloat).reshape({2, 3}).add(replica * 10 + micro_batch).div(7);
 }
 
-// Two replicas of TinyStage (on cuda:RANK with `nccl`) through a reducer.
-void ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(bool nccl) {
-  // What the sum must be: both replicas' two micro-batches in one process.
+// What the replicas' sums must be: both replicas' two micro-batches in one
+// process, on the CPU.
+TinyStage BothReplicasInOneProcess() {
   TinyStage whole;
   for (int r = 0; r < 2; ++r)
     for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  return whole;
+}
+
+// Two replicas of TinyStage (on cuda:RANK with `nccl`) through a reducer.
+void ExpectBucketsStartDuringTheLastBackwardAndSumEveryReplicasGradients(bool nccl) {
+  const TinyStage whole = BothReplicasInOneProcess();
   std::vector<at::Tensor> got[2];
   int buckets[2] = {0, 0};
   bool started_in_backward[2] = {false, false};
@@ -262,9 +268,7 @@ TEST(GradientReducer, BucketsStartDuringTheLastBackwardAndSumEveryReplicasGradie
 // (armed or not) starts every bucket in Finish, in order, and sums them all.
 TEST(GradientReducer, WithoutHooksFinishStartsAndSumsEveryBucket) {
   if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
-  TinyStage whole;
-  for (int r = 0; r < 2; ++r)
-    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  const TinyStage whole = BothReplicasInOneProcess();
   std::vector<at::Tensor> got[2];
   std::size_t spans[2] = {0, 0};
   auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
@@ -302,9 +306,7 @@ TEST(GradientReducer, WithoutHooksFinishStartsAndSumsEveryBucket) {
 // parameter whole: here one step of plain gradient descent, lr 1, which must
 // equal the whole run's.
 void ExpectSlicedReplicasUpdateTheirPartsAndGatherWholeParameters(bool nccl) {
-  TinyStage whole;
-  for (int r = 0; r < 2; ++r)
-    for (int mb = 0; mb < 2; ++mb) whole.Backward(Rows(r, mb));
+  const TinyStage whole = BothReplicasInOneProcess();
   std::vector<at::Tensor> got[2];
   int64_t part_elements[2] = {0, 0};
   auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
