@@ -304,12 +304,9 @@ Status ReplicaGroup::AllGather(const std::vector<at::Tensor>& flats) {
     for (const at::Tensor& flat : flats) {
       const int64_t n = flat.numel() / options_.size;
       if (impl_->nccl && flat.is_cuda()) {  // in place; the work after it waits on the device
-        auto done = impl_->nccl->AllGather(flat.narrow(0, n * options_.rank, n), flat);
-        if (!done.ok()) {
-          impl_.reset();
-          return done.status();
-        }
-        CONVEYOR_RETURN_IF_ERROR(DeviceWork(std::move(*done), std::make_shared<std::atomic<int64_t>>(0)).Wait());
+        CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Work> work,
+                                  OnDevice(impl_->nccl->AllGather(flat.narrow(0, n * options_.rank, n), flat)));
+        CONVEYOR_RETURN_IF_ERROR(work->Wait());
         continue;
       }
       // Gloo: the bytes (it has no bfloat16 in 1.13, and nothing is summed),
