@@ -1,9 +1,9 @@
 // Tensors rebound as views of one flat tensor per (dtype, device), holding
 // their values and their strides: a collective on the flats is one call per
 // group, in place, with no copy in or out and no staging memory. Replicas
-// broadcast BatchNorm's statistics this way after each step, and under zero 1
-// each replica's updated parameters (a copy the size of the parameters,
-// alive until the broadcast finished, was what ZeRO-1 saved: session 26).
+// broadcast BatchNorm's statistics this way after each step. (ZeRO-1 lays the
+// parameters out as the gradients' buckets instead: GradientReducer::
+// SliceParameters.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
