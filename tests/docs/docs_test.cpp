@@ -456,8 +456,16 @@ std::vector<pid_t> Children(bool running_only = false) {
   if (!proc) return kids;
   while (dirent* e = readdir(proc)) {
     if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
-    std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
-    std::string s((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // read(2), not a stream: a process that exits between the open and the
+    // read fails the read with ESRCH, which libstdc++'s stream buffer throws
+    // ("basic_filebuf::underflow error reading the file: No such process").
+    const int fd = open((std::string("/proc/") + e->d_name + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[1024];
+    const ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    if (n <= 0) continue;  // gone
+    const std::string s(buf, static_cast<std::size_t>(n));
     const auto close_paren = s.rfind(')');
     if (close_paren == std::string::npos) continue;
     std::istringstream rest(s.substr(close_paren + 1));
