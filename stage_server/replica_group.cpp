@@ -309,14 +309,20 @@ Status ReplicaGroup::AllGather(const std::vector<at::Tensor>& flats) {
         CONVEYOR_RETURN_IF_ERROR(work->Wait());
         continue;
       }
-      // Gloo: the bytes (it has no bfloat16 in 1.13, and nothing is summed),
-      // each member's slice a view of `flat` (c10d copies into them).
+      // Gloo: each member's slice broadcast from it, in place, as bytes (no
+      // bfloat16 in 1.13, and nothing is summed). c10d's Gloo all-gather
+      // copies its input into a new flat tensor and its output out of one
+      // (three copies of the slices): on the CPU over veth pairs (a 38 M-
+      // parameter MLP as 2 x 1) that made the step 8% longer than these
+      // broadcasts (bench/RESULTS.md, session 28).
       at::Tensor bytes = flat.view(at::kByte);
       const int64_t b = bytes.numel() / options_.size;
-      std::vector<std::vector<at::Tensor>> outputs(1);
-      for (int r = 0; r < options_.size; ++r) outputs[0].push_back(bytes.narrow(0, b * r, b));
-      std::vector<at::Tensor> input{bytes.narrow(0, b * options_.rank, b).clone()};
-      impl_->group->allgather(outputs, input)->wait(options_.timeout);
+      for (int r = 0; r < options_.size; ++r) {
+        c10d::BroadcastOptions o;
+        o.rootRank = r;
+        std::vector<at::Tensor> slice{bytes.narrow(0, b * r, b)};
+        impl_->group->broadcast(slice, o)->wait(options_.timeout);
+      }
     }
   } catch (const std::exception& e) {
     return Failure("all-gather", e);
