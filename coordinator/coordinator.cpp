@@ -163,11 +163,23 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
 namespace {
 
 // Leaves the series of `*status` out (GetJobRequest.omit_losses), keeping
-// their last figures; `series` holds them (`status` itself by default).
-void OmitSeries(v1::JobStatus* status, const v1::JobStatus* series = nullptr) {
-  KeepLastOfSeries(status, series ? *series : *status);
+// their last figures.
+void OmitSeries(v1::JobStatus* status) {
+  KeepLastOfSeries(status, *status);
   v1::JobStatus none;
   SwapSeries(status, &none);
+}
+
+// A copy of `live` without its series, keeping their last figures, made
+// without copying the series (they are swapped out and back: `live` ends as
+// it was).
+v1::JobStatus CopyWithoutSeries(v1::JobStatus& live) {
+  v1::JobStatus series;
+  SwapSeries(&live, &series);
+  v1::JobStatus copy = live;
+  KeepLastOfSeries(&copy, series);
+  SwapSeries(&live, &series);  // back
+  return copy;
 }
 
 }  // namespace
@@ -177,16 +189,8 @@ StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_lo
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = running_.find(job_id);
-    if (it != running_.end() && omit_losses) {
-      // Copied without the series, which grow with every step.
-      v1::JobStatus& live = it->second.live;
-      v1::JobStatus series;
-      SwapSeries(&live, &series);
-      status = live;
-      OmitSeries(&status, &series);
-      SwapSeries(&live, &series);  // back
-      return status;
-    }
+    // Copied without the series, which grow with every step.
+    if (it != running_.end() && omit_losses) return CopyWithoutSeries(it->second.live);
     if (it != running_.end()) status = it->second.live;
   }
   if (status.job_id().empty()) {
@@ -318,6 +322,7 @@ StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* 
 
 void Coordinator::OnStatus(const v1::JobStatus& status) {
   bool save = false, state_changed = false;
+  v1::JobStatus unseries;  // what a save between state changes writes: the series are not
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = running_.find(status.job_id());
@@ -330,11 +335,12 @@ void Coordinator::OnStatus(const v1::JobStatus& status) {
     if (state_changed || now - job.last_saved > std::chrono::seconds(1)) {
       job.last_saved = now;
       save = true;
+      if (!state_changed) unseries = CopyWithoutSeries(job.live);
     }
   }
   cv_.notify_all();
   if (save) {  // the series (every step's figures) at a state change; checkpoints' records save them too
-    Status st = store_->Update(status, /*with_series=*/state_changed);
+    Status st = store_->Update(state_changed ? status : unseries, /*with_series=*/state_changed);
     if (!st.ok()) LOG_ERROR("saving job ", status.job_id(), ": ", st.message());
     if (state_changed) CountJobs();
   }
