@@ -24,7 +24,9 @@ other on this machine:
     torch-naive-mp          the stages on 2 GPUs in one process, no micro-batches
     torch-split-m<M>        the seed tutorial's pipelined class: M micro-batches, one process
     torch-pp-<sched>-m<M>   torch.distributed.pipelining, 2 processes (one GPU each, NCCL),
-                            <sched> one of gpipe, 1f1b, interleaved (2 stages per process)
+                            <sched> one of gpipe, 1f1b, interleaved (2 stages per process),
+                            interleaved-zb, zbv, dualpipev (2 stages per process; the V ones place
+                            stage s on rank s for s < R, else 2R-1-s: bench/torch_pipelining.py)
   Conveyor (--bin: the folder holding `conveyor`)
     conveyor-1dev           `conveyor train --reference`: Conveyor's single device, its defaults (W1 on
                             CUDA: channels-last memory and cuDNN autotuning, job keys memory_format and
@@ -51,8 +53,10 @@ other on this machine:
   (W1's fastest PyTorch; the seed's code is NCHW without autotuning).
 
 It prints a table (with each row's throughput against PyTorch's single GPU,
-against the best PyTorch variant of the run, and against Conveyor's single
-device), writes a CSV after every variant (so a run stopped at a time limit
+against the best PyTorch variant of the run, against torch-pp-best (the fastest
+torch.distributed.pipelining row on as many GPUs, whatever its schedule and
+micro-batch count) and against Conveyor's single device; for W2 each row's
+model FLOPs utilisation, bench/README.md; and each row's peak memory a GPU), writes a CSV after every variant (so a run stopped at a time limit
 keeps what it measured) and, where matplotlib imports, the seed's two
 pictures: a bar chart of the variants and the split-size trade-off curve.
 
@@ -112,13 +116,36 @@ DEFAULT_MICRO_BATCHES = {"w1": "2,4,6,12", "w2": "4,8,16"}
 NCHW = ["memory_format=contiguous", "cudnn_benchmark=false"]
 # `bench.py sizes`: each workload's full batch and a pipeline stage's micro-batches.
 SIZES = {"w1": "120,60", "w2": "32,8,4"}
-SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleaved", "zero-bubble"]
+SCHEDULE_ORDER = ["", "single", "naive", "tutorial", "gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv",
+                  "dualpipev", "zero-bubble"]
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
 FIELDS = ["workload", "variant", "impl", "schedule", "micro_batches", "stages", "ms_per_step",
           "samples_per_second", "throughput", "unit", "vs_pytorch_1gpu", "vs_best_pytorch",
-          "vs_conveyor_1dev", "statistic", "outside_ms_per_step", "outside_ratio", "outside_same_runs_ratio", "outside_walls", "runs_own_ms", "median_step_ms", "final_loss", "busy_fraction",
+          "vs_conveyor_1dev", "vs_torch_pp_best", "gpus", "mfu", "statistic", "outside_ms_per_step", "outside_ratio", "outside_same_runs_ratio", "outside_walls", "runs_own_ms", "median_step_ms", "final_loss", "busy_fraction",
           "theoretical_idle_fraction", "peak_gib", "note"]
 OUTSIDE_TOLERANCE = 0.05  # a row whose outside clock differs by more is marked
+# Model FLOPs utilisation (W2 rows): the model's FLOPs a step over (seconds a step x GPUs x the bf16 peak).
+# The peak is the dense bf16 tensor-core figure of both the H100 SXM and the H200 (989.4 TFLOP/s).
+BF16_PEAK_FLOPS = 989.4e12
+
+
+def w2_model_flops(batch):
+    """W2's model FLOPs for one training step on `batch` sequences (bench/README.md): per token
+    6 N for the matrix products of forward and backward (N: the weights that multiply, 24 blocks of
+    12 W^2 and the W x V output layer; the embedding is a lookup), and 12 L T W for attention's two
+    products (QK^T and AV, forward and backward, counted over the full T x T square as PaLM's
+    appendix does, though the causal kernel computes about half of it)."""
+    g = tp.GPT
+    W, L, T, V = g["width"], g["blocks"], g["seq"], g["vocab"]
+    n = L * (3 * W * W + W * W + 2 * W * g["mlp"]) + W * V
+    return batch * T * (6 * n + 12 * L * T * W)
+
+
+def mfu(workload, batch, ms, gpus):
+    """A row's model FLOPs utilisation as a fraction, or None (W1 is not counted)."""
+    if workload != "w2" or not ms or not gpus:
+        return None
+    return w2_model_flops(batch) / (ms / 1000.0 * gpus * BF16_PEAK_FLOPS)
 
 
 def clocks_disagree(ratio):
@@ -544,8 +571,16 @@ def ratios(rows):
     for w, rs in by_w.items():
         ref = {base_name(r["variant"]): float(r["throughput"]) for r in rs}  # --batch: -bB
         best = max([float(r["throughput"]) for r in rs if r["impl"] == "pytorch"] or [0])
+        # torch.distributed.pipelining's fastest row (any schedule, any micro-batch count) on as many GPUs
+        pp_best = {}
+        for r in rs:
+            if r["impl"] == "pytorch" and r["schedule"] in tp.PIPELINED:
+                g = str(r.get("gpus") or "")
+                pp_best[g] = max(pp_best.get(g, 0), float(r["throughput"]))
         for r in rs:
             t = float(r["throughput"])
+            pp = pp_best.get(str(r.get("gpus") or ""))
+            r["vs_torch_pp_best"] = "%.3f" % (t / pp) if pp and r["schedule"] not in ("", "single", "best") else ""
             r["vs_pytorch_1gpu"] = "%.3f" % (t / ref["pytorch-1gpu"]) if "pytorch-1gpu" in ref else ""
             r["vs_best_pytorch"] = "%.3f" % (t / best) if best else ""
             r["vs_conveyor_1dev"] = "%.3f" % (t / ref["conveyor-1dev"]) if "conveyor-1dev" in ref else ""
@@ -560,10 +595,12 @@ def table(rows, workload):
     py = [r for r in rs if r["impl"] == "pytorch"]
     best = max(py, key=lambda r: float(r["throughput"]))["variant"] if py else "-"
     x = lambda s: "%.2fx" % float(s) if s not in ("", None) else "-"
-    lines = ["%s (best PyTorch variant: %s)" % (workload.upper(), best), "",
-             "| variant | ms / step | %s / s | vs pytorch-1gpu | vs best PyTorch | vs conveyor-1dev | "
-             "outside ms / step |" % unit,
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    pp = [r for r in py if r["schedule"] in tp.PIPELINED]
+    pp_best = max(pp, key=lambda r: float(r["throughput"]))["variant"] if pp else "-"
+    lines = ["%s (best PyTorch variant: %s; torch-pp-best: %s)" % (workload.upper(), best, pp_best), "",
+             "| variant | GPUs | ms / step | %s / s | vs pytorch-1gpu | vs best PyTorch | vs torch-pp-best | "
+             "vs conveyor-1dev | MFU | peak GiB a GPU | outside ms / step |" % unit,
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rs:
         outside = r.get("outside_ms_per_step") or ""
         if outside:  # the row's figure checked from outside (two run lengths)
@@ -572,10 +609,27 @@ def table(rows, workload):
                 outside = outside[:-1] + "; same run %s)" % x(r["outside_same_runs_ratio"])
             if clocks_disagree(r["outside_ratio"]):
                 outside = "**%s**" % outside
-        lines.append("| %s | %.1f | %.0f | %s | %s | %s | %s |" % (
-            r["variant"], float(r["ms_per_step"]), float(r["throughput"]), x(r["vs_pytorch_1gpu"]),
-            x(r["vs_best_pytorch"]), x(r["vs_conveyor_1dev"]), outside or "-"))
+        util = "%.1f%%" % (100 * float(r["mfu"])) if r.get("mfu") else "-"
+        lines.append("| %s | %s | %.1f | %.0f | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["variant"], r.get("gpus") or "-", float(r["ms_per_step"]), float(r["throughput"]),
+            x(r["vs_pytorch_1gpu"]), x(r["vs_best_pytorch"]), x(r.get("vs_torch_pp_best")),
+            x(r["vs_conveyor_1dev"]), util, peak_column(r.get("peak_gib")), outside or "-"))
     return "\n".join(lines)
+
+
+def peak_column(peaks):
+    """The table's peak memory: the largest GPU's, and every GPU's where they differ (GiB)."""
+    vals = [float(v) for v in str(peaks or "").split("/") if v]
+    if not vals:
+        return "-"
+    top = "%.1f" % max(vals)
+    return top if len(set("%.1f" % v for v in vals)) == 1 else "%s (%s)" % (top, "/".join("%.1f" % v for v in vals))
+
+
+def conveyor_peaks(r):
+    """A Conveyor run's peak device memory of each stage server (GiB, '/'-joined), from its JSON."""
+    peaks = [s.get("memory", {}).get("device_peak_bytes", 0) for s in r.get("stages", [])]
+    return "/".join("%.2f" % (b / 2 ** 30) for b in peaks if b)
 
 
 def write_csv(path, rows):
@@ -797,7 +851,8 @@ def main(argv):
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
     p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
     p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
-                   help="PyTorch's micro-batched variants: tutorial, gpipe, 1f1b, interleaved")
+                   help="PyTorch's micro-batched variants: tutorial, gpipe, 1f1b, interleaved, interleaved-zb, "
+                        "zbv, dualpipev")
     p.add_argument("--only", default=None, help="comma-separated patterns: run only variants matching one")
     p.add_argument("--skip", default=None, help="comma-separated patterns: leave out variants matching one")
     p.add_argument("--device", default="cuda:0", help="device of conveyor-1dev")
@@ -892,15 +947,18 @@ def main(argv):
 
     def add(v, sps, statistic, note="", **extra):
         stages = extra.pop("stages", "")
-        rows.append(dict({"workload": w, "variant": v["variant"], "impl": v["impl"], "schedule": v["schedule"],
+        gpus = extra.pop("gpus", "")
+        ms = 1000.0 * batch_size(w, args) / sps
+        util = mfu(w, batch_size(w, args), ms, int(gpus) if gpus else 0)
+        extra["mfu"] = "%.4f" % util if util is not None else ""
+        rows.append(dict({"gpus": gpus, "workload": w, "variant": v["variant"], "impl": v["impl"], "schedule": v["schedule"],
                           "micro_batches": v["m"], "stages": stages,
                           "ms_per_step": "%.2f" % (1000.0 * batch_size(w, args) / sps),
                           "samples_per_second": "%.3f" % sps, "throughput": "%.1f" % (sps * per_sample),
                           "unit": unit, "statistic": statistic, "note": note}, **extra))
         ratios(rows)
         write_csv(csv_path, rows)
-        print("  %-26s %10.1f %s/s  %8.1f ms/step %s" % (v["variant"], sps * per_sample, unit,
-                                                         1000.0 * batch_size(w, args) / sps, note), flush=True)
+        print("  %-26s %10.1f %s/s  %8.1f ms/step %s" % (v["variant"], sps * per_sample, unit, ms, note), flush=True)
 
     if torch_groups:
         gpus = torch_probe(args)
@@ -927,7 +985,7 @@ def main(argv):
                 continue
             add(v, r["samples_per_second"], repeated(args, r.get("statistic") or tp.statistic(r["iters"], r["warmup"])),
                 note="channels-last, cudnn.benchmark" if args.torch_channels_last and v["schedule"] != "best" else "",
-                stages=r.get("stages", ""), final_loss=r.get("loss", ""),
+                stages=r.get("stages", ""), gpus=r.get("gpus", ""), final_loss=r.get("loss", ""),
                 peak_gib="/".join(str(g) for g in r["peak_gib"]) if isinstance(r.get("peak_gib"), list)
                 else r.get("peak_gib", ""))
 
@@ -950,7 +1008,8 @@ def main(argv):
         add(v, r["steady_samples_per_second"],
             repeated(args, tp.statistic(r.get("steady_steps", args.steps - WARMUP), WARMUP)), note,
             **outside,
-            stages=len(st) or 1, final_loss=r.get("final_loss", ""), median_step_ms=median_step_ms(r),
+            stages=len(st) or 1, gpus=args.ranks * args.replicas if pipelined(v) else 1,
+            peak_gib=conveyor_peaks(r), final_loss=r.get("final_loss", ""), median_step_ms=median_step_ms(r),
             busy_fraction="/".join("%.3f" % s.get("busy_fraction", 0) for s in st),
             theoretical_idle_fraction="%.3f" % r["theoretical_idle_fraction"] if st else "")
 

@@ -15,6 +15,14 @@ under one or more of these schedules:
   gpipe, 1f1b  torch.distributed.pipelining: R processes, one
                GPU each, NCCL, one stage per process             -> torch-pp-<schedule>-m<M>
   interleaved  ScheduleInterleaved1F1B, 2 stages per process     -> torch-pp-interleaved-m<M>
+  interleaved-zb  ScheduleInterleavedZeroBubble (backward split into
+               input and weight passes), 2 stages per process,
+               stage s on rank s % R                             -> torch-pp-interleaved-zb-m<M>
+  zbv          ScheduleZBVZeroBubble, 2 stages per process in a V:
+               stage s on rank s for s < R, else on 2R-1-s (the
+               first rank holds the first and the last stage and
+               passes both the input and the target)             -> torch-pp-zbv-m<M>
+  dualpipev    ScheduleDualPipeV, the same V placement            -> torch-pp-dualpipev-m<M>
 
 The stage modules are built by hand from the model's units (no tracing):
 W1's units are the stem (conv1, bn1, relu, maxpool), the 16 bottlenecks and
@@ -61,7 +69,10 @@ WORKLOADS = {
     "w2": {"batch": 32, "unit": "tokens", "per_sample": 1024, "lr": 1e-3},
 }
 LOCAL = ("single", "naive", "tutorial")
-PIPELINED = ("gpipe", "1f1b", "interleaved")
+PIPELINED = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv", "dualpipev")
+# Schedules with --chunks (interleaved) or two (V) stages per process; V ones place them in a V.
+MULTI = ("interleaved", "interleaved-zb", "zbv", "dualpipev")
+V_SHAPED = ("zbv", "dualpipev")
 GPT = {"vocab": 32000, "width": 2048, "blocks": 24, "heads": 16, "mlp": 8192, "seq": 1024}
 
 
@@ -273,19 +284,34 @@ def configurations(opts):
     batch = global_batch(opts)
     for s in opts.schedules:
         for m in ([1] if s in ("single", "naive") else opts.micro_batches):
-            stages = 1 if s == "single" else opts.ranks * (opts.chunks if s == "interleaved" else 1)
+            stages = 1 if s == "single" else opts.ranks * (stages_per_rank(opts, s) if s in PIPELINED else 1)
             err = None
             copies = opts.replicas if s in PIPELINED else 1
             if batch % copies:
                 err = "batch %d does not split evenly over %d replicas" % (batch, copies)
             elif (batch // copies) % m:
                 err = "a replica's batch %d does not split into %d equal micro-batches" % (batch // copies, m)
-            elif s == "interleaved" and m % opts.ranks:
-                err = "interleaved 1F1B wants micro-batches a multiple of the ranks (%d)" % opts.ranks
+            elif s in ("interleaved", "interleaved-zb") and m % opts.ranks:
+                err = "%s wants micro-batches a multiple of the ranks (%d)" % (s, opts.ranks)
             elif s in PIPELINED and m < opts.ranks:
                 err = "fewer micro-batches (%d) than ranks (%d)" % (m, opts.ranks)
             out.append((s, m, stages, err))
     return out
+
+
+def stages_per_rank(opts, schedule):
+    """Stages a process holds: --chunks under the interleaved schedules, two under the V ones, else one."""
+    if schedule in V_SHAPED:
+        return 2
+    return opts.chunks if schedule in MULTI else 1
+
+
+def stage_rank(schedule, s, world):
+    """The rank (within a pipeline) that holds stage s: in a V (s on s for s < world, else 2*world-1-s) or
+    round robin (s % world: one stage per rank, or the interleaved layout)."""
+    if schedule in V_SHAPED:
+        return s if s < world else 2 * world - 1 - s
+    return s % world
 
 
 def result(opts, schedule, m, stages, times=None, error=None, **extra):
@@ -480,9 +506,13 @@ def pp_worker(rank, opts, configs, port):
     import inspect
     import torch
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.pipelining import PipelineStage
     from torch.nn.parallel import DistributedDataParallel
-    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+    # By name: a PyTorch without one of them fails only that schedule's rows.
+    classes = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+               "interleaved-zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+               "dualpipev": "ScheduleDualPipeV"}
     world, copies = opts.ranks, opts.replicas
     copy, prank = rank // world, rank % world  # which pipeline, and the rank within it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -503,19 +533,24 @@ def pp_worker(rank, opts, configs, port):
     layouts = {}
     try:
         for schedule, m, stages, _ in configs:
-            if stages not in layouts:
+            key = (stages, schedule in V_SHAPED)
+            if key not in layouts:
+                layouts.clear()  # one layout's modules at a time on the GPU
+                gc.collect()
+                torch.cuda.empty_cache()
                 bounds = stage_bounds(w, stages, opts.boundaries)
-                # Stage s lives on rank s % world (the interleaved layout; one stage per rank otherwise).
-                layouts[stages] = [(s, build_stage(w, lo, hi, dev, 1000 + s, opts.channels_last))
-                                   for s, (lo, hi) in enumerate(bounds) if s % world == prank]
-            mine = layouts[stages]
+                layouts[key] = [(s, build_stage(w, lo, hi, dev, 1000 + s, opts.channels_last))
+                                for s, (lo, hi) in enumerate(bounds) if stage_rank(schedule, s, world) == prank]
+            mine = layouts[key]
             # Under --dp ddp each stage module is wrapped; device_ids stays None (a one-device module),
             # so that DDP moves no inputs (the stages infer their shapes on meta tensors).
             wrapped = [(s, DistributedDataParallel(mod, process_group=dp_group)
                         if dp_group is not None and opts.dp == "ddp" else mod) for s, mod in mine]
             pstages = [PipelineStage(mod, s, stages, dev, group=pp_group) for s, mod in wrapped]
-            cls = classes[schedule]
-            sched = cls(pstages if schedule == "interleaved" else pstages[0], n_microbatches=m, loss_fn=lossf)
+            cls = getattr(pipelining, classes[schedule], None)
+            if cls is None:
+                raise RuntimeError("torch %s has no %s" % (torch.__version__, classes[schedule]))
+            sched = cls(pstages if schedule in MULTI else pstages[0], n_microbatches=m, loss_fn=lossf)
             kw = {}
             if "return_outputs" in inspect.signature(sched.step).parameters:
                 kw["return_outputs"] = False
@@ -526,7 +561,9 @@ def pp_worker(rank, opts, configs, port):
             def step():
                 opt.zero_grad(set_to_none=True)
                 losses.clear()
-                if prank == 0:
+                if schedule in V_SHAPED and prank == 0:  # the first and the last stage
+                    sched.step(x, target=y, losses=losses, **kw)
+                elif prank == 0:
                     sched.step(x, **kw)
                 elif prank == world - 1:
                     sched.step(target=y, losses=losses, **kw)

@@ -59,6 +59,11 @@
 #   scripts/two-gpus.sh zb          W2: zero-bubble (split backward, weight passes while waiting) against 1F1B,
 #                                   interleaved and torch-pp, with timelines (about 350 s)
 #   scripts/two-gpus.sh zb-outside  W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from outside (about 350 s)
+#   (issue 54, "Four GPUs near the limit")
+#   scripts/two-gpus.sh w2-best     W2 on two GPUs: PyTorch eager on one, every torch.distributed.pipelining schedule
+#                                   at 4 and 8 micro-batches (1F1B, interleaved 1F1B, interleaved zero-bubble, ZB-V,
+#                                   DualPipeV), Conveyor's zero-bubble (W2_BEST_ROWS), each Conveyor row checked
+#                                   from outside (one more run, of 128 steps), with timelines (about 450 s)
 #   scripts/two-gpus.sh window      steps_in_flight 1 against 2: W1 at batch 120 (one stage server, two stages)
 #                                   and the Quick start job over the GPUs, with timelines
 #
@@ -293,6 +298,12 @@ for part in "$@"; do
       timeout 420 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-seconds 60 --timeout 130 \
         --out "$out/zb-outside" --only "${ZB_ROWS:-zero-bubble-m8}" | grep -A3 '^| variant'
       tar -czf "$out/zb-outside.tgz" -C "$out" zb-outside && rm -rf "$out/zb-outside" ;;
+    w2-best)
+      timeout 560 python3 bench/bench.py w2 --bin "$bin" --steps 8 --micro-batches 4,8 --timeout 130 \
+        --torch-schedules 1f1b,interleaved,interleaved-zb,zbv,dualpipev --outside-steps 128 --outside-repeats 1 \
+        --only "pytorch-1gpu,torch-pp-*,${W2_BEST_ROWS:-zero-bubble-m4,zero-bubble-m8}" --out "$out/w2-best" \
+        --trace-dir "$out/w2-best/timelines" > "$out/w2-best.log" 2>&1
+      sed -n '/^W2 (/,/^$/p' "$out/w2-best.log"; grep -E 'not measured|failed|past' "$out/w2-best.log" ;;
     window)
       ls /usr/share/datasets/fashion-mnist/*.gz > /dev/null 2>&1 || dpkg -x .gpu/dataset-fashion-mnist_*.deb /
       mkdir -p "$out/window"
