@@ -299,7 +299,7 @@ for part in "$@"; do
         --out "$out/zb-outside" --only "${ZB_ROWS:-zero-bubble-m8}" | grep -A3 '^| variant'
       tar -czf "$out/zb-outside.tgz" -C "$out" zb-outside && rm -rf "$out/zb-outside" ;;
     w2-best)
-      timeout 560 python3 bench/bench.py w2 --bin "$bin" --steps 8 --micro-batches 4,8 --timeout 130 \
+      timeout "${W2_BEST_TIMEOUT:-560}" python3 bench/bench.py w2 --bin "$bin" --steps 8 --micro-batches 4,8 --timeout 130 \
         --torch-schedules 1f1b,interleaved,interleaved-zb,zbv,dualpipev --outside-steps 128 --outside-repeats 1 \
         --only "pytorch-1gpu,torch-pp-*,${W2_BEST_ROWS:-zero-bubble-m4,zero-bubble-m8}" --out "$out/w2-best" \
         --trace-dir "$out/w2-best/timelines" > "$out/w2-best.log" 2>&1
