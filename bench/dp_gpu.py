@@ -83,7 +83,7 @@ def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
             json.dump({"ms": 1000 * mean.item()}, f)
     if graph:
         # destroy_process_group() hangs in ncclCommDestroy once NCCL collectives were captured in a graph
-        # (pytorch/pytorch#115388; both ranks hung there in session 27's first try): each rank waits for its
+        # (pytorch/pytorch#115388; both ranks hung there in the 2026-11-27 2x H100 runs' first try): each rank waits for its
         # own work and leaves without it.
         torch.cuda.synchronize(dev)
         sys.stdout.flush()

@@ -50,7 +50,7 @@
 #                                   GPUs, load_back.py --exported (PyTorch 2 and Fashion-MNIST from the kit)
 #   scripts/two-gpus.sh exported-w2 W2's decoder exported (torch.export, batch dynamic) against the zoo's gpt, one GPU
 #                                   and two stages (W2_VARIANTS picks some of bench/torchscript_w2.py's variants;
-#                                   the four together outlasted a 10-minute call in session 22: give each call
+#                                   the four together outlasted a 10-minute call in the 2026-11-26 runs on 4x H100: give each call
 #                                   W2_VARIANTS=zoo-gpt,exported-gpt or zoo-gpt-2stage,exported-gpt-2stage;
 #                                   exported-gpt-unfused: the exported one without its head split run as one)
 #   (issue 36, "The pipeline at GPU speed")
@@ -107,7 +107,7 @@ for part in "$@"; do
     exported-w2)
       # The exported rows checked from outside: run again W2_OUTSIDE_STEPS (150) steps longer, twice, and once
       # more at their own length. Not the zoo's by default: its start-up (seeding 1.3 B weights on the CPU, 23 to
-      # 45 s) varied by 1.5 to 7 s from run to run, too much for a check this short (session 25)
+      # 45 s) varied by 1.5 to 7 s from run to run, too much for a check this short (2026-11-27, 4x H100)
       timeout 560 python3 bench/torchscript_w2.py --bin "$bin" --out "$out/exported-w2" --steps 6 \
         --outside-steps "${W2_OUTSIDE_STEPS:-150}" --outside-variants "${W2_OUTSIDE_VARIANTS:-exported-gpt,exported-gpt-2stage}" \
         --variants "${W2_VARIANTS:-zoo-gpt,exported-gpt,zoo-gpt-2stage,exported-gpt-2stage}" | grep -vE '^epoch' | tail -15
@@ -202,8 +202,8 @@ for part in "$@"; do
         --only 'pytorch-1gpu-cl,pytorch-1gpu-graph,conveyor-1dev,conveyor-1dev-eager' | grep -A7 '^| variant' ;;
     outside)
       # 100 steps inside and 20 s more outside: with 18 to 28 steps and 15 s, start-up effects and the
-      # start-up's spread (seconds for two GPUs) left rows unjudged (bench/RESULTS.md, session 19); each
-      # row the median of 3 runs: one two-GPU run was 8% off the others (session 20)
+      # start-up's spread (seconds for two GPUs) left rows unjudged (bench/RESULTS.md, 2026-11-26, 2x H100); each
+      # row the median of 3 runs: one two-GPU run was 8% off the others (2026-11-26, 2x H100)
       timeout 560 python3 bench/bench.py w1 --bin "$bin" --global-batch 120 --micro-batches 4 --graphs --steps 100 \
         --repeats 3 --outside-seconds 20 --timeout 150 --out "$out/outside" \
         --only 'pytorch-1gpu-graph-b120,conveyor-1dev-b120,conveyor-1stage-graphs-b120,1f1b-m4-graphs-b120' \
@@ -228,7 +228,7 @@ for part in "$@"; do
     replicas-dp)
       # W1 as 2 x 1 against DDP, 100 steps after 2 warm-up on both sides; Conveyor's rows also give their steady
       # steps' median and are checked from outside: each run again DP_OUTSIDE_STEPS (600) longer, twice, and once
-      # more at its own length, the shortest walls counting (session 25's single runs of 300 more put rows at 0.77x
+      # more at its own length, the shortest walls counting (the 2026-11-27 4x H100 runs' single runs of 300 more put rows at 0.77x
       # to 1.20x their own clocks: start-up varies by seconds). DDP and 2 x 1 took 245 to 290 s a batch (session
       # 27), DDP with its step captured in a CUDA graph (the strongest PyTorch row) about 35 s more, last in case its
       # capture fails or hangs: one batch a call (DP_BATCHES, 240 by default: the batch where 2 x 1 leads the
@@ -287,7 +287,7 @@ for part in "$@"; do
           "$out/overhead/$1.json" "$1" 2>&1 | tail -1
       done
       tar -czf "$out/overhead.tgz" -C "$out" overhead && rm -rf "$out/overhead" && ls -la "$out/overhead.tgz" ;;
-    zb)  # issue 36 item 3: zero-bubble with its split backward (session 25) against 1F1B, interleaved and torch-pp
+    zb)  # issue 36 item 3: zero-bubble with its split backward (2026-11-27, 4x H100) against 1F1B, interleaved and torch-pp
       # on W2, one call (about 350 s after a build)
       timeout 420 python3 bench/bench.py w2 --bin "$bin" --steps 6 --outside-steps 0 --timeout 130 --out "$out/zb" \
         --only 'pytorch-1gpu,torch-pp-1f1b-m8,1f1b-m8,interleaved-m8,zero-bubble-m4,zero-bubble-m8' \
