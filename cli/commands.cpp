@@ -363,8 +363,13 @@ int CmdCancel(const Common& c, const std::string& job_id) {
 }
 
 int CmdResume(const Common& c, const std::string& job_id, bool wait) {
-  auto status = CallOnJob(c, &v1::Coordinator::Stub::ResumeJob, job_id);
-  if (!status.ok()) return Fail(status.status());
+  auto stub = Connect(CoordinatorAddress(c));
+  v1::JobRef req;
+  req.set_job_id(job_id);
+  for (const std::string& s : c.sets) req.add_sets(s);
+  v1::JobStatus resumed;
+  if (Status st = Call(*stub, &v1::Coordinator::Stub::ResumeJob, req, &resumed); !st.ok()) return Fail(st);
+  const v1::JobStatus* status = &resumed;
   // The event the coordinator added says where it goes on from.
   const std::string said = status->events().empty() ? std::string("queued") : status->events().rbegin()->text();
   std::cout << job_id << " " << said << "\n";
@@ -709,6 +714,9 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
       "resume", "queue a failed or cancelled job again: it goes on from its last checkpoint, optimizer state and step");
   resume->add_option("job_id", job_id, "job id")->required();
   resume->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
+  resume->add_option("--set", common.sets,
+                     "KEY=VALUE: lay the job out anew where it resumes (partition.stages, partition.boundaries, "
+                     "schedule, ...; not what it trains): its checkpoint is loaded resharded; repeatable");
 
   auto* train = app.add_subcommand("train", "train in this process: the correctness reference");
   train->add_option("job", file, "job file (YAML)")->required();

@@ -297,15 +297,22 @@ int LocalCluster::stage_restarts() const {
   return restarts_;
 }
 
-Status LocalCluster::RestartCoordinator() {
-  Child& coordinator = children_.back();
+Status LocalCluster::RestartCoordinator() { return Restart(&children_.back()); }
+
+Status LocalCluster::RestartStage(int index) {
+  if (index < 0 || static_cast<std::size_t>(index) + 1 >= children_.size())
+    return absl::InvalidArgumentError("no stage " + std::to_string(index) + " in this cluster");
+  return Restart(&children_[static_cast<std::size_t>(index)]);
+}
+
+Status LocalCluster::Restart(Child* child) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     int wstatus = 0;
-    if (coordinator.pid > 0) waitpid(coordinator.pid, &wstatus, 0);
-    coordinator.pid = -1;
+    if (child->pid > 0) waitpid(child->pid, &wstatus, 0);
+    child->pid = -1;
   }
-  return Spawn(&coordinator, {}).status();
+  return Spawn(child, {}).status();
 }
 
 LocalCluster::~LocalCluster() { Stop(); }

@@ -79,6 +79,9 @@ class LocalCluster {
   // Starts the coordinator again at its address with its state (after it was
   // killed); waits until it serves.
   Status RestartCoordinator();
+  // Starts stage `index` again at its address and with its folders (after it
+  // was killed, in a cluster without restart_stages); waits until it serves.
+  Status RestartStage(int index);
   // Times the supervisor started a stage again.
   int stage_restarts() const;
 
@@ -98,6 +101,8 @@ class LocalCluster {
   StatusOr<std::string> SpawnServer(Child* child, const std::vector<std::string>& env, bool metrics,
                                     const std::string& host);
   void Supervise();
+  // Reaps `child` (killed) and starts it again where it was.
+  Status Restart(Child* child);
 
   double start_timeout_s_ = 60;
   bool remove_run_dir_ = false;

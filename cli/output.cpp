@@ -186,6 +186,7 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   j["virtual_stages"] = s.virtual_stages();
   j["checkpoint_step"] = s.checkpoint_step();
   j["recoveries"] = s.recoveries();
+  j["lost_servers"] = std::vector<std::string>(s.lost_servers().begin(), s.lost_servers().end());
   nlohmann::json events = nlohmann::json::array();
   for (const auto& e : s.events()) events.push_back({{"unix_ms", e.unix_ms()}, {"event", e.text()}});
   j["events"] = events;
@@ -262,6 +263,11 @@ std::string Summary(const v1::JobStatus& s) {
   if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
   if (s.checkpoint_step() > 0 || s.recoveries() > 0)
     out << "  last complete checkpoint: step " << s.checkpoint_step() << ", recoveries " << s.recoveries() << "\n";
+  if (s.lost_servers_size() > 0) {
+    out << "  lost for good:";
+    for (const std::string& a : s.lost_servers()) out << " " << a;
+    out << "; went on over " << s.stages_size() << " stage server(s)\n";
+  }
   // What happened beyond the plain start and end: failures, recoveries, resumes.
   bool heading = false;
   for (const auto& e : s.events()) {

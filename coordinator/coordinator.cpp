@@ -2,7 +2,9 @@
 
 
 #include "common/files.h"
+#include "plan/job_overrides.h"
 #include "plan/job_spec.h"
+#include "plan/placement.h"
 #include "common/logging.h"
 #include "coordinator/job_metrics.h"
 #include "coordinator/job_planner.h"
@@ -122,7 +124,7 @@ Status Coordinator::CheckSavePathFree(const v1::JobSpec& spec, const std::string
   return absl::OkStatus();
 }
 
-StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
+StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id, const std::vector<std::string>& sets) {
   std::lock_guard<std::mutex> submitting(submit_mu_);
   CONVEYOR_ASSIGN_OR_RETURN(v1::JobStatus now, Get(job_id, true));  // NOT_FOUND for an unknown job
   if (now.state() != v1::JOB_STATE_FAILED && now.state() != v1::JOB_STATE_CANCELLED) {
@@ -136,10 +138,32 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id) {
     if (running_.count(job_id))
       return absl::FailedPreconditionError("job " + job_id + " is still stopping; resume it once it has");
   }
+  std::string relaid;
+  if (!sets.empty()) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::string yaml, store_->SpecYaml(job_id));
+    CONVEYOR_ASSIGN_OR_RETURN(yaml, ApplyJobOverrides(yaml, sets));
+    CONVEYOR_ASSIGN_OR_RETURN(v1::JobSpec spec, ParseJobYaml(yaml));
+    CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&spec, data_roots_));
+    std::string said;
+    for (const std::string& s : sets) said += (said.empty() ? "" : ", ") + s;
+    if (TrainingDigest(spec) != TrainingDigest(job.spec)) {
+      return absl::InvalidArgumentError(
+          "resume --set " + said + " changes how job " + job_id +
+          " trains, not only how it is laid out: a resume may change the partition, schedule, recomputation, "
+          "transports and the checkpoint and recovery keys; submit a new job for the rest");
+    }
+    const int need = std::max(1, Replicas(spec)) * spec.partition().stages();
+    if (need > static_cast<int>(clients_.size())) {
+      return absl::FailedPreconditionError("resume --set " + said + ": the job would need " + std::to_string(need) +
+                                           " stage servers, this coordinator has " + std::to_string(clients_.size()));
+    }
+    CONVEYOR_RETURN_IF_ERROR(store_->UpdateSpec(job_id, spec, yaml));
+    relaid = " with " + said + " (its checkpoint is loaded resharded)";
+  }
   CONVEYOR_RETURN_IF_ERROR(CheckSavePathFree(job.spec, job_id));
   const std::string what =
       std::string(job.status.state() == v1::JOB_STATE_FAILED ? "resumed after it failed" : "resumed after it was cancelled") +
-      (job.status.error().empty() ? std::string() : " (" + job.status.error() + ")") +
+      (job.status.error().empty() ? std::string() : " (" + job.status.error() + ")") + relaid +
       (job.status.checkpoint_step() > 0
            ? ": it goes on from the checkpoint of step " + std::to_string(job.status.checkpoint_step())
            : ": it has no checkpoint and starts again from step 0");

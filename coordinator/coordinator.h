@@ -80,7 +80,11 @@ class Coordinator {
   // checkpoint complete on every stage (from step 0 without one).
   // FAILED_PRECONDITION for a job in any other state, or whose save.path a
   // queued or running job writes; NOT_FOUND for an unknown id.
-  StatusOr<v1::JobStatus> Resume(const std::string& job_id);
+  // `sets`: job-key overrides (as `--set` takes them) that change only how
+  // the job is laid out (its TrainingDigest, plan/placement.h, stays): its
+  // checkpoint is then loaded resharded. INVALID_ARGUMENT for one that
+  // changes its training.
+  StatusOr<v1::JobStatus> Resume(const std::string& job_id, const std::vector<std::string>& sets = {});
   // Waits until anything changed since `*version` (then updates it) or until
   // `deadline` by clock(), and returns the job's status.
   StatusOr<v1::JobStatus> Watch(const std::string& job_id, uint64_t* version,

@@ -49,7 +49,7 @@ grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const v1::J
 
 grpc::Status CoordinatorService::ResumeJob(grpc::ServerContext* ctx, const v1::JobRef* req, v1::JobStatus* reply) {
   if (Status auth = CheckBearerToken(ctx->client_metadata(), auth_token_); !auth.ok()) return Failed("Coordinator/ResumeJob", auth);
-  auto status = coordinator_->Resume(req->job_id());
+  auto status = coordinator_->Resume(req->job_id(), {req->sets().begin(), req->sets().end()});
   if (!status.ok()) return Failed("Coordinator/ResumeJob", status.status());
   *reply = std::move(*status);
   return grpc::Status::OK;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <future>
 #include <memory>
+#include <set>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -16,6 +17,8 @@
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
 #include "plan/lr_schedule.h"
+#include "plan/model_catalog.h"
+#include "plan/placement.h"
 
 namespace conveyor {
 namespace {
@@ -34,7 +37,9 @@ JobRunner::JobRunner(v1::JobStatus status, v1::JobSpec spec, std::vector<StageCl
       clock_(clock ? clock : &RealClock()),
       pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
       odd_pool_(static_cast<int>(std::max<std::size_t>(1, stages_.size()))),
-      metrics_(spec_, status_.job_id(), store_) {}
+      metrics_(spec_, status_.job_id(), store_) {
+  for (const v1::StageReport& r : status_.stages()) holders_.push_back(r.address());
+}
 
 void JobRunner::Cancel(const std::string& reason) {
   {
@@ -89,6 +94,8 @@ Status JobRunner::Setup() {
   // Replica k's stage s is the (k * P + s)th server of the list; replica 0
   // is planned (cut, probed) and the others copy its assignments.
   stages_.resize(static_cast<std::size_t>(r * p));
+  for (StageClient* s : stages_)
+    if (std::find(holders_.begin(), holders_.end(), s->address()) == holders_.end()) holders_.push_back(s->address());
   CONVEYOR_ASSIGN_OR_RETURN(assignments_, PlanJob(status_.job_id(), ReplicaStages(0), &spec_));
   for (int k = 1; k < r; ++k) {
     for (int s = 0; s < p; ++s) {
@@ -108,6 +115,26 @@ Status JobRunner::Setup() {
       assignments_[i].set_num_replicas(r);
       assignments_[i].set_replica_host(HostOf(stages_[i]->address()));
       assignments_[i].set_replica_collectives(kinds[i % static_cast<std::size_t>(p)]);
+    }
+  }
+  return PlanCopies();
+}
+
+Status JobRunner::PlanCopies() {
+  const std::size_t n = stages_.size();
+  if (spec_.checkpoint_every() == 0 || CheckpointCopies(spec_) == 0 || n < 2) return absl::OkStatus();
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll(stages_, spec_.stage_timeout_s()));
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  for (std::size_t i = 0; i < p; ++i) {  // replica 0's stages write the checkpoints
+    for (std::size_t k = 1; k < n; ++k) {
+      const std::size_t to = (i + k) % n;
+      if (!infos[to].checkpoint_dir()) continue;
+      assignments_[i].set_checkpoint_copy_to(stages_[to]->address());
+      break;
+    }
+    if (assignments_[i].checkpoint_copy_to().empty()) {
+      Event("no other stage server of the job has a --checkpoint-dir: stage " + std::to_string(i) +
+            "'s checkpoints have no copy, and are lost with its server");
     }
   }
   return absl::OkStatus();
@@ -192,10 +219,12 @@ Status JobRunner::ConfigureAll() {
   return absl::OkStatus();
 }
 
-Status JobRunner::LoadAll(int64_t step) {
+Status JobRunner::LoadAll(int64_t step, int stages) {
   v1::LoadCheckpointRequest req;
   req.set_job_id(status_.job_id());
   req.set_step(step);
+  req.set_stages(stages);
+  for (const std::string& a : holders_) req.add_peers(a);
   std::vector<Status> results(stages_.size());
   std::vector<std::function<void()>> calls;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
@@ -218,11 +247,11 @@ Status JobRunner::Restore() {
     status_.clear_loss_scales();
     return absl::OkStatus();
   }
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<JobStore::CompleteCheckpoint> complete,
                             store_->CompleteCheckpoints(status_.job_id(), spec_.partition().stages()));
   int64_t restored = 0;
-  for (int64_t step : complete) {
-    Status st = LoadAll(step);
+  for (const auto& [step, cut] : complete) {
+    Status st = LoadAll(step, cut);
     if (st.ok()) {
       restored = step;
       break;
@@ -401,6 +430,10 @@ Status JobRunner::Train() {
     metrics_.Step(step, figures);
     const int64_t done = step + 1;
     if (req.checkpoint()) RecordCheckpoint(done, replies);
+    if (req.checkpoint() && done < total && status_.lost_servers_size() > 0 && PlannedServersAnswer()) {
+      grow_back_ = true;  // Run() returns to the planned layout from this checkpoint
+      return absl::OkStatus();
+    }
     if (now->asked)
       Event("checkpoint of step " + std::to_string(done) + " taken on request (the coordinator got SIGUSR1)");
     // Publish at most ten times a second, and the last step.
@@ -498,7 +531,7 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
   status_.set_checkpoint_step(done);
   metrics_.Checkpoint();  // the curves up to here are stored with it
   if (store_) {
-    Status st = store_->RecordCheckpoints(status_, records);
+    Status st = store_->RecordCheckpoints(status_, records, static_cast<int>(p));
     if (!st.ok()) LOG_ERROR("job ", status_.job_id(), ": recording the checkpoint of step ", done, ": ", st.message());
   }
   LOG_DEBUG("job ", status_.job_id(), ": checkpoint of step ", done, " complete on every stage");
@@ -629,7 +662,7 @@ bool JobRunner::Recoverable(const Status& failure) {
   return false;
 }
 
-Status JobRunner::AwaitStages(const Status& failure) {
+Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* lost) {
   // A failure that comes back at the same step each time is no stage dying.
   const int64_t at = status_.step();
   same_step_recoveries_ = at == failed_at_ ? same_step_recoveries_ + 1 : 1;
@@ -647,24 +680,49 @@ Status JobRunner::AwaitStages(const Status& failure) {
   Event("step " + std::to_string(status_.step()) + " failed (" + std::string(failure.message()) + "): recovering");
   Publish();
   AbortAll("the job is recovering");
-  const Clock::TimePoint deadline = clock_->After(spec_.recovery_timeout_s());
+  const std::string no_replan = ReplansOnLostServer(spec_) ? WhyNoReplan() : "on_lost_server: fail";
+  const Clock::TimePoint deadline = clock_->After(no_replan.empty() ? LostAfterS(spec_) : spec_.recovery_timeout_s());
   for (std::size_t s = 0; s < stages_.size(); ++s) {
     for (;;) {
       if (cancelled_) return absl::CancelledError("cancelled");
       const double left = std::chrono::duration<double>(deadline - clock_->Now()).count();
-      if (left <= 0) {
+      // Waits for the stage's connection up to a second at a time, so that a
+      // cancel is seen (gRPC decides that second, in real time); asked once
+      // at least, also with lost_after 0.
+      auto info = stages_[s]->GetInfo(std::clamp(left, 0.25, 1.0));
+      if (info.ok()) break;
+      if (clock_->Now() >= deadline) {
+        if (no_replan.empty()) {
+          lost->push_back(s);
+          break;
+        }
         return absl::UnavailableError(StageName(s) + " at " + stages_[s]->address() +
                                       " did not come back within recovery_timeout (" +
                                       std::to_string(static_cast<int>(spec_.recovery_timeout_s())) +
-                                      " s); it failed with: " + std::string(failure.message()));
+                                      " s); it failed with: " + std::string(failure.message()) +
+                                      " (the job could not go on without it: " + no_replan + ")");
       }
-      // Waits for the stage's connection up to a second at a time, so that a
-      // cancel is seen (gRPC decides that second, in real time).
-      auto info = stages_[s]->GetInfo(std::min(1.0, left));
-      if (info.ok()) break;
       std::unique_lock<std::mutex> lock(reason_mu_);
       clock_->WaitUntil(cancel_cv_, lock, clock_->After(0.1), [&] { return cancelled_.load(); });
     }
+  }
+  if (lost->size() == stages_.size()) {
+    return absl::UnavailableError("every stage server of the job was lost (none answered within lost_after, " +
+                                  std::to_string(static_cast<int>(LostAfterS(spec_))) +
+                                  " s); the last failure: " + std::string(failure.message()));
+  }
+  if (!lost->empty()) {
+    // The survivors drop the job (Replan and Deploy configure it anew); the
+    // lost servers are left behind.
+    v1::JobRef ref = Ref();
+    std::vector<std::function<void()>> releases;
+    for (std::size_t s = 0; s < stages_.size(); ++s) {
+      if (std::find(lost->begin(), lost->end(), s) != lost->end()) continue;
+      StageClient* c = stages_[s];
+      releases.push_back([c, &ref] { c->Release(ref, kAbortDeadlineS).IgnoreError(); });
+    }
+    pool_.RunAll(releases);
+    return absl::OkStatus();
   }
   Event("every stage answers again");
   // Drop what the survivors hold of the job; Deploy configures it anew. All
@@ -676,6 +734,87 @@ Status JobRunner::AwaitStages(const Status& failure) {
   std::vector<std::function<void()>> releases;
   for (StageClient* s : stages_) releases.push_back([s, &ref] { s->Release(ref, kAbortDeadlineS).IgnoreError(); });
   pool_.RunAll(releases);
+  return absl::OkStatus();
+}
+
+bool JobRunner::PlannedServersAnswer() {
+  for (StageClient* s : planned_stages_) {
+    if (std::find(stages_.begin(), stages_.end(), s) != stages_.end()) continue;
+    auto info = s->GetInfo(0.25);
+    if (!info.ok() || (!info->job_id().empty() && info->job_id() != status_.job_id())) return false;
+  }
+  return true;
+}
+
+void JobRunner::GrowBack() {
+  std::string back;
+  for (StageClient* s : planned_stages_) {
+    if (std::find(stages_.begin(), stages_.end(), s) != stages_.end()) continue;
+    back += (back.empty() ? "" : ", ") + s->address();
+  }
+  const int from = spec_.partition().stages();
+  stages_ = planned_stages_;
+  *spec_.mutable_partition() = planned_spec_.partition();
+  *spec_.mutable_recompute_stages() = planned_spec_.recompute_stages();
+  status_.clear_lost_servers();
+  const std::string text = "stage server(s) " + back + " answer again: the job returns from " + std::to_string(from) +
+                           " to its planned " + std::to_string(spec_.partition().stages()) +
+                           " stage servers at the checkpoint of step " + std::to_string(status_.checkpoint_step());
+  LOG_INFO("job ", status_.job_id(), ": ", text);
+  Event(text);
+}
+
+std::string JobRunner::WhyNoReplan() const {
+  if (Replicas(spec_) > 1) return "the job has replicas";
+  if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED)
+    return "the interleaved schedule places its chunks on every server";
+  if (stages_.size() < 2) return "it has no other server";
+  return "";
+}
+
+Status JobRunner::Replan(const std::vector<std::size_t>& lost) {
+  // The cut the job ran with (the planner's, from the same spec).
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
+  std::vector<int> boundaries;
+  for (std::size_t s = 1; s < ranges.size(); ++s) boundaries.push_back(ranges[s].begin);
+  const int layers = ranges.back().end;
+  std::vector<StageClient*> kept;
+  std::string gone;
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (std::find(lost.begin(), lost.end(), s) == lost.end()) {
+      kept.push_back(stages_[s]);
+      continue;
+    }
+    status_.add_lost_servers(stages_[s]->address());
+    holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
+    gone += (gone.empty() ? "" : ", ") + StageName(s) + " at " + stages_[s]->address();
+  }
+  const std::vector<int> merged = MergeStages(boundaries, layers, static_cast<int>(kept.size()));
+  // Per-stage keys follow their layers: old stage s is in the new stage
+  // whose first boundary is the last one at or before s's first layer.
+  auto new_index = [&](int old) {
+    const int first = old == 0 ? 0 : boundaries[static_cast<std::size_t>(old - 1)];
+    return static_cast<int>(std::upper_bound(merged.begin(), merged.end(), first) - merged.begin());
+  };
+  std::set<int> recompute;
+  for (int s : spec_.recompute_stages()) recompute.insert(new_index(s));
+  spec_.clear_recompute_stages();
+  for (int s : recompute) spec_.add_recompute_stages(s);
+  v1::PartitionSpec* part = spec_.mutable_partition();
+  part->set_stages(static_cast<int>(kept.size()));
+  part->clear_boundaries();
+  std::string cut;
+  for (int b : merged) {
+    part->add_boundaries(b);
+    cut += (cut.empty() ? "" : ", ") + std::to_string(b);
+  }
+  stages_ = std::move(kept);
+  const std::string text = "lost for good (no answer within lost_after, " +
+                           std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
+                           "; the job goes on over " + std::to_string(stages_.size()) +
+                           " stage server(s), cut at [" + cut + "], from its newest complete checkpoint";
+  LOG_WARN("job ", status_.job_id(), ": ", text);
+  Event(text);
   return absl::OkStatus();
 }
 
@@ -701,6 +840,10 @@ v1::JobStatus JobRunner::Run() {
     if (!assigned) {
       st = Setup();
       assigned = st.ok();
+      if (assigned && planned_stages_.empty()) {
+        planned_stages_ = stages_;
+        planned_spec_ = spec_;
+      }
     }
     if (st.ok()) st = Deploy();
     if (st.ok()) {
@@ -711,6 +854,12 @@ v1::JobStatus JobRunner::Run() {
       status_.set_state(v1::JOB_STATE_RUNNING);
       Publish();
       st = Train();
+      if (st.ok() && grow_back_) {
+        grow_back_ = false;
+        GrowBack();
+        assigned = false;  // planned anew over the planned servers
+        continue;
+      }
     }
     // Jobs given in epochs were evaluated after each (the last included).
     if (st.ok() && spec_.eval() && !ByEpochs()) st = Evaluate();
@@ -728,8 +877,14 @@ v1::JobStatus JobRunner::Run() {
       }
     }
     if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
-    st = AwaitStages(st);
+    std::vector<std::size_t> lost;
+    st = AwaitStages(st, &lost);
     if (!st.ok()) break;
+    if (!lost.empty()) {
+      st = Replan(lost);
+      if (!st.ok()) break;
+      assigned = false;  // planned anew over the servers left
+    }
   }
 
   v1::JobRef ref = Ref();

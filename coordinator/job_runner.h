@@ -6,8 +6,12 @@
 // for a neighbour that will not send). A stage that died or became unreachable
 // puts the job in RECOVERING: the runner waits (up to recovery_timeout) for
 // every stage to answer again, configures them anew, reloads the last
-// checkpoint complete on all of them and goes on from there. Any other
-// failure fails the job with that stage's message.
+// checkpoint complete on all of them and goes on from there. A stage server
+// that does not answer within lost_after is lost for good: the runner
+// re-plans the job onto the servers left (on_lost_server: replan), each now
+// holding whole stages of the old cut, and they load the newest complete
+// checkpoint resharded, from the copies the servers keep of each other's
+// files. Any other failure fails the job with that stage's message.
 #pragma once
 
 #include <atomic>
@@ -81,14 +85,33 @@ class JobRunner {
   // Configure + Connect on every stage: the job's initial parameters.
   Status ConfigureAll();
   Status Restore();
-  // Loads the checkpoint of `step` on every stage at once.
-  Status LoadAll(int64_t step);
+  // Loads the checkpoint of `step`, written under a cut of `stages` stages,
+  // on every stage at once.
+  Status LoadAll(int64_t step, int stages);
   // Whether `failure` is a stage that died or a link that broke (then the job
   // recovers) rather than an error that would happen again.
   bool Recoverable(const Status& failure);
   // RECOVERING: waits for every stage to answer within recovery_timeout, by
-  // clock_.
-  Status AwaitStages(const Status& failure);
+  // clock_. Where the job goes on without lost servers (WhyNoReplan), a
+  // server that does not answer within lost_after is put in `lost` (indices
+  // into stages_) instead of failing the job.
+  Status AwaitStages(const Status& failure, std::vector<std::size_t>* lost);
+  // Why a lost server fails this job rather than being re-planned around
+  // ("" when it can be).
+  std::string WhyNoReplan() const;
+  // The job folded onto the servers left without `lost`: the cut merged
+  // (plan/placement.h MergeStages), stages_ without them; Setup plans it anew.
+  Status Replan(const std::vector<std::size_t>& lost);
+  // After a re-plan: whether every server of the job's planned layout
+  // answers again, free (a lost one came back, or was started anew at its
+  // address); asked after each checkpoint.
+  bool PlannedServersAnswer();
+  // Back to the planned layout: its servers and cut; Setup plans it anew and
+  // the checkpoint just taken is loaded resharded.
+  void GrowBack();
+  // Each replica-0 stage's checkpoint_copy_to: the next server of the job
+  // with a --checkpoint-dir (checkpoint_copies).
+  Status PlanCopies();
   void Event(const std::string& text);
   v1::JobRef Ref() const;  // this job's id, as stage calls take it
   Status Train();
@@ -145,6 +168,15 @@ class JobRunner {
   std::string cancel_reason_;
 
   std::vector<v1::StageAssignment> assignments_;  // by Setup(), per stage
+  // Every server that held a stage of the job (now or before a re-plan or a
+  // resume), less the lost ones: where a stage may find the checkpoint files
+  // of another cut, or their copies.
+  std::vector<std::string> holders_;
+  // The layout the job was first planned with (by the first Setup): its
+  // servers, cut and per-stage keys, to return to once lost servers answer.
+  std::vector<StageClient*> planned_stages_;
+  v1::JobSpec planned_spec_;
+  bool grow_back_ = false;  // Train() stopped at a checkpoint to return to it
   bool started_ = false;  // training began (now or before a coordinator restart)
   int64_t failed_at_ = -1;  // steps done at the last recovery
   int same_step_recoveries_ = 0;

@@ -148,6 +148,15 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
     CONVEYOR_RETURN_IF_ERROR(q.status());
   }
   if (!has_series) CONVEYOR_RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN series BLOB;"));
+  // So did the checkpoints' cut (how many stages wrote the step's files: a
+  // job that lost a server goes on under another): NULL in older rows.
+  bool has_cut = false;
+  {
+    Stmt q(db, "SELECT name FROM pragma_table_info('checkpoints');");
+    while (q.Step()) has_cut = has_cut || q.Text(0) == "cut_stages";
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+  }
+  if (!has_cut) CONVEYOR_RETURN_IF_ERROR(store->Exec("ALTER TABLE checkpoints ADD COLUMN cut_stages INTEGER;"));
   return store;
 }
 
@@ -219,6 +228,28 @@ Status JobStore::UpdateLocked(const v1::JobStatus& status, bool with_series) {
   upd.Bind(3, NowUnixMs());
   if (with_series) upd.Bind(4, series.SerializeAsString());
   upd.BindText(with_series ? 5 : 4, status.job_id());
+  upd.Step();
+  return upd.status();
+}
+
+StatusOr<std::string> JobStore::SpecYaml(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT spec_yaml FROM jobs WHERE id = ?;");
+  q.BindText(1, job_id);
+  if (!q.Step()) {
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+    return absl::NotFoundError("no job " + job_id);
+  }
+  return q.Text(0);
+}
+
+Status JobStore::UpdateSpec(const std::string& job_id, const v1::JobSpec& spec, const std::string& yaml) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt upd(db_, "UPDATE jobs SET spec = ?, spec_yaml = ?, updated_ms = ? WHERE id = ?;");
+  upd.Bind(1, spec.SerializeAsString());
+  upd.BindText(2, yaml);
+  upd.Bind(3, NowUnixMs());
+  upd.BindText(4, job_id);
   upd.Step();
   return upd.status();
 }
@@ -306,14 +337,14 @@ StatusOr<std::vector<v1::StepTrace>> JobStore::Traces(const std::string& job_id)
 }
 
 Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
-                                   const std::vector<std::pair<int, v1::CheckpointRecord>>& records) {
+                                   const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages) {
   std::lock_guard<std::mutex> lock(mu_);
   CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   Status st;
   for (const auto& [stage, r] : records) {
     Stmt ins(db_,
-             "INSERT OR REPLACE INTO checkpoints (job_id, step, stage, path, bytes, sha256, at_ms) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?);");
+             "INSERT OR REPLACE INTO checkpoints (job_id, step, stage, path, bytes, sha256, at_ms, cut_stages) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?);");
     ins.BindText(1, status.job_id());
     ins.Bind(2, r.step());
     ins.Bind(3, static_cast<int64_t>(stage));
@@ -321,6 +352,11 @@ Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
     ins.Bind(5, r.bytes());
     ins.BindText(6, r.sha256());
     ins.Bind(7, NowUnixMs());
+    if (cut_stages > 0) {
+      ins.Bind(8, static_cast<int64_t>(cut_stages));
+    } else {
+      ins.BindNull(8);
+    }
     ins.Step();
     st = ins.status();
     if (!st.ok()) break;
@@ -333,16 +369,17 @@ Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
   return Exec("COMMIT;");
 }
 
-StatusOr<std::vector<int64_t>> JobStore::CompleteCheckpoints(const std::string& job_id, int stages) {
+StatusOr<std::vector<JobStore::CompleteCheckpoint>> JobStore::CompleteCheckpoints(const std::string& job_id,
+                                                                                   int stages) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt q(db_,
-         "SELECT step FROM checkpoints WHERE job_id = ? AND stage < ? GROUP BY step "
-         "HAVING COUNT(DISTINCT stage) = ? ORDER BY step DESC;");
-  q.BindText(1, job_id);
-  q.Bind(2, static_cast<int64_t>(stages));
-  q.Bind(3, static_cast<int64_t>(stages));
-  std::vector<int64_t> steps;
-  while (q.Step()) steps.push_back(q.Int(0));
+         "SELECT step, MAX(COALESCE(cut_stages, ?1)) AS cut FROM checkpoints WHERE job_id = ?2 GROUP BY step "
+         "HAVING COUNT(DISTINCT stage) = cut AND MAX(stage) < cut AND MIN(COALESCE(cut_stages, ?1)) = cut "
+         "ORDER BY step DESC;");
+  q.Bind(1, static_cast<int64_t>(stages));
+  q.BindText(2, job_id);
+  std::vector<CompleteCheckpoint> steps;
+  while (q.Step()) steps.push_back({q.Int(0), static_cast<int>(q.Int(1))});
   CONVEYOR_RETURN_IF_ERROR(q.status());
   return steps;
 }

@@ -61,14 +61,25 @@ class JobStore {
   // Ids of jobs in `state`, in submission order.
   StatusOr<std::vector<std::string>> InState(v1::JobState state);
 
-  // Records the checkpoints `records` (stage index, record) that stages wrote
-  // and, in the same transaction, the job's status at that step: a resumed
+  // Records the checkpoints `records` (stage index, record) that the stages
+  // of a cut of `cut_stages` stages (0: the job's own) wrote and, in the same transaction, the job's status at that step: a resumed
   // job finds its losses up to the checkpoint it resumes from.
   Status RecordCheckpoints(const v1::JobStatus& status,
-                           const std::vector<std::pair<int, v1::CheckpointRecord>>& records);
-  // Steps with a checkpoint recorded for every one of `stages` stages,
-  // newest first: only these count.
-  StatusOr<std::vector<int64_t>> CompleteCheckpoints(const std::string& job_id, int stages);
+                           const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages = 0);
+  // A step whose checkpoint is complete: recorded for every stage of the
+  // cut it was written under (`stages` of them).
+  struct CompleteCheckpoint {
+    int64_t step = 0;
+    int stages = 0;
+  };
+  // The job file a job was submitted with (its last resume's overrides applied).
+  StatusOr<std::string> SpecYaml(const std::string& job_id);
+  // Replaces a job's spec and job file (a resume that changes its layout).
+  Status UpdateSpec(const std::string& job_id, const v1::JobSpec& spec, const std::string& yaml);
+  // Steps with a checkpoint recorded for every stage of the cut it was
+  // written under, newest first: only these count. Records from before the
+  // store kept each step's cut count as written under `stages` stages.
+  StatusOr<std::vector<CompleteCheckpoint>> CompleteCheckpoints(const std::string& job_id, int stages);
   // Forgets the checkpoints of a step (one of them turned out corrupt).
   Status DropCheckpoints(const std::string& job_id, int64_t step);
 

@@ -283,6 +283,87 @@ void ScaleGrads(const std::vector<at::Tensor>& params, double factor) {
   }
 }
 
+namespace {
+
+// Adam's and AdamW's states hold the same fields.
+template <typename State>
+void AdamFields(const State& st, std::vector<std::pair<std::string, at::Tensor>>* out) {
+  out->emplace_back("step", at::scalar_tensor(static_cast<int64_t>(st.step()), at::kLong));
+  out->emplace_back("exp_avg", st.exp_avg());
+  out->emplace_back("exp_avg_sq", st.exp_avg_sq());
+  if (st.max_exp_avg_sq().defined()) out->emplace_back("max_exp_avg_sq", st.max_exp_avg_sq());
+}
+
+template <typename State>
+StatusOr<std::unique_ptr<State>> AdamStateFrom(const at::Tensor& param, const std::map<std::string, at::Tensor>& in) {
+  auto field = [&](const char* name, bool required) -> StatusOr<at::Tensor> {
+    auto it = in.find(name);
+    if (it == in.end()) {
+      if (required) return absl::InvalidArgumentError(std::string("no ") + name + " for an Adam parameter");
+      return at::Tensor();
+    }
+    if (it->second.sizes() != param.sizes())
+      return absl::InvalidArgumentError(std::string(name) + " has another shape than its parameter");
+    return it->second.to(param.device(), it->second.scalar_type()).clone();
+  };
+  auto st = std::make_unique<State>();
+  auto step = in.find("step");
+  if (step == in.end() || step->second.numel() != 1) return absl::InvalidArgumentError("no step for an Adam parameter");
+  st->step(step->second.to(at::kCPU).item<int64_t>());
+  CONVEYOR_ASSIGN_OR_RETURN(at::Tensor avg, field("exp_avg", true));
+  CONVEYOR_ASSIGN_OR_RETURN(at::Tensor avg_sq, field("exp_avg_sq", true));
+  CONVEYOR_ASSIGN_OR_RETURN(at::Tensor max_sq, field("max_exp_avg_sq", false));
+  st->exp_avg(avg);
+  st->exp_avg_sq(avg_sq);
+  if (max_sq.defined()) st->max_exp_avg_sq(max_sq);
+  return std::move(st);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> ParameterState(const torch::optim::Optimizer& optimizer,
+                                                                const at::Tensor& param) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const auto& states = optimizer.state();
+  auto it = states.find(StateKey(states, param));
+  if (it == states.end()) return out;
+  const torch::optim::OptimizerParamState* s = it->second.get();
+  if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+    if (sgd->momentum_buffer().defined()) out.emplace_back("momentum_buffer", sgd->momentum_buffer());
+  } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+    AdamFields(*adam, &out);
+  } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+    AdamFields(*adamw, &out);
+  }
+  return out;
+}
+
+Status SetParameterState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         const std::map<std::string, at::Tensor>& state) {
+  auto& states = optimizer.state();
+  const auto key = StateKey(states, param);
+  if (state.empty()) {
+    states.erase(key);
+    return absl::OkStatus();
+  }
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) {
+    CONVEYOR_ASSIGN_OR_RETURN(auto st, AdamStateFrom<torch::optim::AdamParamState>(param, state));
+    states[key] = std::move(st);
+  } else if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) {
+    CONVEYOR_ASSIGN_OR_RETURN(auto st, AdamStateFrom<torch::optim::AdamWParamState>(param, state));
+    states[key] = std::move(st);
+  } else {
+    auto it = state.find("momentum_buffer");
+    if (it == state.end()) return absl::InvalidArgumentError("no momentum_buffer for an SGD parameter");
+    if (it->second.sizes() != param.sizes())
+      return absl::InvalidArgumentError("momentum_buffer has another shape than its parameter");
+    auto st = std::make_unique<torch::optim::SGDParamState>();
+    st->momentum_buffer(it->second.to(param.device(), it->second.scalar_type()).clone());
+    states[key] = std::move(st);
+  }
+  return absl::OkStatus();
+}
+
 int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
   auto bytes = [](const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
   int64_t n = 0;

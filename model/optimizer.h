@@ -8,10 +8,12 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "conveyor.pb.h"
 #include "model/partition.h"
 
@@ -56,6 +58,19 @@ void ScaleGrads(const std::vector<at::Tensor>& params, double factor);
 // squared norm `sq_norm` (GradSquaredNormTensor): min(1, max_norm / (norm +
 // 1e-6)), as ClipFactor, with no wait for the host.
 void ClipGradsOnDevice(const std::vector<at::Tensor>& params, double max_norm, const at::Tensor& sq_norm);
+
+// One parameter's optimizer state as named tensors, none before its first
+// step: SGD's "momentum_buffer"; Adam's and AdamW's "step" (an int64 scalar
+// on the CPU), "exp_avg", "exp_avg_sq" and, with amsgrad, "max_exp_avg_sq".
+// What a checkpoint keeps of the optimizer, by parameter, so that it can be
+// loaded under another partition of the model (stage_server's resharding).
+std::vector<std::pair<std::string, at::Tensor>> ParameterState(const torch::optim::Optimizer& optimizer,
+                                                                const at::Tensor& param);
+// Sets `param`'s state to `state` (as ParameterState gives it; empty: none
+// yet), its tensors copied onto `param`'s device. INVALID_ARGUMENT naming the
+// field for a tensor missing or of another shape.
+Status SetParameterState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                         const std::map<std::string, at::Tensor>& state);
 
 // Bytes of the optimizer's state tensors (SGD's momentum buffers, Adam's and
 // AdamW's moments): what it holds besides the parameters and gradients.

@@ -1052,6 +1052,33 @@ std::vector<JobKey> MakeTable() {
       .Set([](const V& v, S* s) { s->set_recovery_timeout_s(v.number); })
       .Get([](const S& s) { return s.recovery_timeout_s(); });
 
+  add("on_lost_server", kChoice,
+      "what the job does when a stage server does not answer for `lost_after` seconds (lost for good: a host gone, "
+      "its disk with it): `replan` goes on over the servers left, the lost stage's layers folded onto its "
+      "neighbours (a stage server then holds several stages' layers, computing what they computed), from the newest "
+      "checkpoint complete on every stage, read from the copies the other servers keep (`checkpoint_copies`); "
+      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Jobs "
+      "with replicas, the interleaved schedule or zero 1 fail either way")
+      .Choices(Names<v1::LostServerAction>({{"replan", v1::LOST_SERVER_REPLAN}, {"fail", v1::LOST_SERVER_FAIL}}))
+      .Expect("replan or fail")
+      .Default("replan")
+      .Set([](const V& v, S* s) { s->set_on_lost_server(static_cast<v1::LostServerAction>(v.integer)); });
+  add("lost_after", kNumber,
+      "seconds a failed stage server may take to answer again before it counts as lost for good (`on_lost_server`); "
+      "0: at once, at the first failure (a server that restarts in a second is then lost too). At most "
+      "`recovery_timeout`")
+      .DefaultDoc("recovery_timeout")
+      .Range(0, 1e7)
+      .Expect("a number of seconds")
+      .Set([](const V& v, S* s) { s->set_lost_after_s(v.number); });
+  add("checkpoint_copies", kInt,
+      "copies of each checkpoint kept by another stage server of the job (the next one in the job's list), so that "
+      "losing a server and its disk loses no checkpoint; each stage sends its file there after writing it (stage to "
+      "stage, never through the coordinator), and that server needs a `--checkpoint-dir`. 0: none")
+      .Default("1")
+      .Range(0, 1)
+      .Set([](const V& v, S* s) { s->set_checkpoint_copies(static_cast<int32_t>(v.integer)); });
+
   std::vector<JobKey> table;
   table.reserve(rows.size());
   for (Row& r : rows) table.push_back(r.Take());

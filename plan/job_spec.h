@@ -6,6 +6,8 @@
 // INVALID_ARGUMENT. Torch-free, so the coordinator and the fuzz targets use it.
 #pragma once
 
+#include <algorithm>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -130,6 +132,15 @@ inline int AccumulateSteps(const v1::JobSpec& spec) { return spec.accumulate_ste
 inline double BucketCapMb(const v1::JobSpec& spec) { return spec.bucket_cap_mb() > 0 ? spec.bucket_cap_mb() : 25.0; }
 // Training steps the coordinator sends to the stages at once (steps_in_flight).
 inline int StepsInFlight(const v1::JobSpec& spec) { return spec.steps_in_flight() > 0 ? spec.steps_in_flight() : 2; }
+// on_lost_server: whether the job goes on over the servers left when one is
+// lost for good, and after how many seconds without an answer it counts as
+// lost (lost_after, at most recovery_timeout).
+inline bool ReplansOnLostServer(const v1::JobSpec& spec) { return spec.on_lost_server() != v1::LOST_SERVER_FAIL; }
+inline double LostAfterS(const v1::JobSpec& spec) {
+  return spec.has_lost_after_s() ? std::min(spec.lost_after_s(), spec.recovery_timeout_s()) : spec.recovery_timeout_s();
+}
+// checkpoint_copies: copies of each checkpoint kept by another server (unset: 1).
+inline int CheckpointCopies(const v1::JobSpec& spec) { return spec.has_checkpoint_copies() ? spec.checkpoint_copies() : 1; }
 
 // Whether CUDA devices replay the job's passes as CUDA graphs (cuda_graphs),
 // and why not where they don't. Given in the job: as given (ValidateJobSpec

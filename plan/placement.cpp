@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_join.h"
 
+#include "common/sha256.h"
 #include "plan/job_spec.h"
 
 namespace conveyor {
@@ -55,6 +56,43 @@ GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus) {
     fold.sets.push_back("recompute=" + List(std::vector<int>(folded.begin(), folded.end())));
   }
   return fold;
+}
+
+std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int servers) {
+  std::vector<int> starts{0};  // each stage's first layer
+  starts.insert(starts.end(), boundaries.begin(), boundaries.end());
+  auto size = [&](std::size_t s) { return (s + 1 < starts.size() ? starts[s + 1] : layers) - starts[s]; };
+  while (static_cast<int>(starts.size()) > std::max(1, servers)) {
+    std::size_t best = 0;  // merge stages best and best + 1
+    for (std::size_t s = 1; s + 1 < starts.size(); ++s)
+      if (size(s) + size(s + 1) < size(best) + size(best + 1)) best = s;
+    starts.erase(starts.begin() + static_cast<std::ptrdiff_t>(best + 1));
+  }
+  return std::vector<int>(starts.begin() + 1, starts.end());
+}
+
+std::string TrainingDigest(v1::JobSpec spec) {
+  spec.clear_partition();
+  spec.clear_schedule();
+  spec.clear_virtual_stages();
+  spec.clear_recompute();
+  spec.clear_recompute_stages();
+  spec.clear_transport();
+  spec.clear_nccl_ctas();
+  spec.clear_nccl_headers();
+  spec.clear_cuda_graphs();
+  spec.clear_steps_in_flight();
+  spec.clear_stage_timeout_s();
+  spec.clear_recovery_timeout_s();
+  spec.clear_checkpoint_every();
+  spec.clear_keep_checkpoints();
+  spec.clear_checkpoint_copies();
+  spec.clear_on_lost_server();
+  spec.clear_lost_after_s();
+  spec.clear_profile_step();
+  Sha256 sum;
+  sum.Update(spec.SerializeAsString());
+  return HexString(sum.Final());
 }
 
 }  // namespace conveyor

@@ -35,4 +35,19 @@ struct GpuFold {
 // boundaries or per-stage keys are given that the GPUs do not divide.
 GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus);
 
+// A job cut at `boundaries` (the first layer of each stage after the first)
+// over `layers` layers, folded onto `servers` servers when it lost some: the
+// two adjacent stages with the fewest layers together become one, until
+// `servers` stages are left. Each new stage holds whole stages of the old
+// cut, so it computes what they computed (the same losses and weights), and
+// the boundaries returned are some of the old ones. REQUIRES servers >= 1.
+std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int servers);
+
+// The SHA-256 (hex) of what decides a job's arithmetic apart from how it is
+// laid out on servers: the spec without its partition, schedule, virtual
+// stages, recomputation, transports, and checkpoint, recovery and timeout
+// keys. A checkpoint is loaded under another partition (resharded) where its
+// training digest is the job's.
+std::string TrainingDigest(v1::JobSpec spec);
+
 }  // namespace conveyor

@@ -46,6 +46,10 @@
   X(ExportTorchScript, v1::TorchScriptRequest, v1::TorchScriptReply, kExecutor, kWaitForReady)              \
   /* Parameters, buffers, optimizer state and RNG back to the checkpoint of a step. */                      \
   X(LoadCheckpoint, v1::LoadCheckpointRequest, v1::LoadCheckpointReply, kExecutor, kWaitForReady)           \
+  /* A part of a checkpoint file this server holds (its own or a copy), for a stage that reshards. */       \
+  X(ReadCheckpointFile, v1::CheckpointFileRequest, v1::CheckpointFilePart, kAnyThread, kWaitForReady)       \
+  /* A part of another stage's checkpoint, kept here as a copy (whole once the last part is written). */    \
+  X(WriteCheckpointCopy, v1::CheckpointFilePart, v1::Empty, kAnyThread, kWaitForReady)                      \
   /* Drops the job: layers, optimizer, links. */                                                            \
   X(Release, v1::JobRef, v1::Empty, kExecutor, kFailFast)                                                   \
   /* Fails the step in progress (if any) with a reason. */                                                  \

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 
@@ -21,6 +23,39 @@ constexpr uint32_t kMaxHeaderBytes = 1 << 20;
 
 std::string StageDir(const std::string& dir, const std::string& job_id, int stage) {
   return dir + "/" + job_id + "/stage-" + std::to_string(stage);
+}
+
+std::string CopyDir(const std::string& dir, const std::string& job_id, int stage) {
+  return dir + "/" + job_id + "/copy-of-stage-" + std::to_string(stage);
+}
+
+std::string StepFile(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%012lld.ckpt", static_cast<long long>(step));
+  return name;
+}
+
+// Steps of the checkpoint files in `folder`, oldest first.
+std::vector<int64_t> StepsIn(const std::string& folder) {
+  std::vector<int64_t> steps;
+  for (const std::string& name : ListDir(folder)) {
+    long long step = 0;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "step-%lld.ckp%c", &step, &tail) == 2 && tail == 't' &&
+        name.size() == std::string("step-000000000000.ckpt").size())
+      steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// Job ids and stage indices come from the network: a job id that could
+// leave the folder is refused.
+Status CheckNames(const std::string& job_id, int stage) {
+  if (job_id.empty() || job_id.find('/') != std::string::npos || job_id == "." || job_id == ".." || stage < 0)
+    return absl::InvalidArgumentError("checkpoint file of job '" + job_id + "' stage " + std::to_string(stage) +
+                                      ": not a job id and stage index");
+  return absl::OkStatus();
 }
 
 void PutU32(std::string* out, uint32_t v) {
@@ -51,9 +86,11 @@ void MaybeDieMidWrite(const std::string& path, const std::string& start) {
 }  // namespace
 
 std::string CheckpointFiles::PathFor(const std::string& job_id, int stage, int64_t step) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%012lld.ckpt", static_cast<long long>(step));
-  return StageDir(dir_, job_id, stage) + "/" + name;
+  return StageDir(dir_, job_id, stage) + "/" + StepFile(step);
+}
+
+std::string CheckpointFiles::CopyPathFor(const std::string& job_id, int stage, int64_t step) const {
+  return CopyDir(dir_, job_id, stage) + "/" + StepFile(step);
 }
 
 StatusOr<v1::CheckpointRecord> CheckpointFiles::Save(v1::CheckpointHeader header, const std::string& payload,
@@ -130,16 +167,107 @@ StatusOr<std::string> CheckpointFiles::Load(const std::string& job_id, int stage
 }
 
 std::vector<int64_t> CheckpointFiles::Steps(const std::string& job_id, int stage) const {
-  std::vector<int64_t> steps;
-  for (const std::string& name : ListDir(StageDir(dir_, job_id, stage))) {
-    long long step = 0;
-    char tail = 0;
-    if (std::sscanf(name.c_str(), "step-%lld.ckp%c", &step, &tail) == 2 && tail == 't' &&
-        name.size() == std::string("step-000000000000.ckpt").size())
-      steps.push_back(step);
+  return StepsIn(StageDir(dir_, job_id, stage));
+}
+
+StatusOr<std::string> CheckpointFiles::ReadFile(const std::string& job_id, int stage, int64_t step,
+                                                v1::CheckpointHeader* header, std::string* where) const {
+  CONVEYOR_RETURN_IF_ERROR(CheckNames(job_id, stage));
+  if (dir_.empty()) return absl::NotFoundError("this stage server has no --checkpoint-dir");
+  for (const std::string& path : {PathFor(job_id, stage, step), CopyPathFor(job_id, stage, step)}) {
+    auto file = ReadWholeFile(path);
+    if (!file.ok()) {
+      if (absl::IsNotFound(file.status())) continue;
+      return file.status();
+    }
+    CONVEYOR_RETURN_IF_ERROR(ParseCheckpoint(*file, path, header).status());
+    if (header->job_id() != job_id || header->stage_index() != stage || header->step() != step)
+      return absl::FailedPreconditionError("checkpoint " + path + " belongs to job " + header->job_id() + " stage " +
+                                           std::to_string(header->stage_index()) + " step " +
+                                           std::to_string(header->step()));
+    if (where) *where = path;
+    return std::move(*file);
   }
-  std::sort(steps.begin(), steps.end());
-  return steps;
+  return absl::NotFoundError("no checkpoint of job " + job_id + " stage " + std::to_string(stage) + " step " +
+                             std::to_string(step) + " under " + dir_);
+}
+
+StatusOr<v1::CheckpointFilePart> CheckpointFiles::ReadPart(const v1::CheckpointFileRequest& req) const {
+  CONVEYOR_RETURN_IF_ERROR(CheckNames(req.job_id(), req.stage()));
+  if (dir_.empty()) return absl::NotFoundError("this stage server has no --checkpoint-dir");
+  v1::CheckpointFilePart part;
+  part.set_job_id(req.job_id());
+  part.set_stage(req.stage());
+  part.set_step(req.step());
+  for (const std::string& path : {PathFor(req.job_id(), req.stage(), req.step()),
+                                  CopyPathFor(req.job_id(), req.stage(), req.step())}) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) continue;
+    std::fseek(f, 0, SEEK_END);
+    const int64_t total = std::ftell(f);
+    part.set_total_bytes(total);
+    int64_t offset = std::clamp<int64_t>(req.offset(), 0, total);
+    int64_t want = req.max_bytes() > 0 ? std::min(req.max_bytes(), kCheckpointPartBytes) : kCheckpointPartBytes;
+    if (req.header_only()) {  // magic, length, header: at most kMaxHeaderBytes after the first 12
+      offset = 0;
+      want = kMagicBytes + 4 + kMaxHeaderBytes;
+    }
+    std::string data(static_cast<std::size_t>(std::min(want, total - offset)), '\0');
+    std::fseek(f, offset, SEEK_SET);
+    const std::size_t got = std::fread(data.data(), 1, data.size(), f);
+    std::fclose(f);
+    data.resize(got);
+    if (req.header_only()) {
+      if (data.size() < kMagicBytes + 4 || data.compare(0, kMagicBytes, kMagic, kMagicBytes) != 0)
+        return absl::DataLossError("checkpoint " + path + " is truncated or not a checkpoint");
+      const uint32_t head_bytes = GetU32(data.data() + kMagicBytes);
+      if (head_bytes > data.size() - kMagicBytes - 4 ||
+          !part.mutable_header()->ParseFromArray(data.data() + kMagicBytes + 4, static_cast<int>(head_bytes)))
+        return absl::DataLossError("checkpoint " + path + " has a bad header");
+      return part;
+    }
+    part.set_offset(offset);
+    part.set_data(std::move(data));
+    return part;
+  }
+  return absl::NotFoundError("no checkpoint of job " + req.job_id() + " stage " + std::to_string(req.stage()) +
+                             " step " + std::to_string(req.step()) + " under " + dir_);
+}
+
+Status CheckpointFiles::WriteCopyPart(const v1::CheckpointFilePart& part) {
+  CONVEYOR_RETURN_IF_ERROR(CheckNames(part.job_id(), part.stage()));
+  if (dir_.empty()) {
+    return absl::FailedPreconditionError(
+        "this stage server has no --checkpoint-dir, so it cannot keep copies of other stages' checkpoints (give it "
+        "one, or checkpoint_copies: 0)");
+  }
+  const std::string path = CopyPathFor(part.job_id(), part.stage(), part.step());
+  const std::string tmp = path + ".part";
+  if (part.offset() == 0) CONVEYOR_RETURN_IF_ERROR(MakeDirs(CopyDir(dir_, part.job_id(), part.stage())));
+  FILE* f = std::fopen(tmp.c_str(), part.offset() == 0 ? "wb" : "r+b");
+  if (!f) return absl::FailedPreconditionError("cannot write " + tmp + ": " + std::strerror(errno));
+  std::fseek(f, part.offset(), SEEK_SET);
+  const bool written = std::fwrite(part.data().data(), 1, part.data().size(), f) == part.data().size();
+  const bool closed = std::fclose(f) == 0;
+  if (!written || !closed) return absl::ResourceExhaustedError("cannot write " + tmp + ": " + std::strerror(errno));
+  if (part.offset() + static_cast<int64_t>(part.data().size()) < part.total_bytes()) return absl::OkStatus();
+  CONVEYOR_ASSIGN_OR_RETURN(std::string file, ReadWholeFile(tmp));
+  v1::CheckpointHeader header;
+  Status parsed = ParseCheckpoint(file, tmp, &header).status();
+  if (parsed.ok() && (header.job_id() != part.job_id() || header.stage_index() != part.stage() ||
+                      header.step() != part.step()))
+    parsed = absl::InvalidArgumentError("the copy sent as job " + part.job_id() + " stage " +
+                                        std::to_string(part.stage()) + " step " + std::to_string(part.step()) +
+                                        " holds job " + header.job_id() + " stage " +
+                                        std::to_string(header.stage_index()) + " step " + std::to_string(header.step()));
+  ::unlink(tmp.c_str());
+  CONVEYOR_RETURN_IF_ERROR(parsed);
+  CONVEYOR_RETURN_IF_ERROR(WriteFileDurably(path, file));
+  const std::vector<int64_t> steps = StepsIn(CopyDir(dir_, part.job_id(), part.stage()));
+  const std::size_t keep = static_cast<std::size_t>(std::max(2, part.keep()));
+  for (std::size_t i = 0; i + keep < steps.size(); ++i)
+    ::unlink(CopyPathFor(part.job_id(), part.stage(), steps[i]).c_str());
+  return absl::OkStatus();
 }
 
 }  // namespace conveyor

@@ -593,6 +593,7 @@ v1::StageInfo Stage::Impl::Info() const {
   info.set_threads(ComputeThreads());
   info.set_nccl(device_.is_cuda() && options_.transports->SupportsNccl());
   if (device_.is_cuda()) info.set_gpu_uuid(gpu_uuid_);
+  info.set_checkpoint_dir(!options_.checkpoint_dir.empty());
   std::lock_guard<std::mutex> lock(info_mu_);
   info.set_job_id(job_id_);
   info.set_stage_index(stage_index_);

@@ -67,6 +67,9 @@ namespace conveyor {
 namespace stage_internal {
 using SteadyClock = std::chrono::steady_clock;
 
+// The fields of a parameter's optimizer state (ParameterState in model/optimizer.h).
+constexpr const char* kOptimizerFields[] = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
+
 inline std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
 inline int64_t NowUs() {
@@ -393,11 +396,28 @@ class Stage::Impl {
   StatusOr<std::string> ReplicaCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
                                           v1::CheckpointRecord* record);
   StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step);
+  // The optimizer's state from a checkpoint's archive: by parameter
+  // (o<i>_<field>), or the optimizer's own archive in files written before.
+  Status RestoreOptimizer(torch::serialize::InputArchive& archive, const std::string& path);
+  // LoadCheckpoint from this stage's own file (or, with replicas, replica 0's).
+  StatusOr<v1::LoadCheckpointReply> LoadOwnCheckpoint(const v1::LoadCheckpointRequest& req);
+  // Training goes on after the checkpoint of `step`, just loaded.
+  void AfterLoad(int64_t step);
+  // (resharding.cpp) LoadCheckpoint where this stage's layers were cut
+  // otherwise when the checkpoint was written, or its file is on another
+  // server: every parameter, buffer and optimizer state of its layers, by
+  // name, from the files (or copies) of the stages that held them then,
+  // read here or from req.peers.
+  Status LoadResharded(const v1::LoadCheckpointRequest& req, v1::LoadCheckpointReply* reply);
+  // (resharding.cpp) The checkpoint just written, sent to the server that
+  // keeps its copy (assignment.checkpoint_copy_to).
+  Status SendCopy(const v1::CheckpointRecord& record);
 
   const StageOptions options_;
   const at::Device device_;
   const std::string gpu_uuid_;  // "" off CUDA (StageInfo.gpu_uuid)
   CheckpointFiles checkpoints_;
+  std::mutex copies_mu_;  // WriteCheckpointCopy: one part written at a time
   const std::unique_ptr<DeviceClock> clock_;  // null off CUDA
   SerialExecutor executor_;
   Inbox inbox_;

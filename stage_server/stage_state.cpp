@@ -48,9 +48,17 @@ std::string Stage::Impl::SerializeState() {
       archive.write("optimizer_slice" + std::to_string(k), t, /*is_buffer=*/true);
     }
   } else if (job_->optimizer) {
-    torch::serialize::OutputArchive opt;
-    job_->optimizer->save(opt);
-    archive.write("optimizer", opt);
+    // By parameter, o<i>_<field> beside p<i>: a checkpoint that loads under
+    // any cut of the model (LoadResharded), not the optimizer's own archive,
+    // whose state is keyed by position in its groups.
+    int64_t k = 0;
+    for (const Chunk& c : job_->chunks) {
+      for (const auto& p : c.layers->Parameters()) {
+        for (const auto& [field, t] : ParameterState(*job_->optimizer, p))
+          archive.write("o" + std::to_string(k) + "_" + field, t, /*is_buffer=*/true);
+        ++k;
+      }
+    }
   }
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   {
@@ -98,9 +106,7 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
       opt.load_from(shard, device_);
       job_->optimizer->load(opt);
     } else if (job_->optimizer) {
-      torch::serialize::InputArchive opt;
-      archive.read("optimizer", opt);
-      job_->optimizer->load(opt);
+      CONVEYOR_RETURN_IF_ERROR(RestoreOptimizer(archive, path));
     }
     at::Tensor rng;
     archive.read("rng_cpu", rng, true);
@@ -109,6 +115,29 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
     gen.set_state(rng.to(at::kCPU));
   } catch (const c10::Error& e) {
     return absl::DataLossError("checkpoint " + path + " cannot be read: " + e.what_without_backtrace());
+  }
+  return absl::OkStatus();
+}
+
+Status Stage::Impl::RestoreOptimizer(torch::serialize::InputArchive& archive, const std::string& path) {
+  torch::serialize::InputArchive whole;
+  if (archive.try_read("optimizer", whole)) {  // written before the state was kept by parameter
+    job_->optimizer->load(whole);
+    return absl::OkStatus();
+  }
+  int64_t k = 0;
+  for (const Chunk& c : job_->chunks) {
+    for (const auto& p : c.layers->Parameters()) {
+      std::map<std::string, at::Tensor> state;
+      for (const char* field : kOptimizerFields) {
+        at::Tensor t;
+        if (archive.try_read("o" + std::to_string(k) + "_" + field, t, /*is_buffer=*/true)) state[field] = t;
+      }
+      ++k;
+      if (!p.requires_grad()) continue;
+      CONVEYOR_RETURN_IF_ERROR(Annotate(SetParameterState(*job_->optimizer, p, state),
+                                        "checkpoint " + path + ", parameter " + std::to_string(k - 1)));
+    }
   }
   return absl::OkStatus();
 }
@@ -129,12 +158,40 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
                    seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
             " bytes) in ", seconds, " s");
+  if (!job_->assignment.checkpoint_copy_to().empty()) CONVEYOR_RETURN_IF_ERROR(SendCopy(record));
   return record;
 }
 
 StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadCheckpointRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
   if (req.step() < 1) return absl::InvalidArgumentError(Who() + ": checkpoints start at step 1");
+  v1::LoadCheckpointReply reply;
+  const bool same_cut = req.stages() == 0 || req.stages() == job_->assignment.num_stages();
+  if (same_cut || job_->replica_group) {
+    auto own = LoadOwnCheckpoint(req);
+    // Not here, or written under another cut: read from the stages that
+    // held these layers then, wherever their files or copies are.
+    const bool elsewhere = absl::IsNotFound(own.status()) || absl::IsFailedPrecondition(own.status());
+    if (own.ok() || job_->replica_group || req.peers().empty() || !elsewhere) return own;
+    LOG_INFO("job ", req.job_id(), " ", Who(), ": ", own.status().message(), "; reading it from the job's servers");
+  }
+  CONVEYOR_RETURN_IF_ERROR(LoadResharded(req, &reply));
+  AfterLoad(req.step());
+  return reply;
+}
+
+void Stage::Impl::AfterLoad(int64_t step) {
+  // Training goes on at step `step`: its tensors may arrive before its RunStep.
+  inbox_.BeginStep(v1::PHASE_TRAIN, step * AccumulateSteps(job_->spec()) - 1);
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    next_train_step_ = step;
+  }
+  turn_cv_.notify_all();
+  LOG_INFO("job ", job_->assignment.job_id(), " ", Who(), ": loaded the checkpoint of step ", step);
+}
+
+StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadOwnCheckpoint(const v1::LoadCheckpointRequest& req) {
   v1::LoadCheckpointReply reply;
   v1::CheckpointHeader header;
   const int stage = job_->assignment.stage_index();
@@ -158,14 +215,7 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
                                            " holds another partition of the model");
   }
   CONVEYOR_RETURN_IF_ERROR(Annotate(RestoreState(payload, reply.checkpoint().path()), Who()));
-  // Training goes on at step `step`: its tensors may arrive before its RunStep.
-  inbox_.BeginStep(v1::PHASE_TRAIN, req.step() * AccumulateSteps(job_->spec()) - 1);
-  {
-    std::lock_guard<std::mutex> lock(info_mu_);
-    next_train_step_ = req.step();
-  }
-  turn_cv_.notify_all();
-  LOG_INFO("job ", req.job_id(), " ", Who(), ": loaded the checkpoint of step ", req.step());
+  AfterLoad(req.step());
   return reply;
 }
 

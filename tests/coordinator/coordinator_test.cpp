@@ -657,7 +657,8 @@ TEST(Coordinator, AStageThatDoesNotComeBackWithinRecoveryTimeoutFailsTheJobNamin
   };
   auto c = Coordinator::Start(options);
   ASSERT_TRUE(c.ok()) << c.status();
-  auto id = (*c)->Submit("model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100\nrecovery_timeout: 600\n");
+  auto id = (*c)->Submit(
+      "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100\nrecovery_timeout: 600\non_lost_server: fail\n");
   ASSERT_TRUE(id.ok()) << id.status();
   // The fake time stands still: these waits end on the job's changes alone.
   auto wait_for = [&](const std::function<bool(const v1::JobStatus&)>& done) {
@@ -681,6 +682,50 @@ TEST(Coordinator, AStageThatDoesNotComeBackWithinRecoveryTimeoutFailsTheJobNamin
   EXPECT_THAT(s.error(), HasSubstr("stage 1 at " + cluster.addresses()[1] +
                                    " did not come back within recovery_timeout (600 s)"));
   EXPECT_LT(std::chrono::steady_clock::now() - real_start, std::chrono::seconds(5));
+}
+
+// A stage that goes away and does not answer within lost_after is lost for
+// good: the job goes on over the other two (on_lost_server: replan, the
+// default), from step 0 here (no checkpoints), and says what it lost.
+TEST(Coordinator, AStageLostForGoodIsFoldedOntoTheOthersAndTheJobGoesOn) {
+  InProcessCluster cluster(3);
+  FakeClock clock;
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.clock = &clock;
+  options.client_factory = [&cluster](const std::string& address) -> std::unique_ptr<StageClient> {
+    int i = 0;
+    while (cluster.addresses()[static_cast<std::size_t>(i)] != address) ++i;
+    return std::make_unique<VanishingStageClient>(&cluster.stage(i), address, i == 1 ? 2 : -1);
+  };
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto id = (*c)->Submit(
+      "model: toy\npartition: {stages: 3}\nbatch_size: 8\nsteps: 6\nrecovery_timeout: 600\nlost_after: 30\n");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto wait_for = [&](const std::function<bool(const v1::JobStatus&)>& done) {
+    uint64_t version = 0;
+    for (;;) {
+      auto s = (*c)->Watch(*id, &version, clock.After(3600), true);
+      if (!s.ok() || done(*s)) return s.ok() ? *s : v1::JobStatus();
+    }
+  };
+  v1::JobStatus s = wait_for([](const v1::JobStatus& s) {
+    return s.state() == v1::JOB_STATE_RECOVERING || IsTerminal(s.state());
+  });
+  ASSERT_EQ(s.state(), v1::JOB_STATE_RECOVERING) << s.error();
+  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(30)));
+  clock.Advance(std::chrono::seconds(31));  // past lost_after, long before recovery_timeout
+  s = wait_for([](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(s.step(), 6);
+  ASSERT_EQ(s.lost_servers_size(), 1);
+  EXPECT_EQ(s.lost_servers(0), cluster.addresses()[1]);
+  EXPECT_EQ(s.stages_size(), 2);
+  std::string events;
+  for (const auto& e : s.events()) events += e.text() + "\n";
+  EXPECT_THAT(events, HasSubstr("stage 1 at " + cluster.addresses()[1]));
+  EXPECT_THAT(events, HasSubstr("the job goes on over 2 stage server(s)"));
 }
 
 }  // namespace

@@ -233,14 +233,28 @@ TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
   ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(20)}, {2, record(20)}}).ok());
   auto complete = (*store)->CompleteCheckpoints(*id, 3);
   ASSERT_TRUE(complete.ok());
-  EXPECT_EQ(*complete, std::vector<int64_t>{10});
+  auto steps = [](const std::vector<JobStore::CompleteCheckpoint>& c) {
+    std::vector<int64_t> out;
+    for (const auto& cp : c) out.push_back(cp.step);
+    return out;
+  };
+  EXPECT_EQ(steps(*complete), std::vector<int64_t>{10});
   ASSERT_TRUE((*store)->RecordCheckpoints(status, {{1, record(20)}}).ok());
-  EXPECT_EQ(*(*store)->CompleteCheckpoints(*id, 3), (std::vector<int64_t>{20, 10}));
+  EXPECT_EQ(steps(*(*store)->CompleteCheckpoints(*id, 3)), (std::vector<int64_t>{20, 10}));
   // The status was saved with the records.
   EXPECT_EQ((*store)->Get(*id)->status.step(), 10);
   ASSERT_TRUE((*store)->DropCheckpoints(*id, 20).ok());
-  EXPECT_EQ(*(*store)->CompleteCheckpoints(*id, 3), std::vector<int64_t>{10});
+  EXPECT_EQ(steps(*(*store)->CompleteCheckpoints(*id, 3)), std::vector<int64_t>{10});
   EXPECT_TRUE((*store)->CompleteCheckpoints("job-404", 3)->empty());
+  // A job that lost a server goes on under a cut of 2 stages: its steps are
+  // complete with 2 records, each checkpoint with the cut it was written under.
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(30)}, {1, record(30)}}, 2).ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(40)}}, 2).ok());
+  complete = (*store)->CompleteCheckpoints(*id, 3);
+  ASSERT_TRUE(complete.ok());
+  EXPECT_EQ(steps(*complete), (std::vector<int64_t>{30, 10}));
+  EXPECT_EQ((*complete)[0].stages, 2);
+  EXPECT_EQ((*complete)[1].stages, 3);
 }
 
 TEST(JobStore, UnwritablePathIsAnError) {

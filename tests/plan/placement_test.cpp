@@ -92,5 +92,26 @@ TEST(FoldOntoGpus, WhereItCannotFoldItSaysWhy) {
   EXPECT_THAT(replicas.why_not, HasSubstr("more replicas (4) than GPUs"));
 }
 
+// A job that lost servers keeps whole stages of its cut on each server left,
+// merging the adjacent pair with the fewest layers first.
+TEST(MergeStages, MergesTheSmallestAdjacentStagesUntilTheServersLeft) {
+  // Stages [0,3) [3,5) [5,9) [9,12): 3, 2, 4, 3 layers.
+  EXPECT_EQ(MergeStages({3, 5, 9}, 12, 4), (std::vector<int>{3, 5, 9}));
+  EXPECT_EQ(MergeStages({3, 5, 9}, 12, 3), (std::vector<int>{5, 9}));  // 3 + 2 is the smallest pair
+  EXPECT_EQ(MergeStages({3, 5, 9}, 12, 2), (std::vector<int>{5}));
+  EXPECT_EQ(MergeStages({3, 5, 9}, 12, 1), (std::vector<int>{}));
+  EXPECT_EQ(MergeStages({}, 12, 1), (std::vector<int>{}));
+}
+
+// What may differ between a checkpoint and the job that loads it resharded:
+// the layout, not the training.
+TEST(TrainingDigest, IgnoresTheLayoutAndSeesTheTraining) {
+  const v1::JobSpec a = Job("partition: {stages: 4}\nschedule: 1f1b\n");
+  const v1::JobSpec folded = Job("partition: {stages: 2}\nschedule: gpipe\non_lost_server: fail\n");
+  EXPECT_EQ(TrainingDigest(a), TrainingDigest(folded));
+  EXPECT_NE(TrainingDigest(a), TrainingDigest(Job("partition: {stages: 4}\nschedule: 1f1b\nseed: 99\n")));
+  EXPECT_NE(TrainingDigest(a), TrainingDigest(Job("partition: {stages: 4}\nschedule: 1f1b\naccumulate_steps: 2\n")));
+}
+
 }  // namespace
 }  // namespace conveyor

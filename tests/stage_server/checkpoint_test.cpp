@@ -16,6 +16,16 @@ namespace {
 
 using ::testing::HasSubstr;
 
+v1::CheckpointFilePart part_of(const std::string& file) {
+  v1::CheckpointFilePart part;
+  part.set_job_id("job-7");
+  part.set_stage(1);
+  part.set_step(50);
+  part.set_total_bytes(static_cast<int64_t>(file.size()));
+  part.set_data(file);
+  return part;
+}
+
 class CheckpointFilesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -118,6 +128,73 @@ TEST_F(CheckpointFilesTest, KeepsTheNewestAndIgnoresHalfWrittenFiles) {
   std::ofstream(files.PathFor("job-7", 1, 25) + ".tmp") << "CVYCKPT1 half";
   EXPECT_EQ(files.Steps("job-7", 1), (std::vector<int64_t>{10, 15, 20}));
   EXPECT_EQ(Load(files, 25).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A copy travels in parts to the server that keeps it: whole once the last
+// part is in, checked, readable from there as the stage's own file is, and
+// kept to the newest `keep`; a copy that is garbled on the way is refused.
+TEST_F(CheckpointFilesTest, ACopySentInPartsIsKeptCheckedAndReadBackFromTheHolder) {
+  CheckpointFiles writer(dir_ + "/writer");
+  CheckpointFiles holder(dir_ + "/holder");
+  const std::string payload(3 * 1000 + 17, 'p');
+  std::string file;
+  for (int64_t step : {10, 20, 30}) {
+    auto record = writer.Save(Header(step), payload, 3);
+    ASSERT_TRUE(record.ok()) << record.status();
+    auto bytes = ReadWholeFile(record->path());
+    ASSERT_TRUE(bytes.ok());
+    file = *bytes;
+    for (std::size_t offset = 0; offset < file.size(); offset += 1000) {
+      v1::CheckpointFilePart part;
+      part.set_job_id("job-7");
+      part.set_stage(1);
+      part.set_step(step);
+      part.set_offset(static_cast<int64_t>(offset));
+      part.set_total_bytes(static_cast<int64_t>(file.size()));
+      part.set_keep(2);
+      part.set_data(file.substr(offset, 1000));
+      ASSERT_TRUE(holder.WriteCopyPart(part).ok());
+    }
+  }
+  v1::CheckpointHeader header;
+  std::string where;
+  auto copy = holder.ReadFile("job-7", 1, 30, &header, &where);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(*copy, file);
+  EXPECT_THAT(where, HasSubstr("copy-of-stage-1"));
+  EXPECT_EQ(header.step(), 30);
+  EXPECT_TRUE(absl::IsNotFound(holder.ReadFile("job-7", 1, 10, &header).status())) << "kept the newest 2";
+  // A peer reads it in parts, or its header alone.
+  v1::CheckpointFileRequest req;
+  req.set_job_id("job-7");
+  req.set_stage(1);
+  req.set_step(30);
+  req.set_header_only(true);
+  auto head = holder.ReadPart(req);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->header().step(), 30);
+  EXPECT_EQ(head->total_bytes(), static_cast<int64_t>(file.size()));
+  req.set_header_only(false);
+  req.set_offset(5);
+  req.set_max_bytes(10);
+  auto part = holder.ReadPart(req);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->data(), file.substr(5, 10));
+  // Garbled on the way: refused, nothing kept under the step's name.
+  v1::CheckpointFilePart bad;
+  bad.set_job_id("job-7");
+  bad.set_stage(1);
+  bad.set_step(40);
+  bad.set_total_bytes(static_cast<int64_t>(file.size()));
+  std::string garbled = file;
+  garbled[garbled.size() / 2] ^= 1;
+  bad.set_data(garbled);
+  EXPECT_TRUE(absl::IsDataLoss(holder.WriteCopyPart(bad)));
+  EXPECT_TRUE(absl::IsNotFound(holder.ReadFile("job-7", 1, 40, &header).status()));
+  // A job id from the network that would leave the folder is refused.
+  bad.set_job_id("../x");
+  EXPECT_TRUE(absl::IsInvalidArgument(holder.WriteCopyPart(bad)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(CheckpointFiles("").WriteCopyPart(part_of(file))));
 }
 
 TEST(ParseCheckpoint, GarbageNeverCrashes) {

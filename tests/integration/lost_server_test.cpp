@@ -1,0 +1,223 @@
+// A stage server lost for good (docs/recovery.md, "A server lost for good"):
+// real stage servers and a coordinator on loopback; servers are killed with
+// SIGKILL and never started again. The job folds the lost server's stages
+// onto the servers left, loads the newest complete checkpoint resharded (the
+// lost server's files from the copies its neighbour kept), and ends at the
+// param_digest of an uninterrupted run: each server left computes whole
+// stages of the old cut, so nothing of the arithmetic changes.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "cli/local_cluster.h"
+#include "plan/job_spec.h"
+#include "tests/support/test_util.h"
+
+namespace conveyor {
+// Its own namespace: the tests are built four files to a compiler run, beside
+// recovery_test.cpp's helpers of the same names.
+namespace lost_server {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+// Four stages of an MLP with AdamW, a warmup-then-cosine schedule, dynamic
+// loss scaling and two batches a step, past an epoch: the optimizer state,
+// the schedule's position, the loss scale and the data order must all come
+// back. No clipping: the global norm would be summed over other shares once
+// the stages are folded (the same value to rounding, not bit for bit).
+std::string Job(int steps, const std::string& recovery = "recovery_timeout: 60\nlost_after: 1\n") {
+  return "name: lost\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\npartition: {stages: 4}\n"
+         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: 4\n"
+         "schedule: 1f1b\noptimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
+         "lr_schedule: {warmup_steps: 10, decay: cosine, min_lr: 0.0001}\n"
+         "loss_scale: {dynamic: true, init: 1024, growth_interval: 7}\nseed: 5\nstage_timeout: 10\n"
+         "checkpoint_every: 10\nsteps: " + std::to_string(steps) + "\n" + recovery;
+}
+
+std::unique_ptr<cli::LocalCluster> StartCluster() {
+  cli::LocalClusterOptions options;
+  options.remove_run_dir = true;
+  options.stages = 4;
+  options.bin_dir = CONVEYOR_BIN_DIR;
+  options.restart_stages = false;  // a killed server stays dead
+  auto cluster = cli::LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+std::string Events(const v1::JobStatus& s) {
+  std::string out;
+  for (const auto& e : s.events()) out += "  " + e.text() + "\n";
+  return out;
+}
+
+const v1::JobStatus& Uninterrupted(int steps) {
+  static std::map<int, v1::JobStatus> runs;
+  if (!runs.count(steps)) {
+    auto cluster = StartCluster();
+    EXPECT_TRUE(cluster);
+    runs[steps] = testing::SubmitAndWait(cluster->coordinator_address(), Job(steps));
+    EXPECT_EQ(runs[steps].state(), v1::JOB_STATE_SUCCEEDED) << runs[steps].error();
+  }
+  return runs[steps];
+}
+
+void ExpectSameRun(const v1::JobStatus& end, const v1::JobStatus& clean) {
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(end.param_digest(), clean.param_digest()) << Events(end);
+  ASSERT_EQ(end.losses_size(), clean.losses_size());
+  for (int i = 0; i < end.losses_size(); ++i) EXPECT_EQ(end.losses(i), clean.losses(i)) << "step " << i;
+}
+
+// The kills: server `server` once the checkpoint of step `after` is complete.
+struct Kill {
+  int after;
+  int server;
+};
+
+// Runs Job(steps) on a fresh cluster, killing servers as `kills` say, and
+// returns its end; `seconds` receives, for each kill, the time from the kill
+// to the job running again (a step done after it).
+v1::JobStatus RunKilling(int steps, const std::vector<Kill>& kills, std::vector<double>* seconds) {
+  auto cluster = StartCluster();
+  EXPECT_TRUE(cluster);
+  if (!cluster) return v1::JobStatus();
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps));
+  std::size_t next = 0;
+  Clock::time_point killed_at;
+  int64_t step_at_kill = 0;
+  bool waiting = false;
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (waiting && s.state() == v1::JOB_STATE_RUNNING && s.lost_servers_size() == static_cast<int>(next) &&
+        s.step() > s.checkpoint_step() && s.step() != step_at_kill) {
+      seconds->push_back(std::chrono::duration<double>(Clock::now() - killed_at).count());
+      waiting = false;
+    }
+    if (!waiting && next < kills.size() && s.checkpoint_step() >= kills[next].after) {
+      cluster->Signal(kills[next].server, SIGKILL);
+      killed_at = Clock::now();
+      step_at_kill = s.step();
+      waiting = true;
+      ++next;
+    }
+  });
+  EXPECT_EQ(next, kills.size()) << "the job ended before every kill";
+  return end;
+}
+
+TEST(LostServer, AStageServerLostForGoodIsFoldedOntoTheOthersAndTheRunEndsAtTheSameDigest) {
+  const v1::JobStatus& clean = Uninterrupted(60);
+  std::vector<double> seconds;
+  const v1::JobStatus end = RunKilling(60, {{20, 2}}, &seconds);
+  ExpectSameRun(end, clean);
+  ASSERT_EQ(end.lost_servers_size(), 1);
+  EXPECT_EQ(end.stages_size(), 3) << "went on over the three servers left";
+  EXPECT_THAT(Events(end), HasSubstr("lost for good"));
+  EXPECT_THAT(Events(end), HasSubstr("the job goes on over 3 stage server(s)"));
+  EXPECT_THAT(Events(end), HasSubstr("restored every stage from the checkpoint of step"));
+  for (double s : seconds) std::printf("from the kill to training again on the servers left: %.2f s\n", s);
+}
+
+// Servers die one after another, never coming back, until one is left; each
+// time the job folds onto the survivors and reads the lost server's
+// checkpoint from the copy another server kept. Nothing is lost.
+TEST(LostServer, ServersKilledOneAfterAnotherUntilOneIsLeftEndAtTheSameDigest) {
+  const v1::JobStatus& clean = Uninterrupted(100);
+  std::vector<double> seconds;
+  const v1::JobStatus end = RunKilling(100, {{20, 1}, {40, 3}, {60, 0}}, &seconds);
+  ExpectSameRun(end, clean);
+  EXPECT_EQ(end.lost_servers_size(), 3);
+  EXPECT_EQ(end.stages_size(), 1) << "the last server holds the whole model";
+  for (double s : seconds) std::printf("from a kill to training again on the servers left: %.2f s\n", s);
+}
+
+// Grow back: the lost server is started again at its address (as a node
+// comes back); at the next checkpoint the job returns to its four servers,
+// loading that checkpoint resharded onto its planned cut, and still ends at
+// the uninterrupted run's digest.
+TEST(LostServer, AServerThatComesBackIsTakenBackAtTheNextCheckpoint) {
+  // Long enough that checkpoints come after the server serves again (its
+  // start, LibTorch's load among it, takes seconds while the job goes on).
+  const v1::JobStatus& clean = Uninterrupted(300);
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(300));
+  bool killed = false, restarted = false;
+  const v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!killed && s.checkpoint_step() >= 20) {
+      killed = true;
+      cluster->Signal(2, SIGKILL);
+    }
+    if (killed && !restarted && s.lost_servers_size() == 1 && s.state() == v1::JOB_STATE_RUNNING) {
+      restarted = true;
+      EXPECT_TRUE(cluster->RestartStage(2).ok());
+    }
+  });
+  ASSERT_TRUE(restarted);
+  ExpectSameRun(end, clean);
+  EXPECT_EQ(end.lost_servers_size(), 0);
+  EXPECT_EQ(end.stages_size(), 4);
+  EXPECT_THAT(Events(end), HasSubstr("answer again: the job returns from 3 to its planned 4 stage servers"));
+}
+
+// By hand: a cancelled 4-stage job resumed as 2 stages (`conveyor resume
+// --set partition.stages=2`) loads its checkpoint resharded and ends at the
+// uninterrupted run's digest; an override that changes the training is
+// refused before anything runs.
+TEST(LostServer, AJobResumedOnAnotherPartitionLoadsItsCheckpointReshardedToTheSameDigest) {
+  const v1::JobStatus& clean = Uninterrupted(60);
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string addr = cluster->coordinator_address();
+  const std::string id = testing::Submit(addr, Job(60));
+  bool asked = false;
+  v1::JobStatus end = testing::Follow(addr, id, [&](const v1::JobStatus& s) {
+    if (!asked && s.checkpoint_step() >= 20) {
+      asked = true;
+      testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "cancel", s.job_id()});
+    }
+  });
+  ASSERT_EQ(end.state(), v1::JOB_STATE_CANCELLED) << end.error();
+  auto resume = [&](const std::string& set) {
+    return testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "resume", id, "--set", set, "--wait"});
+  };
+  testing::CommandResult r = resume("seed=9");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("changes how job " + id + " trains"));
+  r = resume("partition.stages=2");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("with partition.stages=2 (its checkpoint is loaded resharded)"));
+  end = testing::Follow(addr, id);
+  ExpectSameRun(end, clean);
+  EXPECT_EQ(end.stages_size(), 2);
+}
+
+// on_lost_server: fail keeps the old rule: the job fails naming the server.
+TEST(LostServer, OnLostServerFailFailsTheJobNamingTheServer) {
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(100000, "on_lost_server: fail\nrecovery_timeout: 1\n"));
+  bool killed = false;
+  const v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!killed && s.step() >= 5) {
+      killed = true;
+      cluster->Signal(3, SIGKILL);
+    }
+  });
+  EXPECT_EQ(end.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(end.error(), HasSubstr("stage 3 at " + cluster->stage_addresses()[3]));
+  EXPECT_THAT(end.error(), HasSubstr("on_lost_server: fail"));
+}
+
+}  // namespace
+}  // namespace lost_server
+}  // namespace conveyor
