@@ -152,6 +152,11 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id, const std
           " trains, not only how it is laid out: a resume may change the partition, schedule, recomputation, "
           "transports and the checkpoint and recovery keys; submit a new job for the rest");
     }
+    if (Replicas(spec) != Replicas(job.spec) && Replicas(spec) > 1) {
+      // A replica group reads replica 0's own file of the same spec alone.
+      return absl::InvalidArgumentError("resume --set " + said + ": a job resumes with its own replicas (" +
+                                        std::to_string(Replicas(job.spec)) + ") or as one pipeline (replicas=1)");
+    }
     const int need = std::max(1, Replicas(spec)) * spec.partition().stages();
     if (need > static_cast<int>(clients_.size())) {
       return absl::FailedPreconditionError("resume --set " + said + ": the job would need " + std::to_string(need) +

@@ -755,6 +755,7 @@ void JobRunner::GrowBack() {
   const int from = spec_.partition().stages();
   stages_ = planned_stages_;
   *spec_.mutable_partition() = planned_spec_.partition();
+  spec_.set_replicas(planned_spec_.replicas());
   *spec_.mutable_recompute_stages() = planned_spec_.recompute_stages();
   status_.clear_lost_servers();
   const std::string text = "stage server(s) " + back + " answer again: the job returns from " + std::to_string(from) +
@@ -765,14 +766,52 @@ void JobRunner::GrowBack() {
 }
 
 std::string JobRunner::WhyNoReplan() const {
-  if (Replicas(spec_) > 1) return "the job has replicas";
+  if (Replicas(spec_) > 2) return "the job has more than two replicas (a lost replica is dropped where one is left)";
+  if (Replicas(spec_) > 1 && spec_.zero_stage() > 0) return "zero 1 slices the optimizer state over the replicas";
   if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED)
     return "the interleaved schedule places its chunks on every server";
   if (stages_.size() < 2) return "it has no other server";
   return "";
 }
 
+Status JobRunner::DropReplica(const std::vector<std::size_t>& lost) {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  std::set<std::size_t> hit;
+  std::string gone;
+  for (std::size_t s : lost) {
+    hit.insert(s / p);
+    gone += (gone.empty() ? "" : ", ") + StageName(s) + " at " + stages_[s]->address();
+  }
+  const int replicas = Replicas(spec_);
+  if (static_cast<int>(hit.size()) >= replicas) {
+    return absl::UnavailableError("every replica of the job lost a stage server (" + gone +
+                                  "): no whole pipeline is left to go on with");
+  }
+  std::vector<StageClient*> kept;
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (!hit.count(s / p)) {
+      kept.push_back(stages_[s]);
+      continue;
+    }
+    if (std::find(lost.begin(), lost.end(), s) == lost.end()) continue;  // alive, dropped with its replica
+    status_.add_lost_servers(stages_[s]->address());
+    holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
+  }
+  const int left = replicas - static_cast<int>(hit.size());
+  spec_.set_replicas(left);
+  stages_ = std::move(kept);
+  const std::string text = "lost for good (no answer within lost_after, " +
+                           std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
+                           "; the job goes on as " + std::to_string(left) + " replica(s) of " + std::to_string(p) +
+                           " stages, each step still over the global batch of " +
+                           std::to_string(spec_.batch_size()) + ", from its newest complete checkpoint";
+  LOG_WARN("job ", status_.job_id(), ": ", text);
+  Event(text);
+  return absl::OkStatus();
+}
+
 Status JobRunner::Replan(const std::vector<std::size_t>& lost) {
+  if (Replicas(spec_) > 1) return DropReplica(lost);
   // The cut the job ran with (the planner's, from the same spec).
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
   std::vector<int> boundaries;

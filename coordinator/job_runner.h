@@ -102,6 +102,9 @@ class JobRunner {
   // The job folded onto the servers left without `lost`: the cut merged
   // (plan/placement.h MergeStages), stages_ without them; Setup plans it anew.
   Status Replan(const std::vector<std::size_t>& lost);
+  // Replan for a job with replicas: the replicas that lost a server are
+  // dropped, the others take the whole global batch between them.
+  Status DropReplica(const std::vector<std::size_t>& lost);
   // After a re-plan: whether every server of the job's planned layout
   // answers again, free (a lost one came back, or was started anew at its
   // address); asked after each checkpoint.

@@ -73,6 +73,11 @@ std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int
 
 std::string TrainingDigest(v1::JobSpec spec) {
   spec.clear_partition();
+  // Replicas split the same global batch: fewer of them sum it in another
+  // order (the same to rounding).
+  spec.clear_replicas();
+  spec.clear_bucket_cap_mb();
+  spec.clear_collectives();
   spec.clear_schedule();
   spec.clear_virtual_stages();
   spec.clear_recompute();

@@ -44,9 +44,9 @@ GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus);
 std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int servers);
 
 // The SHA-256 (hex) of what decides a job's arithmetic apart from how it is
-// laid out on servers: the spec without its partition, schedule, virtual
-// stages, recomputation, transports, and checkpoint, recovery and timeout
-// keys. A checkpoint is loaded under another partition (resharded) where its
+// laid out on servers: the spec without its partition, replicas (which split
+// one global batch), schedule, virtual stages, recomputation, transports,
+// collectives, and checkpoint, recovery and timeout keys. A checkpoint is loaded under another partition (resharded) where its
 // training digest is the job's.
 std::string TrainingDigest(v1::JobSpec spec);
 
