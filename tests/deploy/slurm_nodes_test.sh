@@ -315,7 +315,11 @@ slurm_digest=$(digest <<< "$out")
 [ "$slurm_digest" = "$local_digest" ] ||
   fail "sbatch -N 3's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
 grep -q "mutual TLS as /CN=node" "$run/logs/coordinator.log" || fail "the coordinator did not run with TLS"
-say "PASS: sbatch -N 3 (node3's processes killed at step $at, node3 back) ended at conveyor local's param_digest $slurm_digest"
+recoveries=$(sed -n 's/.*"recoveries":\([0-9]*\).*/\1/p' <<< "$out" | tail -1)
+restarted=$(grep -o "stage [0-9]* at [0-9.:]* does not answer; starting it again on node[0-9]" <<< "$out" |
+            sed 's/ at .*on / on /' | tr '\n' ',')
+say "PASS: sbatch -N 3 (node3's processes killed at step $at, node3 back; restarted: ${restarted%,};" \
+    "recoveries: ${recoveries:-0}) ended at conveyor local's param_digest $slurm_digest"
 
 # 3. Without Slurm: the ssh block of docs/operations.md ("Several nodes") as it
 #    stands, run from the bridge's side, `ssh HOST` entering that node's
