@@ -54,6 +54,8 @@ cleanup() {
   rm -rf "$state"
 }
 trap cleanup EXIT
+trap 'exit 130' INT  # the EXIT trap then removes the namespaces
+trap 'exit 143' TERM
 
 # A /24 of 10.79 that no interface here uses.
 net=
