@@ -1057,8 +1057,9 @@ std::vector<JobKey> MakeTable() {
       "its disk with it): `replan` goes on over the servers left, the lost stage's layers folded onto its "
       "neighbours (a stage server then holds several stages' layers, computing what they computed), from the newest "
       "checkpoint complete on every stage, read from the copies the other servers keep (`checkpoint_copies`); "
-      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Jobs "
-      "with replicas, the interleaved schedule or zero 1 fail either way")
+      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Of two "
+      "replicas, the one that lost a server is dropped and the other takes the global batch. Jobs with more replicas, "
+      "zero 1 or the interleaved schedule fail either way")
       .Choices(Names<v1::LostServerAction>({{"replan", v1::LOST_SERVER_REPLAN}, {"fail", v1::LOST_SERVER_FAIL}}))
       .Expect("replan or fail")
       .Default("replan")
