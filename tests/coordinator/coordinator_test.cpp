@@ -641,45 +641,69 @@ TEST(Coordinator, ASaveThatFailsAfterTrainingKeepsTheWeightsOnTheStages) {
   std::filesystem::remove_all(dir);
 }
 
+// A coordinator on a fake clock over an in-process cluster of `stages`
+// stages, stage 1 of which goes away after training step 2, running `yaml`.
+struct VanishingStageJob {
+  VanishingStageJob(int stages, const std::string& yaml) : cluster(stages) {
+    CoordinatorOptions options;
+    options.stages = cluster.addresses();
+    options.clock = &clock;
+    options.client_factory = [this](const std::string& address) -> std::unique_ptr<StageClient> {
+      int i = 0;
+      while (cluster.addresses()[static_cast<std::size_t>(i)] != address) ++i;
+      return std::make_unique<VanishingStageClient>(&cluster.stage(i), address, i == 1 ? 2 : -1);
+    };
+    auto c = Coordinator::Start(options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return;
+    coordinator = std::move(*c);
+    auto submitted = coordinator->Submit(yaml);
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    if (submitted.ok()) id = *submitted;
+  }
+  // The job's status once `done` holds for it (the fake time stands still:
+  // these waits end on the job's changes alone).
+  v1::JobStatus WaitFor(const std::function<bool(const v1::JobStatus&)>& done) {
+    uint64_t version = 0;
+    for (;;) {
+      auto s = coordinator->Watch(id, &version, clock.After(3600), true);
+      if (!s.ok() || done(*s)) return s.ok() ? *s : v1::JobStatus();
+    }
+  }
+  // Waits until the job recovers, then lets `seconds` of fake time pass while
+  // the runner waits for stage 1.
+  void RecoverFor(int seconds) {
+    const v1::JobStatus s = WaitFor([](const v1::JobStatus& s) {
+      return s.state() == v1::JOB_STATE_RECOVERING || IsTerminal(s.state());
+    });
+    ASSERT_EQ(s.state(), v1::JOB_STATE_RECOVERING) << s.error();
+    EXPECT_EQ(s.step(), 2);  // stage 1 went away after it ran step 2
+    ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(30)));
+    clock.Advance(std::chrono::seconds(seconds));
+  }
+  v1::JobStatus End() {
+    return WaitFor([](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  }
+
+  InProcessCluster cluster;
+  FakeClock clock;
+  std::unique_ptr<Coordinator> coordinator;
+  std::string id;
+};
+
 // recovery_timeout is decided by the coordinator's clock: a stage that goes
 // away and never comes back fails the job with UNAVAILABLE naming it once the
 // (fake) time passes recovery_timeout, in milliseconds of real time.
 TEST(Coordinator, AStageThatDoesNotComeBackWithinRecoveryTimeoutFailsTheJobNamingIt) {
   const auto real_start = std::chrono::steady_clock::now();
-  InProcessCluster cluster(2);
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.stages = cluster.addresses();
-  options.clock = &clock;
-  options.client_factory = [&cluster](const std::string& address) -> std::unique_ptr<StageClient> {
-    const int i = address == cluster.addresses()[1] ? 1 : 0;
-    return std::make_unique<VanishingStageClient>(&cluster.stage(i), address, i == 1 ? 2 : -1);
-  };
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto id = (*c)->Submit(
-      "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100\nrecovery_timeout: 600\non_lost_server: fail\n");
-  ASSERT_TRUE(id.ok()) << id.status();
-  // The fake time stands still: these waits end on the job's changes alone.
-  auto wait_for = [&](const std::function<bool(const v1::JobStatus&)>& done) {
-    uint64_t version = 0;
-    for (;;) {
-      auto s = (*c)->Watch(*id, &version, clock.After(3600), true);
-      if (!s.ok() || done(*s)) return s.ok() ? *s : v1::JobStatus();
-    }
-  };
-  v1::JobStatus s = wait_for([](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_RECOVERING || IsTerminal(s.state());
-  });
-  ASSERT_EQ(s.state(), v1::JOB_STATE_RECOVERING) << s.error();
-  EXPECT_EQ(s.step(), 2);  // stage 1 went away after it ran step 2
-  // The runner waits for stage 1 to answer again; 600 s pass.
-  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(30)));
-  clock.Advance(std::chrono::seconds(601));
-  s = wait_for([](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  VanishingStageJob job(
+      2, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 100\nrecovery_timeout: 600\non_lost_server: fail\n");
+  ASSERT_TRUE(job.coordinator);
+  job.RecoverFor(601);
+  const v1::JobStatus s = job.End();
   EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(s.error_code(), "UNAVAILABLE");
-  EXPECT_THAT(s.error(), HasSubstr("stage 1 at " + cluster.addresses()[1] +
+  EXPECT_THAT(s.error(), HasSubstr("stage 1 at " + job.cluster.addresses()[1] +
                                    " did not come back within recovery_timeout (600 s)"));
   EXPECT_LT(std::chrono::steady_clock::now() - real_start, std::chrono::seconds(5));
 }
@@ -688,43 +712,19 @@ TEST(Coordinator, AStageThatDoesNotComeBackWithinRecoveryTimeoutFailsTheJobNamin
 // good: the job goes on over the other two (on_lost_server: replan, the
 // default), from step 0 here (no checkpoints), and says what it lost.
 TEST(Coordinator, AStageLostForGoodIsFoldedOntoTheOthersAndTheJobGoesOn) {
-  InProcessCluster cluster(3);
-  FakeClock clock;
-  CoordinatorOptions options;
-  options.stages = cluster.addresses();
-  options.clock = &clock;
-  options.client_factory = [&cluster](const std::string& address) -> std::unique_ptr<StageClient> {
-    int i = 0;
-    while (cluster.addresses()[static_cast<std::size_t>(i)] != address) ++i;
-    return std::make_unique<VanishingStageClient>(&cluster.stage(i), address, i == 1 ? 2 : -1);
-  };
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto id = (*c)->Submit(
-      "model: toy\npartition: {stages: 3}\nbatch_size: 8\nsteps: 6\nrecovery_timeout: 600\nlost_after: 30\n");
-  ASSERT_TRUE(id.ok()) << id.status();
-  auto wait_for = [&](const std::function<bool(const v1::JobStatus&)>& done) {
-    uint64_t version = 0;
-    for (;;) {
-      auto s = (*c)->Watch(*id, &version, clock.After(3600), true);
-      if (!s.ok() || done(*s)) return s.ok() ? *s : v1::JobStatus();
-    }
-  };
-  v1::JobStatus s = wait_for([](const v1::JobStatus& s) {
-    return s.state() == v1::JOB_STATE_RECOVERING || IsTerminal(s.state());
-  });
-  ASSERT_EQ(s.state(), v1::JOB_STATE_RECOVERING) << s.error();
-  ASSERT_TRUE(clock.AwaitWaiters(1, std::chrono::seconds(30)));
-  clock.Advance(std::chrono::seconds(31));  // past lost_after, long before recovery_timeout
-  s = wait_for([](const v1::JobStatus& s) { return IsTerminal(s.state()); });
+  VanishingStageJob job(
+      3, "model: toy\npartition: {stages: 3}\nbatch_size: 8\nsteps: 6\nrecovery_timeout: 600\nlost_after: 30\n");
+  ASSERT_TRUE(job.coordinator);
+  job.RecoverFor(31);  // past lost_after, long before recovery_timeout
+  const v1::JobStatus s = job.End();
   EXPECT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(s.step(), 6);
   ASSERT_EQ(s.lost_servers_size(), 1);
-  EXPECT_EQ(s.lost_servers(0), cluster.addresses()[1]);
+  EXPECT_EQ(s.lost_servers(0), job.cluster.addresses()[1]);
   EXPECT_EQ(s.stages_size(), 2);
   std::string events;
   for (const auto& e : s.events()) events += e.text() + "\n";
-  EXPECT_THAT(events, HasSubstr("stage 1 at " + cluster.addresses()[1]));
+  EXPECT_THAT(events, HasSubstr("stage 1 at " + job.cluster.addresses()[1]));
   EXPECT_THAT(events, HasSubstr("the job goes on over 2 stage server(s)"));
 }
 

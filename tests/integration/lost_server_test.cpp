@@ -48,16 +48,9 @@ std::string Job(int steps, const std::string& recovery = "recovery_timeout: 60\n
          "checkpoint_every: 10\nsteps: " + std::to_string(steps) + "\n" + recovery;
 }
 
-std::unique_ptr<cli::LocalCluster> StartCluster() {
-  cli::LocalClusterOptions options;
-  options.remove_run_dir = true;
-  options.stages = 4;
-  options.bin_dir = CONVEYOR_BIN_DIR;
-  options.restart_stages = false;  // a killed server stays dead
-  auto cluster = cli::LocalCluster::Start(options);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
-}
+// Four servers on loopback, none started again by a supervisor: a killed
+// server stays dead.
+std::unique_ptr<cli::LocalCluster> StartCluster() { return testing::StartCluster(4); }
 
 std::string Events(const v1::JobStatus& s) {
   std::string out;
