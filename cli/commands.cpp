@@ -610,7 +610,7 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   // others need: a one-stage toy job on 2 cores spent 40% of its CPU time so.
   // Sleeping at once (OMP_WAIT_POLICY=PASSIVE) halved the toy's step but made
   // a one-stage ConvNet 2.3x slower; 30000 spins gave the toy 21% and the
-  // ConvNet nothing either way (bench/RESULTS.md, session 22). A stage of
+  // ConvNet nothing either way (2-core CPU machine, 2026-11-26, bench/RESULTS.md). A stage of
   // one thread has no OpenMP workers.
   std::string omp;
   if (gpus == 0 && options.threads_per_stage > 1 && std::getenv("OMP_WAIT_POLICY") == nullptr &&

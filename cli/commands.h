@@ -1,5 +1,9 @@
-// The `conveyor` command line: submit, status, list, cancel, train
-// --reference, local, trace, health, export.
+// cli/: the `conveyor` program, what a user types. It talks to a coordinator
+// (submit, status, list, cancel, resume), runs a whole cluster on this machine
+// for one job (local), trains the one-process reference every pipelined run
+// must equal (train --reference), and works on a job's results (trace, plot,
+// export) and on what surrounds it (health, keys). Torch-free but for
+// conveyor_reference, which the binary passes in (below).
 #pragma once
 
 #include "cli/checkpoint_export.h"

@@ -1,3 +1,8 @@
+// common/: the torch-free basics every other folder builds on: status and
+// logging, durable files and hashes, addresses, channels and servers, TLS,
+// command lines, the wire checks, executors, metrics, and PyTorch's file format
+// read and written without LibTorch.
+//
 // Status handling: absl::Status inside the code, grpc::Status only at RPC edges.
 #pragma once
 

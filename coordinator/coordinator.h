@@ -1,6 +1,13 @@
-// The coordinator's logic, free of gRPC: accepts jobs, keeps them in the job
-// store, places them on its pool of stage servers and runs them, and answers
-// questions about them. CoordinatorService is its gRPC adapter.
+// coordinator/: the coordinator process, the one place that knows every job.
+// It accepts jobs, keeps them (job_store.h, SQLite), plans each onto stage
+// servers (job_planner.h), drives its steps, evaluations and recoveries
+// (job_runner.h) and reports progress; it never touches a tensor, so it links
+// no LibTorch.
+//
+// This class is the coordinator's logic, free of gRPC: accepts jobs, keeps
+// them in the job store, places them on its pool of stage servers and runs
+// them, and answers questions about them. CoordinatorService is its gRPC
+// adapter.
 //
 // The pool: each job takes replicas x stages servers of its own for as long
 // as it runs (a recovery waits for those same servers). Jobs start in

@@ -120,7 +120,7 @@ StatusOr<torch::nn::Sequential> BuildLayers(const v1::JobSpec& spec, int begin, 
   try {
     // Each layer is made and drawn from its own generator: on threads of
     // their own, the same values in any order (W2's 26 layers took 23 s on
-    // one thread before a GPU started, session 25).
+    // one thread before an H100 started, 2026-11-27).
     std::vector<nn::AnyModule> made(static_cast<std::size_t>(end - begin));
     std::atomic<int> next{begin};
     std::exception_ptr failed;

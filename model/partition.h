@@ -1,6 +1,13 @@
-// The seam between a stage's step code and the model it trains: the layers
-// [begin, end) of one model chunk, whatever their source (the built-in zoo, a
-// TorchScript archive from Python). The step code sees only this interface.
+// model/: the model as LibTorch runs it, for the stages and the reference
+// alike: the built-in zoo (models.h, blocks.h), models from PyTorch
+// (TorchScript archives, torch.export programs), datasets and batch loading,
+// losses and optimizers (training.h, optimizer.h), state dicts, device
+// settings, and the LibTorch 1.13/2.x differences (compat.h).
+//
+// This header is the seam between a stage's step code and the model it
+// trains: the layers [begin, end) of one model chunk, whatever their source
+// (the built-in zoo, a TorchScript archive, a torch.export program). The step
+// code sees only this interface.
 //
 // Layers are the model's top-level children, in order; each has its
 // model-wide index and its name (the index for the zoo and for an

@@ -1,3 +1,8 @@
+// plan/: what a job is and how it is cut, without LibTorch: job files and
+// their keys, schedules and the step simulator, what is known of a model
+// without building it, placement on a host's GPUs. The coordinator and the CLI
+// plan with it; ../model builds what it describes.
+//
 // Job files: YAML in, a validated conveyor::v1::JobSpec out.
 //
 // The parser rejects unknown keys and wrong types with a message that names the

@@ -23,7 +23,7 @@ std::vector<Action> OneFOneB(int stage, int stages, int m) {
 // gradient only and W, the weight gradient, trails it by P - s - 1
 // micro-batches, filling the cool-down; the stage server also runs a due W
 // while it waits for a frame (step_runner.cpp). Two changes, each found on
-// W2's two-GPU timeline (session 26) and in a simulation of that runner:
+// W2's timeline on 2x H100 (2026-11-27) and in a simulation of that runner:
 // - the first stage's B computes nothing (nothing before it needs a
 //   gradient), so it warms up with one forward more and runs each W right
 //   after its B: it computes while the first gradient comes back instead of

@@ -314,7 +314,7 @@ Status ReplicaGroup::AllGather(const std::vector<at::Tensor>& flats) {
       // copies its input into a new flat tensor and its output out of one
       // (three copies of the slices): on the CPU over veth pairs (a 38 M-
       // parameter MLP as 2 x 1) that made the step 8% longer than these
-      // broadcasts (bench/RESULTS.md, session 28).
+      // broadcasts (2-core CPU machine, 2026-11-27, bench/RESULTS.md).
       at::Tensor bytes = flat.view(at::kByte);
       const int64_t b = bytes.numel() / options_.size;
       for (int r = 0; r < options_.size; ++r) {

@@ -10,9 +10,9 @@
 // for the outputs that pass needs. The parameters' gradients accumulate as in
 // one backward (their hooks fire: the replicas' buckets start from them).
 //
-// Before, the weight pass ran backward again from the chunk's outputs towards
-// the parameters, recomputing every input gradient on the way (bench/RESULTS.md,
-// session 25: zero-bubble 1.26x 1F1B's step on the CPU). A parameter reached from two
+// A weight pass that ran backward again from the chunk's outputs towards the
+// parameters would compute every input gradient a second time: zero-bubble
+// took 1.26x 1F1B's step so (2-core CPU machine, 2026-11-27). A parameter reached from two
 // boundaries (weights shared within the chunk) would be summed twice: then
 // the weight pass falls back to that backward from the outputs.
 #pragma once

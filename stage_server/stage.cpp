@@ -521,7 +521,7 @@ Status Stage::Impl::JoinReplicas(Job& job) {
   // Replayed passes run no hooks, and a hook's gradient accumulator, kept
   // alive, would keep the stream it was made on: backward captured on the
   // graph's stream then made the legacy stream wait on it, which CUDA refuses
-  // (2x H100, session 20). With graphs the buckets all start after backward.
+  // (2x H100, 2026-11-26). With graphs the buckets all start after backward.
   job.reducer = std::make_unique<GradientReducer>(job.replica_group.get(), std::move(params),
                                                   static_cast<int64_t>(BucketCapMb(a.spec()) * 1024 * 1024),
                                                   /*hooks=*/job.graphs == nullptr,

@@ -1,6 +1,12 @@
-// The logic of one pipeline stage, free of gRPC: the layers it owns, their
-// optimizer, the data it reads (first stage: inputs, last stage: labels) and
-// the schedule it runs each step.
+// stage_server/: one pipeline stage as a process, where the training happens.
+// It holds a chunk of the model on its device with its optimizer, runs each
+// step's action list (step_runner.cpp), sends and receives frames through
+// ../transport, sums gradients with its replicas (replica_group.h), and writes
+// and restores checkpoints (stage_state.cpp, checkpoint.h).
+//
+// Stage is the logic of one pipeline stage, free of gRPC: the layers it owns,
+// their optimizer, the data it reads (first stage: inputs, last stage:
+// labels) and the schedule it runs each step.
 //
 // Thread-safe. Every call but Abort() and Info() runs on the stage's own
 // executor thread, which owns the model; callers block until it is done.

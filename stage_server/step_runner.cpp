@@ -722,7 +722,8 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   // ones, here and on the neighbours (CUDA's libraries read from disk, cuDNN
   // timing every convolution shape): its waits get at least 300 s. A W1 stage
   // waited past stage_timeout (10 s) for its neighbour's first gradient on a
-  // freshly started H100, and the job recovered (bench/RESULTS.md, session 17).
+  // freshly started H100, and the job recovered (2x H100, 2026-11-26,
+  // bench/RESULTS.md).
   if (device_.is_cuda() && st.train && !job_->trained_eagerly && !job_->graphs_recorded)
     st.timeout = std::max<SteadyClock::duration>(st.timeout, std::chrono::seconds(300));
   if (clock_) {

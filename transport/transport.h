@@ -1,10 +1,13 @@
-// The data plane as the stage sees it: send a frame (header and payload) to a
-// neighbour. Frames from neighbours arrive in the stage's Inbox, whichever
+// transport/: the data plane, how activations and gradients move between
+// neighbouring stages. As the stage sees it: send a frame (header and
+// payload) to a neighbour; frames from neighbours arrive in the stage's Inbox
+// (inbox.h), which checks them against what the stage expects, whichever
 // transport carried them.
 //
-// Implementations: InProcTransport (tests, one process), GrpcTransport (the
-// chunked gRPC stream to each neighbour's StageData service, and NCCL for
-// the payloads of links set up for it), DelayedTransport (timing noise).
+// Implementations: InProcTransport (tests, one process), LoopbackTransport (a
+// one-stage job's chunks sending to themselves), GrpcTransport (grpc/: the chunked
+// gRPC stream to each neighbour's StageData service, and NCCL, nccl/, for the
+// payloads of links set up for it), DelayedTransport (timing noise).
 #pragma once
 
 #include <chrono>

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench.py's outside clock (issue 31): how a row's two clocks are judged
-(ctest bench.outside_judgement). The figures are call 3's of session 17 (W1 on
-2x H100, bench/results/issue31-2026-11-26b/)."""
+(ctest bench.outside_judgement). The figures are those of one call on 2x H100, 2026-11-26 (W1;
+bench/results/issue31-2026-11-26b/)."""
 import os
 import sys
 import unittest
@@ -44,7 +44,7 @@ class OutsideJudgement(unittest.TestCase):
         self.assertIn("CLOCKS DISAGREE: outside 20.1 ms/step", notes[0])
 
     def test_a_slow_run_whose_check_runs_agree_is_spread_not_a_wrong_clock(self):
-        # Session 20's W1 over two H100s: the row's 100-step run at 21.18 ms, the check's own runs at 19.6 to 19.8.
+        # W1 over two H100s (2026-11-26): the row's 100-step run at 21.18 ms, the check's own runs at 19.6 to 19.8.
         walls = {100: [20.24, 15.96], 1753: [49.14, 48.19]}
         clocks = {100: [21.18, 19.78], 1753: [19.70, 19.64]}
         ms, ratio, notes = bench.judge_outside(21.18, walls, clocks=clocks)

@@ -196,7 +196,7 @@ TEST(Schedule, SimulatedStepsHaveTheTextbookBubbles) {
   EXPECT_TRUE(absl::IsInvalidArgument(SimulateStep(v1::SCHEDULE_INTERLEAVED, 2, 3, 2, {1, 1, 1, 1}, {2, 2, 2, 2}).status()));
 }
 
-// W2 over two H100s (session 26's timeline, ms): forwards 10 on both stages,
+// W2 over two H100s (its timeline of 2026-11-27, ms): forwards 10 on both stages,
 // backwards 24.5 and 24.1. Under zero-bubble stage 0's input-gradient pass
 // is empty and its weight pass the whole backward; stage 1's passes are
 // halves. Stage 0 computes 8 x 34.5 = 276: zero-bubble, its weight passes

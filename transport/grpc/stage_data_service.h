@@ -10,7 +10,7 @@
 // 100 ms: a stage server's step request from the coordinator sat unread about
 // once a second (W1 on two H100s, 34.4 ms steps: one step in ten to fifteen
 // took 66 to 86 ms; on the CPU every 1.1 s a 100 ms stall). See
-// bench/RESULTS.md, session 24.
+// bench/RESULTS.md (2x H100, 2026-11-27).
 #pragma once
 
 #include <grpcpp/impl/service_type.h>
