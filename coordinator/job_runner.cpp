@@ -6,7 +6,6 @@
 #include <cmath>
 #include <future>
 #include <memory>
-#include <set>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -17,8 +16,6 @@
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
 #include "plan/lr_schedule.h"
-#include "plan/model_catalog.h"
-#include "plan/placement.h"
 
 namespace conveyor {
 namespace {
@@ -118,26 +115,6 @@ Status JobRunner::Setup() {
     }
   }
   return PlanCopies();
-}
-
-Status JobRunner::PlanCopies() {
-  const std::size_t n = stages_.size();
-  if (spec_.checkpoint_every() == 0 || CheckpointCopies(spec_) == 0 || n < 2) return absl::OkStatus();
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<v1::StageInfo> infos, InfoAll(stages_, spec_.stage_timeout_s()));
-  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
-  for (std::size_t i = 0; i < p; ++i) {  // replica 0's stages write the checkpoints
-    for (std::size_t k = 1; k < n; ++k) {
-      const std::size_t to = (i + k) % n;
-      if (!infos[to].checkpoint_dir()) continue;
-      assignments_[i].set_checkpoint_copy_to(stages_[to]->address());
-      break;
-    }
-    if (assignments_[i].checkpoint_copy_to().empty()) {
-      Event("no other stage server of the job has a --checkpoint-dir: stage " + std::to_string(i) +
-            "'s checkpoints have no copy, and are lost with its server");
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::vector<StageClient*> JobRunner::ReplicaStages(int replica) const {
@@ -734,126 +711,6 @@ Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* l
   std::vector<std::function<void()>> releases;
   for (StageClient* s : stages_) releases.push_back([s, &ref] { s->Release(ref, kAbortDeadlineS).IgnoreError(); });
   pool_.RunAll(releases);
-  return absl::OkStatus();
-}
-
-bool JobRunner::PlannedServersAnswer() {
-  for (StageClient* s : planned_stages_) {
-    if (std::find(stages_.begin(), stages_.end(), s) != stages_.end()) continue;
-    auto info = s->GetInfo(0.25);
-    if (!info.ok() || (!info->job_id().empty() && info->job_id() != status_.job_id())) return false;
-  }
-  return true;
-}
-
-void JobRunner::GrowBack() {
-  std::string back;
-  for (StageClient* s : planned_stages_) {
-    if (std::find(stages_.begin(), stages_.end(), s) != stages_.end()) continue;
-    back += (back.empty() ? "" : ", ") + s->address();
-  }
-  const int from = spec_.partition().stages();
-  stages_ = planned_stages_;
-  *spec_.mutable_partition() = planned_spec_.partition();
-  spec_.set_replicas(planned_spec_.replicas());
-  *spec_.mutable_recompute_stages() = planned_spec_.recompute_stages();
-  status_.clear_lost_servers();
-  const std::string text = "stage server(s) " + back + " answer again: the job returns from " + std::to_string(from) +
-                           " to its planned " + std::to_string(spec_.partition().stages()) +
-                           " stage servers at the checkpoint of step " + std::to_string(status_.checkpoint_step());
-  LOG_INFO("job ", status_.job_id(), ": ", text);
-  Event(text);
-}
-
-std::string JobRunner::WhyNoReplan() const {
-  if (Replicas(spec_) > 2) return "the job has more than two replicas (a lost replica is dropped where one is left)";
-  if (Replicas(spec_) > 1 && spec_.zero_stage() > 0) return "zero 1 slices the optimizer state over the replicas";
-  if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED)
-    return "the interleaved schedule places its chunks on every server";
-  if (stages_.size() < 2) return "it has no other server";
-  return "";
-}
-
-Status JobRunner::DropReplica(const std::vector<std::size_t>& lost) {
-  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
-  std::set<std::size_t> hit;
-  std::string gone;
-  for (std::size_t s : lost) {
-    hit.insert(s / p);
-    gone += (gone.empty() ? "" : ", ") + StageName(s) + " at " + stages_[s]->address();
-  }
-  const int replicas = Replicas(spec_);
-  if (static_cast<int>(hit.size()) >= replicas) {
-    return absl::UnavailableError("every replica of the job lost a stage server (" + gone +
-                                  "): no whole pipeline is left to go on with");
-  }
-  std::vector<StageClient*> kept;
-  for (std::size_t s = 0; s < stages_.size(); ++s) {
-    if (!hit.count(s / p)) {
-      kept.push_back(stages_[s]);
-      continue;
-    }
-    if (std::find(lost.begin(), lost.end(), s) == lost.end()) continue;  // alive, dropped with its replica
-    status_.add_lost_servers(stages_[s]->address());
-    holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
-  }
-  const int left = replicas - static_cast<int>(hit.size());
-  spec_.set_replicas(left);
-  stages_ = std::move(kept);
-  const std::string text = "lost for good (no answer within lost_after, " +
-                           std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
-                           "; the job goes on as " + std::to_string(left) + " replica(s) of " + std::to_string(p) +
-                           " stages, each step still over the global batch of " +
-                           std::to_string(spec_.batch_size()) + ", from its newest complete checkpoint";
-  LOG_WARN("job ", status_.job_id(), ": ", text);
-  Event(text);
-  return absl::OkStatus();
-}
-
-Status JobRunner::Replan(const std::vector<std::size_t>& lost) {
-  if (Replicas(spec_) > 1) return DropReplica(lost);
-  // The cut the job ran with (the planner's, from the same spec).
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
-  std::vector<int> boundaries;
-  for (std::size_t s = 1; s < ranges.size(); ++s) boundaries.push_back(ranges[s].begin);
-  const int layers = ranges.back().end;
-  std::vector<StageClient*> kept;
-  std::string gone;
-  for (std::size_t s = 0; s < stages_.size(); ++s) {
-    if (std::find(lost.begin(), lost.end(), s) == lost.end()) {
-      kept.push_back(stages_[s]);
-      continue;
-    }
-    status_.add_lost_servers(stages_[s]->address());
-    holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
-    gone += (gone.empty() ? "" : ", ") + StageName(s) + " at " + stages_[s]->address();
-  }
-  const std::vector<int> merged = MergeStages(boundaries, layers, static_cast<int>(kept.size()));
-  // Per-stage keys follow their layers: old stage s is in the new stage
-  // whose first boundary is the last one at or before s's first layer.
-  auto new_index = [&](int old) {
-    const int first = old == 0 ? 0 : boundaries[static_cast<std::size_t>(old - 1)];
-    return static_cast<int>(std::upper_bound(merged.begin(), merged.end(), first) - merged.begin());
-  };
-  std::set<int> recompute;
-  for (int s : spec_.recompute_stages()) recompute.insert(new_index(s));
-  spec_.clear_recompute_stages();
-  for (int s : recompute) spec_.add_recompute_stages(s);
-  v1::PartitionSpec* part = spec_.mutable_partition();
-  part->set_stages(static_cast<int>(kept.size()));
-  part->clear_boundaries();
-  std::string cut;
-  for (int b : merged) {
-    part->add_boundaries(b);
-    cut += (cut.empty() ? "" : ", ") + std::to_string(b);
-  }
-  stages_ = std::move(kept);
-  const std::string text = "lost for good (no answer within lost_after, " +
-                           std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
-                           "; the job goes on over " + std::to_string(stages_.size()) +
-                           " stage server(s), cut at [" + cut + "], from its newest complete checkpoint";
-  LOG_WARN("job ", status_.job_id(), ": ", text);
-  Event(text);
   return absl::OkStatus();
 }
 
