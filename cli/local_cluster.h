@@ -98,6 +98,8 @@ class LocalCluster {
   StatusOr<std::string> SpawnServer(Child* child, const std::vector<std::string>& env, bool metrics,
                                     const std::string& host);
   void Supervise();
+  // Start's children, in run_dir_: the stages, then the coordinator.
+  Status StartChildren(const LocalClusterOptions& options, const std::string& stage_bin, const std::string& coord_bin);
 
   double start_timeout_s_ = 60;
   bool remove_run_dir_ = false;
