@@ -344,7 +344,9 @@ TEST(Cli, ARelativePathTheCoordinatorCannotFindIsExplained) {
   std::ofstream(inside + "/job.yaml") << "model: toy\nbatch_size: 8\ndata: {format: tensors, train: data/train.pt}\n";
   r = RunCommand({Binary("conveyor"), "--coordinator", (*cluster)->coordinator_address(), "submit", inside + "/job.yaml"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err, HasSubstr("--set data.train=" + inside + "/data/train.pt names it")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--set data.train=" + std::filesystem::canonical(inside).string() +
+                               "/data/train.pt names it"))
+      << r.err;
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("outside the coordinator's data roots"))) << r.err;
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(here);

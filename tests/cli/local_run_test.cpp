@@ -55,6 +55,38 @@ std::vector<std::string> RunFolders(const std::string& dir) {
   return found;
 }
 
+// A tmpfs mounted on `parent`/disk for the test's life (root only): inside
+// the job file's folder, one of `local`'s data roots.
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& parent, const std::string& options, unsigned long flags = 0) : path_(parent + "/disk") {
+    if (geteuid() != 0) {
+      why_not_ = "mounting a small tmpfs needs root";
+      return;
+    }
+    std::filesystem::create_directories(path_);
+    if (::mount("tmpfs", path_.c_str(), "tmpfs", flags, options.c_str()) != 0) {
+      why_not_ = std::string("cannot mount a tmpfs here: ") + std::strerror(errno);
+      return;
+    }
+    mounted_ = true;
+  }
+  ~SmallDisk() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+  SmallDisk(const SmallDisk&) = delete;
+  SmallDisk& operator=(const SmallDisk&) = delete;
+  const std::string& path() const { return path_; }
+  const std::string& why_not() const { return why_not_; }
+
+ private:
+  const std::string path_;
+  bool mounted_ = false;
+  std::string why_not_;
+};
+
 // `conveyor local` runs with TMPDIR here, so that the test sees (and
 // removes) every folder they leave.
 class LocalRun : public ::testing::Test {
@@ -109,6 +141,16 @@ TEST_F(LocalRun, ChecksWhatNeedsNoServerBeforeStartingOne) {
     EXPECT_EQ(r.exit_code, 1) << c.job << r.err;
     EXPECT_THAT(r.err, HasSubstr(c.says)) << c.job;
   }
+  // A folder this host may not write in (root may write anywhere but on a
+  // read-only file system).
+  SmallDisk read_only(dir, "size=4k", MS_RDONLY);
+  if (read_only.why_not().empty()) {
+    const std::string job = WriteText(dir + "/job.yaml", "model: toy\nsteps: 2\nsave: {path: " + read_only.path() + "/w.pt}\n");
+    auto r = Local(job);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("save.path: this host may not write in " + Resolved(read_only.path())));
+    EXPECT_THAT(r.err, Not(HasSubstr("starting")));
+  }
   EXPECT_THAT(RunFolders(runs_.path()), ::testing::IsEmpty());
 }
 
@@ -153,38 +195,10 @@ TEST_F(LocalRun, CurvesGoBesideTheWeightsOrIntoTheRunsFolder) {
   EXPECT_FALSE(std::filesystem::exists("unsaved-curves.png")) << "a picture in the working folder";
 }
 
-// A tmpfs mounted on a fresh folder for the test's life (root only).
-class SmallDisk {
- public:
-  explicit SmallDisk(const std::string& options) {
-    if (geteuid() != 0) {
-      why_not_ = "mounting a small tmpfs needs root";
-      return;
-    }
-    if (::mount("tmpfs", path().c_str(), "tmpfs", 0, options.c_str()) != 0) {
-      why_not_ = std::string("cannot mount a tmpfs here: ") + std::strerror(errno);
-      return;
-    }
-    mounted_ = true;
-  }
-  ~SmallDisk() {
-    if (mounted_) ::umount2(path().c_str(), MNT_DETACH);
-  }
-  SmallDisk(const SmallDisk&) = delete;
-  SmallDisk& operator=(const SmallDisk&) = delete;
-  const std::string& path() const { return folder_.path(); }
-  const std::string& why_not() const { return why_not_; }
-
- private:
-  const testing::ScopedTempDir folder_{"small-disk"};  // removed after the unmount
-  bool mounted_ = false;
-  std::string why_not_;
-};
-
 // A save.path without room for the weights fails the job before its first
 // step, naming both sizes.
 TEST_F(LocalRun, ASavePathWithoutRoomIsRefusedBeforeTraining) {
-  SmallDisk disk("size=4k");
+  SmallDisk disk(files_.path(), "size=4k");
   if (!disk.why_not().empty()) GTEST_SKIP() << disk.why_not();
   WriteText(disk.path() + "/filler", std::string(4096, 'x'));  // the one page it has
   const std::string job = WriteText(files_.path() + "/full.yaml", "model: toy\nsteps: 50\nsave: {path: " +
@@ -202,7 +216,7 @@ TEST_F(LocalRun, ASavePathWithoutRoomIsRefusedBeforeTraining) {
 // for a file): the trained weights are not lost, `local` writes them into
 // its folder and says where.
 TEST_F(LocalRun, WeightsThatSavePathCannotTakeAreKept) {
-  SmallDisk disk("size=1m,nr_inodes=1");
+  SmallDisk disk(files_.path(), "size=1m,nr_inodes=1");
   if (!disk.why_not().empty()) GTEST_SKIP() << disk.why_not();
   const std::string job = WriteText(files_.path() + "/no-inode.yaml", "model: toy\nsteps: 3\nsave: {path: " +
                                                                           disk.path() + "/w.pt}\n");
@@ -218,7 +232,6 @@ TEST_F(LocalRun, WeightsThatSavePathCannotTakeAreKept) {
   ASSERT_TRUE(entries.ok()) << entries.status();
   EXPECT_EQ(entries->size(), 4u);  // toy: two linear layers, a weight and a bias each
 }
-
 
 // A program running in the background whose stderr is read as it comes.
 class Background {
