@@ -794,6 +794,15 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   return EndLocalRun(&run);
 }
 
+// CLI11's NonNegativeNumber says "Value -1 not in range 0.000000 to 1.79e308".
+CLI::Validator NotNegative() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return !value.empty() && value[0] == '-' ? "must be 0 or more, got " + value : std::string();
+      },
+      "N >= 0");
+}
+
 }  // namespace
 
 int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
@@ -862,7 +871,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
           "DEVICE"))
       ->capture_default_str();
   train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NotNegative());
   train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
   add_overrides(train);
 
@@ -870,7 +879,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
   local->add_option("job", file, "job file (YAML)")->required();
   local->add_option("--stages", stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(NotNegative());
   local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

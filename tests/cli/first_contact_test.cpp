@@ -108,9 +108,9 @@ TEST(FirstContact, UsageErrorsExitWithTwoAndSayWhat) {
   for (const Case& c : std::vector<Case>{
            {{"train", job}, "train: `conveyor train` runs the single-process reference: add --reference"},
            {{"train", job, "--reference", "--device", "gpu"}, "expected cpu, cuda or cuda:N, got 'gpu'"},
-           {{"train", job, "--reference", "--threads=-1"}, "--threads"},
+           {{"train", job, "--reference", "--threads=-1"}, "--threads: must be 0 or more, got -1"},
            {{"local", job, "--device", "gpu"}, "--device"},
-           {{"local", job, "--stages=-2"}, "--stages"},
+           {{"local", job, "--stages=-2"}, "--stages: must be 0 or more, got -2"},
            {{"local", job, "--set", "optimizer.lrr=0.1"}, "unknown key optimizer.lrr (did you mean optimizer.lr?"},
            {{"--coordinator", "127.0.0.1:1", "submit", job, "--set", "steps"}, "--set 'steps': expected KEY=VALUE"},
        }) {
