@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,7 +17,9 @@
 #include "cli/checkpoint_export.h"
 #include "cli/curves.h"
 #include "cli/export.h"
+#include "cli/job_checks.h"
 #include "cli/local_cluster.h"
+#include "cli/local_outputs.h"
 #include "cli/output.h"
 #include "cli/reference_options.h"
 #include "cli/trace.h"
@@ -90,12 +93,41 @@ StatusOr<std::string> ReadCheckedJobFile(const Common& c, const std::string& pat
   return yaml;
 }
 
+// The data roots a coordinator's refusal lists (ResolveJobPaths: "... the
+// data roots: A, B)"); none when it lists none.
+std::vector<std::string> RootsInRefusal(const std::string& message) {
+  const std::string marker = "one of the data roots: ";
+  const auto at = message.find(marker);
+  if (at == std::string::npos) return {};
+  const auto end = message.find(')', at);
+  std::vector<std::string> roots;
+  for (std::size_t from = at + marker.size(); from < end;) {
+    const auto comma = std::min(message.find(", ", from), end);
+    roots.push_back(message.substr(from, comma - from));
+    from = comma + 2;
+  }
+  return roots;
+}
+
+bool UnderAny(const std::string& path, const std::vector<std::string>& roots) {
+  for (const std::string& root : roots) {
+    char real[PATH_MAX];
+    const std::string r = ::realpath(root.c_str(), real) != nullptr ? real : root;
+    if (r == "/" || path == r || (path.size() > r.size() && path.compare(0, r.size(), r) == 0 && path[r.size()] == '/'))
+      return true;
+  }
+  return false;
+}
+
 // A coordinator's NOT_FOUND for a relative path of `spec` (it takes them
 // under its first data root) says where that path leads from the job file's
-// folder on this host when a file is there: what the user most likely meant.
+// folder on this host when a file is there: what the user most likely meant,
+// and how the coordinator gets to read it (a path outside its data roots is
+// refused with PERMISSION_DENIED, so --set alone names it only inside them).
 Status WithLocalPathHint(const Status& st, const v1::JobSpec& spec, const std::string& file) {
   if (!absl::IsNotFound(st)) return st;
   const std::string folder = JobDataRoots(file).front();
+  const std::vector<std::string> roots = RootsInRefusal(std::string(st.message()));
   for (const auto& [key, path] : std::vector<std::pair<std::string, std::string>>{
            {"model.torchscript", spec.model().torchscript()}, {"model.exported", spec.model().exported()}, {"data.path", spec.data().path()},
            {"data.train", spec.data().train()}, {"data.test", spec.data().test()},
@@ -103,9 +135,14 @@ Status WithLocalPathHint(const Status& st, const v1::JobSpec& spec, const std::s
     if (path.empty() || path[0] == '/' || st.message().find(key + ": ") == std::string::npos) continue;
     const std::string local = folder + "/" + path;
     if (::access(local.c_str(), F_OK) != 0) continue;
-    return Status(st.code(), std::string(st.message()) + "; on this host it is " + local +
-                                 ", next to the job file: where the coordinator sees this host's files, --set " + key +
-                                 "=" + local + " names it");
+    std::string hint = "; on this host it is " + local + ", next to the job file: ";
+    if (UnderAny(local, roots)) {
+      hint += "where the coordinator sees this host's files, --set " + key + "=" + local + " names it";
+    } else {
+      hint += "outside the coordinator's data roots, so it would refuse that path; copy the file under one of them, or "
+              "start the coordinator with --data-root " + folder + " too (then --set " + key + "=" + local + " names it)";
+    }
+    return Status(st.code(), std::string(st.message()) + hint);
   }
   return st;
 }
@@ -195,10 +232,27 @@ bool CoordinatorWentAway(const grpc::Status& st) {
   }
 }
 
+// GetJob once the coordinator answers again, waiting up to `wait_s` for it:
+// a coordinator that is still stopping (it refuses calls while its jobs stop)
+// is waited through as one that is not there yet.
+Status GetJobWhenBack(v1::Coordinator::Stub& stub, const v1::GetJobRequest& req, v1::JobStatus* status,
+                      double wait_s) {
+  const auto deadline = DeadlineAfter(wait_s);
+  for (;;) {
+    grpc::ClientContext ctx;
+    AddBearerToken(&ctx, BearerToken());
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(deadline);
+    grpc::Status st = stub.GetJob(&ctx, req, status);
+    const bool stopping = st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::CANCELLED;
+    if (!stopping || std::chrono::system_clock::now() >= deadline) return FromGrpc(st);
+  }
+}
+
 // Follows a job until it ends, printing progress, then reports it. A
-// coordinator that goes away meanwhile is waited for up to `reconnect_s`
-// (the job's recovery_timeout: a restarted coordinator resumes its jobs), and
-// the watch taken up again.
+// coordinator that goes away meanwhile (killed, or stopped in order) is
+// waited for up to `reconnect_s` (the job's recovery_timeout: a restarted
+// coordinator resumes its jobs), and the watch taken up again.
 int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool json,
                    double reconnect_s = kDefaultRecoveryTimeoutS) {
   ProgressPrinter progress(true);
@@ -207,24 +261,19 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   req.set_omit_losses(true);
   v1::JobStatus status;
   for (bool again = false;; again = true) {
-    grpc::ClientContext ctx;
-    AddBearerToken(&ctx, BearerToken());
     if (again) {
-      // Back once it answers: GetJob waits for the channel, up to the window.
-      grpc::ClientContext wait;
-      AddBearerToken(&wait, BearerToken());
-      wait.set_wait_for_ready(true);
-      wait.set_deadline(DeadlineAfter(reconnect_s));
       v1::JobStatus now;
-      grpc::Status back = stub.GetJob(&wait, req, &now);
+      Status back = GetJobWhenBack(stub, req, &now, reconnect_s);
       if (!back.ok()) {
         progress.Finish();
-        return Fail(Annotate(Unreachable(FromGrpc(back), "the coordinator", Target()),
+        return Fail(Annotate(Unreachable(back, "the coordinator", Target()),
                              "watching " + job_id + " (the coordinator went away and did not answer again within " +
                                  FormatDuration(reconnect_s) + ")"));
       }
       std::cerr << "\nthe coordinator answers again; following " << job_id << std::endl;
     }
+    grpc::ClientContext ctx;
+    AddBearerToken(&ctx, BearerToken());
     auto reader = stub.WatchJob(&ctx, req);
     bool ended = false;
     while (reader->Read(&status)) {
@@ -243,6 +292,11 @@ int WatchUntilDone(v1::Coordinator::Stub& stub, const std::string& job_id, bool 
   progress.Finish();
   req.set_omit_losses(false);
   Status got = Call(stub, &v1::Coordinator::Stub::GetJob, req, &status);
+  if (got.code() == absl::StatusCode::kUnavailable || got.code() == absl::StatusCode::kCancelled) {
+    // The job ended and the coordinator went away before its last answer:
+    // the next one has the job's end (its store saved it).
+    got = Unreachable(GetJobWhenBack(stub, req, &status, reconnect_s), "the coordinator", Target());
+  }
   if (!got.ok()) return Fail(got);
   return Report(status, json);
 }
@@ -376,12 +430,9 @@ int CmdResume(const Common& c, const std::string& job_id, bool wait) {
   return wait ? CmdStatus(c, job_id, /*wait=*/true, "") : 0;
 }
 
-int CmdTrain(const Common& c, const std::string& file, bool reference, const std::string& device, int threads,
+// REQUIRES: --reference was given (Main refuses `train` without it).
+int CmdTrain(const Common& c, const std::string& file, const std::string& device, int threads,
              const std::string& profile_dir, const ReferenceTrainer& train_reference) {
-  if (!reference) {
-    return Fail(absl::InvalidArgumentError(
-        "`conveyor train` runs the single-process reference: add --reference (pipelines run with `local` or `submit`)"));
-  }
   std::string yaml;
   v1::JobSpec job;
   bool printed = false;
@@ -389,7 +440,7 @@ int CmdTrain(const Common& c, const std::string& file, bool reference, const std
   if (printed) return 0;
   v1::JobSpec* spec = &job;
   if (Status files = ResolveJobPaths(spec, JobDataRoots(file)); !files.ok()) return Fail(Annotate(files, file));
-  if (Status save = CheckSavePath(spec->save_path()); !save.ok()) return Fail(Annotate(save, file));
+  if (Status checked = CheckJobBeforeStart(*spec); !checked.ok()) return Fail(Annotate(checked, file));
   ProgressPrinter progress(true);
   ReferenceOptions options;
   options.device = device;
@@ -503,6 +554,11 @@ class InterruptWatcher {
     job_id_ = job_id;
   }
   bool interrupted() const { return signals_ > 0; }
+  // Blocks until the first signal has come (and the job, if any, was cancelled).
+  void WaitForSignal() {
+    std::unique_lock<std::mutex> lock(mu_);
+    signalled_.wait(lock, [this] { return signals_ > 0; });
+  }
   // The shell's exit status for the first signal: 128 + its number.
   int exit_code() const { return 128 + first_.load(); }
 
@@ -533,13 +589,15 @@ class InterruptWatcher {
         AddBearerToken(&ctx, BearerToken());
         stub_->CancelJob(&ctx, req, &status);
       }
+      signalled_.notify_all();
     }
   }
 
   std::atomic<bool> done_{false};
   std::atomic<int> signals_{0};
   std::atomic<int> first_{SIGINT};
-  std::mutex mu_;  // guards stub_ and job_id_
+  std::mutex mu_;  // guards stub_ and job_id_; signalled_ waits under it
+  std::condition_variable signalled_;
   v1::Coordinator::Stub* stub_ = nullptr;
   std::string job_id_;
   std::thread thread_;
@@ -579,6 +637,108 @@ void UseOneHardwareQueue(const v1::JobSpec& spec, int gpus) {
             << std::endl;
 }
 
+// One job on a local cluster, from its submission to the cluster's end.
+struct LocalRun {
+  LocalCluster& cluster;
+  InterruptWatcher& interrupts;
+  const v1::JobSpec& spec;
+  bool json = false;
+  bool keep_logs = false;
+  std::string job_id;        // empty: no job was submitted
+  std::string curves;        // the picture drawn in the run's folder, if any
+  std::string weights;       // the weights rescued into the run's folder, if any
+  int rc = kExitFailure;
+};
+
+// A job that trained but could not write save.path: its stages keep the
+// weights until the cluster stops, so this process writes them into the
+// run's folder, and says where. If that fails too, the cluster stays up for
+// `conveyor export` until a signal.
+void RescueWeights(v1::Coordinator::Stub& stub, LocalRun* run) {
+  v1::GetJobRequest req;
+  req.set_job_id(run->job_id);
+  req.set_omit_losses(true);
+  v1::JobStatus status;
+  if (!Call(stub, &v1::Coordinator::Stub::GetJob, req, &status).ok() || !WeightsKept(status)) return;
+  const std::string path = RescuedWeightsPath(run->spec.save_path(), run->cluster.run_dir());
+  const std::string format = run->spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT ? "torchscript" : "state_dict";
+  auto wrote = ExportWeights(status, path, format);
+  if (wrote.ok()) {
+    run->weights = path;
+    std::cerr << "the trained weights are in " << path << " (" << FormatBytes(wrote->bytes)
+              << "): save.path " << run->spec.save_path() << " could not take them; move them where there is room"
+              << std::endl;
+    return;
+  }
+  std::cerr << "cannot write the trained weights into " << path << " either: " << wrote.status().message()
+            << "\nthe cluster keeps them: from another shell, `conveyor --coordinator "
+            << run->cluster.coordinator_address() << " export " << run->job_id
+            << " --out FILE` writes them where there is room; Ctrl-C stops the cluster" << std::endl;
+  run->interrupts.WaitForSignal();
+}
+
+// Submits `yaml`, follows the job, and writes what it leaves: the rescued
+// weights, the trace, the curves. Returns the exit code.
+int RunLocalJob(const std::string& file, const std::string& yaml, const std::string& trace_prefix,
+                const std::string& curves, LocalRun* run) {
+  if (run->interrupts.interrupted()) return run->interrupts.exit_code();
+  auto stub = Connect(run->cluster.coordinator_address());
+  auto id = SubmitText(*stub, yaml);
+  if (!id.ok()) return Fail(Annotate(id.status(), file));
+  run->job_id = *id;
+  run->interrupts.SetJob(stub.get(), *id);
+  std::cerr << "submitted " << *id << std::endl;
+  int rc = WatchUntilDone(*stub, *id, run->json);
+  run->interrupts.SetJob(nullptr, "");
+  if (rc != 0 && !run->spec.save_path().empty() && !run->interrupts.interrupted()) RescueWeights(*stub, run);
+  if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
+  if (curves.empty() || run->interrupts.interrupted()) return rc;
+  std::string png = curves;
+  if (png == "auto") {  // a name no other run has: beside the weights, or in this run's folder
+    auto reserved = ReserveCurvesPicture(run->spec.save_path(), run->cluster.run_dir());
+    if (!reserved.ok()) {
+      std::cerr << "no curves: " << reserved.status().message() << "\n";
+      return rc;
+    }
+    png = *reserved;
+  }
+  Status drawn = DrawCurves(*stub, *id, png, std::cerr);
+  if (!drawn.ok()) {
+    std::cerr << "no curves: " << drawn.message() << "\n";
+    std::error_code ignored;
+    if (curves == "auto") std::filesystem::remove(png, ignored);  // the empty file reserved above
+  } else if (png.rfind(run->cluster.run_dir() + "/", 0) == 0) {
+    run->curves = png;
+  }
+  return rc;
+}
+
+// Stops the cluster and says what stays of the run: its folder is removed
+// for a job that never started, and for one that succeeded (but for its
+// curves picture, and unless --keep-logs); otherwise it says where it is.
+int EndLocalRun(LocalRun* run) {
+  run->cluster.Stop();
+  const std::string& dir = run->cluster.run_dir();
+  if (run->job_id.empty()) {
+    RemoveTree(dir);  // nothing ran: its logs say only that the servers started
+  } else if (run->rc == 0 && !run->keep_logs) {
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+      if (entry.path().string() != run->curves) std::filesystem::remove_all(entry.path(), ignored);
+    }
+    if (run->curves.empty()) {
+      RemoveTree(dir);
+      std::cerr << "removed " << dir << " (logs of a job that succeeded; --keep-logs keeps them)\n";
+    } else {
+      std::cerr << "removed the logs in " << dir << " (a job that succeeded; --keep-logs keeps them); its curves stay in "
+                << run->curves << "\n";
+    }
+  } else {
+    std::cerr << "logs kept in " << dir << (run->weights.empty() ? "" : ", with the trained weights") << "\n";
+  }
+  return run->interrupts.interrupted() ? run->interrupts.exit_code() : run->rc;
+}
+
 int CmdLocal(const Common& c, const std::string& file, int stages, const std::string& device,
              const std::string& trace_prefix, const std::string& profile_dir, bool keep_logs, std::string curves) {
   std::string yaml;
@@ -597,6 +757,8 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   UseOneHardwareQueue(*spec, gpus);
   options.data_roots = JobDataRoots(file);
   if (Status files = ResolveJobPaths(spec, options.data_roots); !files.ok()) return Fail(Annotate(files, file));
+  // What would fail the job at once fails it before any server starts.
+  if (Status checked = CheckJobBeforeStart(*spec); !checked.ok()) return Fail(Annotate(checked, file));
   options.stages = stages > 0 ? stages : Replicas(*spec) * std::max(1, spec->partition().stages());
   options.log_level = c.log_level == "warn" ? "info" : c.log_level;
   for (int i = 0; i < options.stages; ++i)
@@ -632,34 +794,18 @@ int CmdLocal(const Common& c, const std::string& file, int stages, const std::st
   if (!cluster.ok()) return Fail(cluster.status());
   std::cerr << "cluster up: coordinator " << (*cluster)->coordinator_address() << ", logs in "
             << (*cluster)->run_dir() << std::endl;
-  if (interrupts.interrupted()) return interrupts.exit_code();
-  auto stub = Connect((*cluster)->coordinator_address());
-  auto id = SubmitText(*stub, yaml);
-  if (!id.ok()) return Fail(Annotate(id.status(), file));
-  interrupts.SetJob(stub.get(), *id);
-  std::cerr << "submitted " << *id << std::endl;
-  int rc = WatchUntilDone(*stub, *id, c.json);
-  interrupts.SetJob(nullptr, "");
-  if (rc == 0 && !trace_prefix.empty()) rc = WriteStepTrace(*stub, *id, -1, trace_prefix, std::cerr);
-  if (curves == "auto") {  // JOBFILE-curves.png, or -2, -3, ...: an earlier run's picture stays
-    const std::string stem = std::filesystem::path(file).stem().string() + "-curves";
-    curves = stem + ".png";
-    for (int n = 2; std::filesystem::exists(curves) && n < 10000; ++n) curves = stem + "-" + std::to_string(n) + ".png";
-  }
-  if (!curves.empty() && !interrupts.interrupted()) {
-    Status drawn = DrawCurves(*stub, *id, curves, std::cerr);
-    if (!drawn.ok()) std::cerr << "no curves: " << drawn.message() << "\n";
-  }
-  // Close our channel before the coordinator goes away under it.
-  stub.reset();
-  (*cluster)->Stop();
-  if (rc == 0 && !keep_logs) {
-    RemoveTree((*cluster)->run_dir());
-    std::cerr << "removed " << (*cluster)->run_dir() << " (logs of a job that succeeded; --keep-logs keeps them)\n";
-  } else {
-    std::cerr << "logs kept in " << (*cluster)->run_dir() << "\n";
-  }
-  return interrupts.interrupted() ? interrupts.exit_code() : rc;
+  LocalRun run{**cluster, interrupts, *spec, c.json, keep_logs};
+  run.rc = RunLocalJob(file, yaml, trace_prefix, curves, &run);
+  return EndLocalRun(&run);
+}
+
+// CLI11's NonNegativeNumber says "Value -1 not in range 0.000000 to 1.79e308".
+CLI::Validator NotNegative() {
+  return CLI::Validator(
+      [](std::string& value) {
+        return !value.empty() && value[0] == '-' ? "must be 0 or more, got " + value : std::string();
+      },
+      "N >= 0");
 }
 
 }  // namespace
@@ -722,24 +868,38 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   train->add_option("job", file, "job file (YAML)")->required();
   train->add_flag("--reference", reference, "the whole model on one device, full batches, no pipeline");
   train->add_flag("--json", common.json, "print the result as one JSON object on stdout");
-  train->add_option("--device", device, "cpu, cuda or cuda:N")->capture_default_str();
-  train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)");
+  train->add_option("--device", device, "cpu, cuda or cuda:N")
+      ->check(CLI::Validator(
+          [](std::string& d) {
+            const bool ok = d == "cpu" || d == "cuda" ||
+                            (d.rfind("cuda:", 0) == 0 && d.size() > 5 &&
+                             d.find_first_not_of("0123456789", 5) == std::string::npos);
+            return ok ? std::string() : "expected cpu, cuda or cuda:N, got '" + d + "'";
+          },
+          "DEVICE"))
+      ->capture_default_str();
+  train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)")
+      ->check(NotNegative());
   train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
   add_overrides(train);
 
   std::string local_device = "auto";
   auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
   local->add_option("job", file, "job file (YAML)")->required();
-  local->add_option("--stages", stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)");
-  local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")->capture_default_str();
+  local->add_option("--stages", stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)")
+      ->check(NotNegative());
+  local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
   bool keep_logs = false;
   local->add_flag("--keep-logs", keep_logs, "keep the cluster's logs and state even when the job succeeds");
 
   local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
   local->add_option("--curves", local_curves,
-                    "draw the job's training curves into this PNG at the end (default: JOBFILE-curves.png in the "
-                    "working folder, or JOBFILE-curves-2.png and on where an earlier run's is there; \"\" draws none)")
+                    "draw the job's training curves into this PNG at the end (default: beside save.path's weights as "
+                    "NAME-curves.png, or NAME-curves-2.png and on where another run's is there; without save.path, "
+                    "curves.png in the run's log folder, which keeps it; \"\" draws none)")
       ->capture_default_str();
   local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();
@@ -805,6 +965,12 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
       return UsageError(app, std::string(st.message()));
   }
   if (*trace && step == 0) return UsageError(app, "trace --step: steps count from 1");
+  if (*train && !reference)
+    return UsageError(app, "train: `conveyor train` runs the single-process reference: add --reference (pipelines "
+                           "run with `local` or `submit`)");
+  // A --set that names no key, or one no job has, is the command line's
+  // mistake whatever the job file holds: checked on an empty job.
+  if (auto sets = ApplyJobOverrides("", common.sets); !sets.ok()) return UsageError(app, std::string(sets.status().message()));
   if (!ConfigureLogging(common.log_level, "conveyor")) return kExitUsage;
   if (!ConfigureTls(common.tls, "conveyor")) return kExitUsage;
   auto token = ResolveToken(common);
@@ -817,7 +983,7 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
   if (*list) return CmdList(common);
   if (*cancel) return CmdCancel(common, job_id);
   if (*resume) return CmdResume(common, job_id, wait);
-  if (*train) return CmdTrain(common, file, reference, device, threads, profile_dir, train_reference);
+  if (*train) return CmdTrain(common, file, device, threads, profile_dir, train_reference);
   if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs, local_curves);
   if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
   if (*health) return CmdHealth(address, health_wait);

@@ -14,6 +14,7 @@ namespace {
 // Why this job's weights cannot be read at all, before any stage is asked.
 Status CheckExportable(const v1::JobStatus& job) {
   const std::string& id = job.job_id();
+  if (WeightsKept(job)) return absl::OkStatus();
   switch (job.state()) {
     case v1::JOB_STATE_FAILED:
     case v1::JOB_STATE_CANCELLED:
@@ -79,6 +80,12 @@ StatusOr<std::string> BuildTorchScript(const v1::JobStatus& job, std::vector<v1:
 }
 
 }  // namespace
+
+bool WeightsKept(const v1::JobStatus& job) {
+  // The digest is taken after the last step, just before save.path is
+  // written: a job that failed after it failed at that write.
+  return job.state() == v1::JOB_STATE_FAILED && !job.param_digest().empty() && job.stages_size() > 0;
+}
 
 StatusOr<ExportSummary> ExportWeights(const v1::JobStatus& job, const std::string& path, const std::string& format,
                                       double deadline_s) {

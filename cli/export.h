@@ -16,6 +16,10 @@ struct ExportSummary {
   int64_t bytes = 0;    // of tensor data
 };
 
+// Whether `job` trained to its end and failed writing save.path: its stages
+// then keep its weights (until their next job) for ExportWeights.
+bool WeightsKept(const v1::JobStatus& job);
+
 // Calls StageControl.GetParameters on every stage that `job` lists
 // (status.stages(i).address(), in stage order; each in replies of at most
 // kParameterPageBytes, common/wire.h) and writes the parameters and buffers
@@ -25,8 +29,8 @@ struct ExportSummary {
 // (StageControl.ExportTorchScript: INVALID_ARGUMENT for a zoo model) and
 // this process writes. A job's weights stay on its
 // stages after it succeeded, until the next job runs; a failed or cancelled
-// job's are dropped at once. Errors: FAILED_PRECONDITION for a job that never
-// started, or that failed or was cancelled, or whose stages no longer hold
+// job's are dropped at once (but for WeightsKept). Errors: FAILED_PRECONDITION
+// for a job that never started, or that failed or was cancelled, or whose stages no longer hold
 // it (another job ran since: the message says to use `save:`); UNAVAILABLE
 // naming a stage that does not answer; the writer's errors naming `path`.
 // A running job is read stage by stage, each between two of its own steps:

@@ -180,14 +180,24 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->start_timeout_s_ = options.start_timeout_s;
   c->remove_run_dir_ = options.remove_run_dir;
-  std::string tmpl = (std::filesystem::temp_directory_path() / "conveyor-local-XXXXXX").string();
-  if (!mkdtemp(tmpl.data())) return absl::InternalError("cannot create a temporary folder");
-  c->run_dir_ = tmpl;
   const std::string stage_bin = std::filesystem::absolute(options.bin_dir + "/stage_server").string();
   const std::string coord_bin = options.bin_dir + "/coordinator";
   for (const auto& bin : {stage_bin, coord_bin}) {
     if (access(bin.c_str(), X_OK) != 0) return absl::NotFoundError("cannot find " + bin);
   }
+  std::string tmpl = (std::filesystem::temp_directory_path() / "conveyor-local-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) return absl::InternalError("cannot create a temporary folder");
+  c->run_dir_ = tmpl;
+  auto st = c->StartChildren(options, stage_bin, coord_bin);
+  if (st.ok()) return c;
+  // The logs say why a server did not start: kept, and said where.
+  if (!c->remove_run_dir_) st = Status(st.code(), std::string(st.message()) + "\n(its logs are kept in " + c->run_dir_ + ")");
+  return st;
+}
+
+Status LocalCluster::StartChildren(const LocalClusterOptions& options, const std::string& stage_bin,
+                                   const std::string& coord_bin) {
+  LocalCluster* c = this;
   c->children_.resize(options.stages + 1);  // no reallocation: Spawn holds pointers
   const std::vector<std::string> tls = TlsArgs(options.tls);
   for (int i = 0; i < options.stages; ++i) {
@@ -244,9 +254,9 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   if (options.restart_stages) {
     c->wake_fd_ = eventfd(0, EFD_CLOEXEC);
     if (c->wake_fd_ < 0) return absl::InternalError("eventfd failed");
-    c->supervisor_ = std::thread([p = c.get()] { p->Supervise(); });
+    c->supervisor_ = std::thread([p = c] { p->Supervise(); });
   }
-  return c;
+  return absl::OkStatus();
 }
 
 void LocalCluster::Supervise() {

@@ -103,6 +103,8 @@ class LocalCluster {
   void Supervise();
   // Reaps `child` (killed) and starts it again where it was.
   Status Restart(Child* child);
+  // Start's children, in run_dir_: the stages, then the coordinator.
+  Status StartChildren(const LocalClusterOptions& options, const std::string& stage_bin, const std::string& coord_bin);
 
   double start_timeout_s_ = 60;
   bool remove_run_dir_ = false;

@@ -9,8 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
+#include <grpc/support/log.h>
 #include <grpcpp/server_builder.h>
 
 #include <csignal>
@@ -56,6 +59,41 @@ std::string WhyCannotBind(const std::string& listen) {
   freeaddrinfo(found);
   return why;
 }
+
+// gRPC logs a failed bind itself, as a raw error dump (chttp2_server.cc,
+// server_builder.cc) before Start's own message says the same in words. While
+// a server starts, those files' lines go unprinted unless GRPC_VERBOSITY asks
+// for gRPC's log; every other line is printed as gRPC's default log prints it.
+std::atomic<int> starting{0};
+
+void QuietWhileStarting(gpr_log_func_args* args) {
+  const std::string file = args->file ? args->file : "";
+  if (starting.load() > 0) {
+    for (const std::string quiet : {"chttp2_server.cc", "server_builder.cc", "tcp_server_utils_posix_common.cc"})
+      if (file.size() >= quiet.size() && file.compare(file.size() - quiet.size(), std::string::npos, quiet) == 0)
+        return;
+  }
+  const auto slash = file.rfind('/');
+  std::fprintf(stderr, "%s %s:%d] %s\n", gpr_log_severity_string(args->severity),
+               slash == std::string::npos ? file.c_str() : file.c_str() + slash + 1, args->line, args->message);
+}
+
+// Counts a start in progress for QuietWhileStarting, installed once
+// (gRPC's log function is process-wide).
+class QuietBind {
+ public:
+  QuietBind() {
+    static const bool installed = [] {
+      if (std::getenv("GRPC_VERBOSITY") == nullptr) gpr_set_log_function(QuietWhileStarting);
+      return true;
+    }();
+    (void)installed;
+    ++starting;
+  }
+  ~QuietBind() { --starting; }
+  QuietBind(const QuietBind&) = delete;
+  QuietBind& operator=(const QuietBind&) = delete;
+};
 
 }  // namespace
 
@@ -107,7 +145,10 @@ StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& liste
   server->health_ = std::make_unique<Health>();
   builder.RegisterService(server->health_.get());
   for (grpc::Service* s : services) builder.RegisterService(s);
-  server->server_ = builder.BuildAndStart();
+  {
+    QuietBind quiet;
+    server->server_ = builder.BuildAndStart();
+  }
   if (!server->server_ || server->port_ == 0)
     return absl::UnavailableError("cannot listen on " + listen + ": " + WhyCannotBind(listen));
   server->address_ = listen.substr(0, colon) + ":" + std::to_string(server->port_);

@@ -211,6 +211,18 @@ v1::JobStatus CopyWithoutSeries(v1::JobStatus& live) {
   return copy;
 }
 
+// A job cancelled by this coordinator's shutdown (SIGTERM: a pod
+// rescheduled, a Slurm job requeued) is not the user's cancel: it stays
+// running, and the next coordinator with this state resumes it from its last
+// complete checkpoint.
+void KeepRunningAcrossShutdown(bool stopping, v1::JobStatus* status) {
+  if (!stopping || status->state() != v1::JOB_STATE_CANCELLED || status->error() != kShutdownReason) return;
+  status->set_state(v1::JOB_STATE_RUNNING);
+  status->clear_error();
+  status->clear_finished_unix_ms();
+  AddStatusEvent(status, "the coordinator stopped; the job resumes when it starts again");
+}
+
 }  // namespace
 
 StatusOr<v1::JobStatus> Coordinator::Get(const std::string& job_id, bool omit_losses) {
@@ -345,18 +357,25 @@ StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* 
     std::unique_lock<std::mutex> lock(mu_);
     clock_->WaitUntil(cv_, lock, deadline, [&] { return stop_ || version_ != *version; });
     *version = version_;
+    // The watch ends here, not with whatever the jobs look like while they
+    // stop: a watcher waits for the next coordinator (the job goes on there).
+    if (stop_) return absl::UnavailableError("the coordinator is shutting down");
   }
   return Get(job_id, omit_losses);
 }
 
-void Coordinator::OnStatus(const v1::JobStatus& status) {
+void Coordinator::OnStatus(const v1::JobStatus& reported) {
   bool save = false, state_changed = false;
   v1::JobStatus unseries;  // what a save between state changes writes: the series are not
+  v1::JobStatus status = reported;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = running_.find(status.job_id());
     if (it == running_.end()) return;
     Running& job = it->second;
+    // Watchers and the store never see a job end by this coordinator's
+    // shutdown: it goes on under the next one.
+    KeepRunningAcrossShutdown(stop_, &status);
     state_changed = status.state() != job.live.state();
     job.live = status;
     ++version_;
@@ -421,14 +440,7 @@ void Coordinator::RunJob(const std::string& job_id, std::vector<int> servers) {
     stopping = stop_;
     running_[job_id].runner = nullptr;
   }
-  if (stopping && final_status.state() == v1::JOB_STATE_CANCELLED && final_status.error() == kShutdownReason) {
-    // SIGTERM (a pod rescheduled, a Slurm job requeued): not the user's
-    // cancel. The job stays running in the store, and the next coordinator
-    // with this state resumes it from its last complete checkpoint.
-    final_status.set_state(v1::JOB_STATE_RUNNING);
-    final_status.clear_error();
-    AddStatusEvent(&final_status, "the coordinator stopped; the job resumes when it starts again");
-  }
+  KeepRunningAcrossShutdown(stopping, &final_status);
   Status st = store_->SaveTraces(job_id, runner.Traces());
   if (!st.ok()) LOG_ERROR("saving the timelines of job ", job_id, ": ", st.message());
   st = store_->Update(final_status);

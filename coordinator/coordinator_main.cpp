@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <thread>
+
 #include <cstdio>
 #include <cstdlib>
 
@@ -95,8 +97,13 @@ int main(int argc, char** argv) {
     LOG_INFO("SIGUSR1: ", (*coordinator)->CheckpointNow());
   }
   LOG_INFO("signal ", sig, ": shutting down");
+  // The server stops taking calls while the jobs stop (a step in flight can
+  // take seconds): a client that lost its watch then waits for the next
+  // coordinator instead of finding this one still answering. Watches end as
+  // the coordinator's shutdown begins.
+  std::thread stop_serving([&server] { (*server)->Shutdown(); });
   (*coordinator)->Shutdown();
-  (*server)->Shutdown();
+  stop_serving.join();
   // Shut down in order above; skip static destructors (see cli/conveyor_main.cpp).
   std::fflush(nullptr);
   std::_Exit(0);

@@ -742,6 +742,9 @@ v1::JobStatus JobRunner::Run() {
       }
     }
     if (st.ok()) st = Deploy();
+    // The stages' parameter counts are known now: a save.path without room
+    // for them fails the job before its first step, not after its last.
+    if (st.ok() && !started_) st = CheckSaveRoom(spec_, status_);
     if (st.ok()) {
       if (status_.state() == v1::JOB_STATE_RECOVERING) {
         Event("recovered: training goes on from step " + std::to_string(status_.step()));

@@ -4,6 +4,7 @@
 
 #include <glob.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,6 +130,27 @@ std::size_t FirstNonText(const std::string& s) {
   return std::string::npos;
 }
 
+// yaml-cpp says "illegal map value" or "end of map not found" for a tab,
+// never the tab: names the line that holds one, `error_line` (from 0) first.
+std::string TabHint(const std::string& text, int error_line) {
+  std::vector<std::string> lines;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    lines.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  int found = -1;
+  if (error_line >= 0 && error_line < static_cast<int>(lines.size()) &&
+      lines[static_cast<std::size_t>(error_line)].find('\t') != std::string::npos)
+    found = error_line;
+  for (std::size_t i = 0; found < 0 && i < lines.size(); ++i)
+    if (lines[i].find('\t') != std::string::npos) found = static_cast<int>(i);
+  if (found < 0) return "";
+  const std::string& line = lines[static_cast<std::size_t>(found)];
+  return " (line " + std::to_string(found + 1) + " has a tab at column " + std::to_string(line.find('\t') + 1) +
+         ": YAML indents with spaces, never tabs; replace it with spaces)";
+}
+
 }  // namespace
 
 StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text) {
@@ -145,7 +167,7 @@ StatusOr<v1::JobSpec> ParseJobYaml(const std::string& yaml_text) {
     root = YAML::Load(yaml_text);
   } catch (const YAML::Exception& e) {
     return Invalid("job file is not valid YAML: line " + std::to_string(e.mark.line + 1) +
-                   ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg);
+                   ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg + TabHint(yaml_text, e.mark.line));
   }
   if (!root.IsDefined() || root.IsNull()) return Invalid("the job file is empty (it needs at least model: NAME)");
   if (!root.IsMap()) return Invalid("job file: expected a mapping of keys, got a " +
@@ -230,6 +252,46 @@ Status CheckSavePath(const std::string& path) {
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return absl::PermissionDeniedError("save.path: this host may not write in " + dir + " (" + path + ")");
   return absl::OkStatus();
+}
+
+namespace {
+
+// The nearest folder of `path` that exists ("." or "/" at the end).
+std::string NearestFolder(const std::string& path) {
+  std::string dir = path;
+  struct stat st {};
+  for (;;) {
+    const auto slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : dir.substr(0, slash);
+    if (::stat(dir.c_str(), &st) == 0 || dir == "." || dir == "/") return dir;
+  }
+}
+
+std::string Bytes(int64_t n) {
+  char text[32];
+  if (n >= (int64_t{1} << 20)) std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(n) / (1 << 20));
+  else if (n >= 1024) std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(n) / 1024);
+  else std::snprintf(text, sizeof text, "%lld bytes", static_cast<long long>(n));
+  return text;
+}
+
+}  // namespace
+
+Status CheckSaveRoom(const v1::JobSpec& spec, const v1::JobStatus& status) {
+  if (spec.save_path().empty()) return absl::OkStatus();
+  int64_t parameters = 0;
+  for (const v1::StageReport& stage : status.stages())
+    if (stage.replica() == 0) parameters += stage.num_parameters();
+  const int64_t need = parameters * (ActivationDType(spec) == v1::DTYPE_BFLOAT16 ? 2 : 4);
+  const std::string dir = NearestFolder(spec.save_path());
+  struct statvfs fs {};
+  if (::statvfs(dir.c_str(), &fs) != 0) return absl::OkStatus();  // CheckSavePath said what it could
+  const int64_t room = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  if (room >= need) return absl::OkStatus();
+  return absl::ResourceExhaustedError("save.path: " + dir + " has " + Bytes(room) + " free, the trained weights need about " +
+                                      Bytes(need) + " (" + std::to_string(parameters) +
+                                      " parameters); free some room there or give another save.path (refused before "
+                                      "the first step: nothing was trained)");
 }
 
 Status CheckJobFiles(const v1::JobSpec& spec) {

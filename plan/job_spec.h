@@ -64,6 +64,12 @@ Status CheckJobFiles(const v1::JobSpec& spec);
 // naming the path. Where the file is written: the coordinator at submission,
 // `conveyor train` (the stages never write it).
 Status CheckSavePath(const std::string& path);
+// save.path once the job's stages are configured (status.stages() give
+// their num_parameters): RESOURCE_EXHAUSTED, before any step, when the
+// nearest folder of it that exists has less room than the weights take
+// (parameters of replica 0 at the job's precision), naming both sizes. The
+// room may still run out by the job's end: the writer's error then says so.
+Status CheckSaveRoom(const v1::JobSpec& spec, const v1::JobStatus& status);
 
 // data: {format: tokens}: bytes per token id of `dtype` (2 or 4; 0: none).
 int TokenWidth(v1::TokenDType dtype);

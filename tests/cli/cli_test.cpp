@@ -333,6 +333,21 @@ TEST(Cli, ARelativePathTheCoordinatorCannotFindIsExplained) {
   EXPECT_THAT(r.err, HasSubstr("data/train.pt is relative: it is taken under the first data root, " + root));
   EXPECT_THAT(r.err, HasSubstr("on this host it is "));
   EXPECT_THAT(r.err, HasSubstr("/data/train.pt, next to the job file"));
+  // That file is outside the coordinator's roots: --set alone would be
+  // refused (PERMISSION_DENIED), and the hint says what makes it readable.
+  EXPECT_THAT(r.err, HasSubstr("outside the coordinator's data roots, so it would refuse that path; copy the file under "
+                               "one of them, or start the coordinator with --data-root "));
+  // A job file under the coordinator's root: --set names the file for it.
+  const std::string inside = root + "/jobs";
+  std::filesystem::create_directories(inside + "/data");
+  std::ofstream(inside + "/data/train.pt") << "not read either";
+  std::ofstream(inside + "/job.yaml") << "model: toy\nbatch_size: 8\ndata: {format: tensors, train: data/train.pt}\n";
+  r = RunCommand({Binary("conveyor"), "--coordinator", (*cluster)->coordinator_address(), "submit", inside + "/job.yaml"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("--set data.train=" + std::filesystem::canonical(inside).string() +
+                               "/data/train.pt names it"))
+      << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("outside the coordinator's data roots"))) << r.err;
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(here);
 }

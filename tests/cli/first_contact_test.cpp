@@ -44,6 +44,9 @@ TEST(FirstContact, APortInUseIsRefused) {
                   "--state-dir", second.path()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("address already in use"));
+  // The clear message alone, without gRPC's own dump of the failed bind.
+  for (const char* raw : {"chttp2_server", "server_builder", "No address added"})
+    EXPECT_THAT(r.err, Not(HasSubstr(raw))) << r.err;
   // The first servers go on serving alone.
   r = RunCommand({Binary("conveyor"), "health", stage});
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -95,6 +98,29 @@ TEST(FirstContact, UsageErrorsExitWithTwoAndSayWhat) {
   r = RunCommand({Binary("stage_server"), "--listen", "localhost"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("--listen: 'localhost' has no port"));
+  // Mistakes on the command line about a job, whatever the job file holds.
+  const testing::ScopedTempDir folder("usage");
+  const std::string job = WriteFile(folder.path(), "job.yaml", "model: toy\nsteps: 2\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"train", job}, "train: `conveyor train` runs the single-process reference: add --reference"},
+           {{"train", job, "--reference", "--device", "gpu"}, "expected cpu, cuda or cuda:N, got 'gpu'"},
+           {{"train", job, "--reference", "--threads=-1"}, "--threads: must be 0 or more, got -1"},
+           {{"local", job, "--device", "gpu"}, "--device"},
+           {{"local", job, "--stages=-2"}, "--stages: must be 0 or more, got -2"},
+           {{"local", job, "--set", "optimizer.lrr=0.1"}, "unknown key optimizer.lrr (did you mean optimizer.lr?"},
+           {{"--coordinator", "127.0.0.1:1", "submit", job, "--set", "steps"}, "--set 'steps': expected KEY=VALUE"},
+       }) {
+    std::vector<std::string> argv = {Binary("conveyor")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    r = RunCommand(argv);
+    EXPECT_EQ(r.exit_code, 2) << c.says << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.says));
+    EXPECT_THAT(r.err, HasSubstr("--help"));
+  }
 }
 
 TEST(FirstContact, PeersThatAreNotThereAreSaidInWords) {

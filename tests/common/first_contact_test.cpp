@@ -79,6 +79,17 @@ TEST(JobFiles, TextThatIsNotUtf8IsRefusedNamingTheByte) {
   EXPECT_THAT(Parse("# only a comment\n").message(), HasSubstr("the job file is empty"));
 }
 
+// yaml-cpp calls a tab "illegal map value" or "illegal tab when looking for
+// indentation": the message names the tab and its line.
+TEST(JobFiles, ATabIsNamedWithItsLine) {
+  Status st = Parse("model:\n\tname: toy\n");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("line 2, column 6: illegal map value (line 2 has a tab at column 1: YAML "
+                                      "indents with spaces, never tabs; replace it with spaces)"));
+  EXPECT_THAT(Parse("model: toy\noptimizer:\n  name: sgd\n \tlr: 0.1\n").message(), HasSubstr("line 4 has a tab at column 2"));
+  EXPECT_THAT(Parse("model: toy\nsteps: [1\n").message(), Not(HasSubstr("tab")));
+}
+
 TEST(JobFiles, FoldersAndMissingFilesAreNamed) {
   auto folder = ReadJobFile(::testing::TempDir());
   EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);

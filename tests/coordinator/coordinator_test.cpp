@@ -312,6 +312,11 @@ TEST(Coordinator, AShutdownLeavesTheRunningJobToResumeAtTheNextStart) {
     ASSERT_TRUE(stopped.ok());
     EXPECT_EQ(stopped->state(), v1::JOB_STATE_RUNNING) << stopped->error();
     EXPECT_EQ(stopped->error(), "");
+    // A watch ends with the coordinator (UNAVAILABLE: its watcher waits for
+    // the next one), not with a status of the job as it stops.
+    uint64_t version = 0;
+    auto watched = c->Watch(id, &version, std::chrono::steady_clock::now() + std::chrono::seconds(60), true);
+    EXPECT_EQ(watched.status().code(), absl::StatusCode::kUnavailable) << watched.status();
   }
   auto c = cluster.StartCoordinator(dir);
   ASSERT_TRUE(c);

@@ -295,25 +295,6 @@ TEST(Curves, StatusWritesTheCsvAndPlotThePng) {
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }
 
-// By default JOBFILE-curves.png in the working folder; a second run of the
-// same job file overwrote the first one's picture, now it takes the next name.
-TEST(Curves, LocalKeepsAnEarlierRunsPicture) {
-  const ScopedTempDir folder("local-curves-default");
-  const std::string& dir = folder.path();
-  const std::string job = JobFile(dir, "again", 1, 4, false);
-  const auto before = std::filesystem::current_path();
-  std::filesystem::current_path(dir);
-  auto first = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
-  auto second = RunCommand({Binary("conveyor"), "local", job, "--device", "cpu"});
-  std::filesystem::current_path(before);
-  EXPECT_EQ(first.exit_code, 0) << first.err;
-  EXPECT_EQ(second.exit_code, 0) << second.err;
-  EXPECT_THAT(first.err, HasSubstr("wrote again-curves.png:"));
-  EXPECT_THAT(second.err, HasSubstr("wrote again-curves-2.png:"));
-  EXPECT_EQ(ReadText(dir + "/again-curves.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
-  EXPECT_EQ(ReadText(dir + "/again-curves-2.png").substr(0, 8), "\x89PNG\r\n\x1a\n");
-}
-
 TEST(Curves, LocalDrawsThemAtTheEnd) {
   const ScopedTempDir folder("local-curves");
   const std::string png = folder.path() + "/local.png";
