@@ -27,7 +27,9 @@ class SerialExecutor {
   R Run(F fn, R fallback) {
     auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
     std::future<R> result = task->get_future();
-    if (!Post([task] { (*task)(); })) return fallback;
+    // The queue holds the only reference: a task that Shutdown() drops is
+    // destroyed there, which breaks its promise and ends the wait below.
+    if (!Post([task = std::move(task)] { (*task)(); })) return fallback;
     try {
       return result.get();
     } catch (const std::future_error&) {  // dropped by Shutdown()

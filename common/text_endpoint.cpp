@@ -103,25 +103,23 @@ void TextEndpoint::Answer(int fd) {
     if (n <= 0) return;
     request.append(buf, static_cast<std::size_t>(n));
   }
+  SendAll(fd, TextEndpointReply(request, path_, content_type_, text_));
+}
+
+std::string TextEndpointReply(const std::string& request, const std::string& path, const std::string& content_type,
+                              const std::function<std::string()>& text) {
   // "METHOD TARGET HTTP/x.y"; a query string is ignored.
   const auto sp1 = request.find(' ');
   const auto sp2 = sp1 == std::string::npos ? sp1 : request.find(' ', sp1 + 1);
-  if (sp2 == std::string::npos) {
-    SendAll(fd, Reply(400, "Bad Request", "text/plain", "bad request\n"));
-    return;
-  }
+  if (sp2 == std::string::npos) return Reply(400, "Bad Request", "text/plain", "bad request\n");
   const std::string method = request.substr(0, sp1);
   std::string target = request.substr(sp1 + 1, sp2 - sp1 - 1);
   target = target.substr(0, target.find('?'));
-  if (target != path_) {
-    SendAll(fd, Reply(404, "Not Found", "text/plain", "not found: try " + path_ + "\n"));
-  } else if (method != "GET" && method != "HEAD") {
-    SendAll(fd, Reply(405, "Method Not Allowed", "text/plain", "only GET\n"));
-  } else {
-    std::string reply = Reply(200, "OK", content_type_, text_());
-    if (method == "HEAD") reply = reply.substr(0, reply.find("\r\n\r\n") + 4);
-    SendAll(fd, reply);
-  }
+  if (target != path) return Reply(404, "Not Found", "text/plain", "not found: try " + path + "\n");
+  if (method != "GET" && method != "HEAD") return Reply(405, "Method Not Allowed", "text/plain", "only GET\n");
+  std::string reply = Reply(200, "OK", content_type, text());
+  if (method == "HEAD") reply = reply.substr(0, reply.find("\r\n\r\n") + 4);
+  return reply;
 }
 
 }  // namespace conveyor

@@ -21,6 +21,12 @@
 
 namespace conveyor {
 
+// The reply to a request's bytes as read from a client (up to its blank line,
+// at most 16 KiB): 200 with `text()` for GET or HEAD of `path`, else 400, 404
+// or 405. Apart from the socket for the fuzz target (bench/fuzz).
+std::string TextEndpointReply(const std::string& request, const std::string& path, const std::string& content_type,
+                              const std::function<std::string()>& text);
+
 class TextEndpoint {
  public:
   // Serves `path` at `address` (HOST:PORT, port 0 picks one) with

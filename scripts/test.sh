@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test with ctest.
+#   scripts/test.sh [CTEST_ARGS...]
+#   scripts/test.sh --sanitize asan|tsan [CTEST_ARGS...]
+#       the suite built with AddressSanitizer and UndefinedBehaviorSanitizer
+#       (build-asan) or ThreadSanitizer (build-tsan): scripts/sanitize.sh --all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/setup.sh
+if [ "${1:-}" = --sanitize ]; then
+  scripts/sanitize.sh --all "${2:?--sanitize asan or tsan}" "${@:3}"
+  echo "test.sh: $(( $(date +%s) - start )) s in all"
+  exit 0
+fi
 scripts/build.sh
 # A short fuzz smoke of the decoders the servers run on untrusted input
 # (bench/fuzz/run.sh without an argument runs 1,000,000 executions each).

@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang in build-fuzz/ and runs each for
-# RUNS executions (default 1,000,000), seeded with the example job files.
-#   bench/fuzz/run.sh [RUNS]
+# RUNS executions (default 1,000,000), from its seeds (bench/fuzz/seeds, the
+# example job files) and its committed corpus (bench/fuzz/corpus: what earlier
+# long runs found, minimized with -merge=1; docs/testing.md, "Fuzzing").
+#   bench/fuzz/run.sh [RUNS [TARGET...]]     TARGET: job_file, torch_file, ... (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-1000000}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(job_file tensor_frame chunk_stream sym_expr torch_file pickle checkpoint http_request)
 build=${FUZZ_BUILD_DIR:-build-fuzz}
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVEYOR_FUZZ=ON \
   -DCMAKE_CXX_COMPILER_LAUNCHER= >/dev/null
-cmake --build "$build" -j"$(nproc)" >/dev/null
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}" >/dev/null
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/job_file" "$corpus/tensor_frame" "$corpus/chunk_stream" "$corpus/sym_expr"
-cp examples/*.yaml "$corpus/job_file/"
-cp bench/fuzz/seeds/tensor_frame/* "$corpus/tensor_frame/"  # a valid activation and gradient
-cp bench/fuzz/seeds/chunk_stream/* "$corpus/chunk_stream/"  # a whole frame in two chunks
+for target in "${targets[@]}"; do
+  mkdir -p "$corpus/$target"
+  for dir in bench/fuzz/seeds/$target bench/fuzz/corpus/$target; do
+    [ -d "$dir" ] && cp "$dir"/* "$corpus/$target/"
+  done
+done
+cp examples/*.yaml "$corpus/job_file/" 2>/dev/null || true
 # sizes as torch.export prints them, each after the byte that picks the symbols' value
 # (PyTorch 2.11 writes sympy's srepr: the last two)
-for e in "s0" "8*s0" "(s0//2)" "Mod(s0, 3)" "Max(1, s0 - 4)" "2*s0**2 + 1" "CeilDiv(s77, 2)" \
-         "Symbol('s0', positive=True, integer=True)" "Add(Mul(Integer(-2), Symbol('s0')), Pow(Symbol('s0'), Integer(2)))"; do
-  printf '\x05%s' "$e" > "$corpus/sym_expr/$(printf '%s' "$e" | md5sum | cut -c1-8)"
-done
-for target in job_file tensor_frame chunk_stream sym_expr; do
+if [ -d "$corpus/sym_expr" ]; then
+  for e in "s0" "8*s0" "(s0//2)" "Mod(s0, 3)" "Max(1, s0 - 4)" "2*s0**2 + 1" "CeilDiv(s77, 2)" \
+           "Symbol('s0', positive=True, integer=True)" "Add(Mul(Integer(-2), Symbol('s0')), Pow(Symbol('s0'), Integer(2)))"; do
+    printf '\x05%s' "$e" > "$corpus/sym_expr/$(printf '%s' "$e" | md5sum | cut -c1-8)"
+  done
+fi
+for target in "${targets[@]}"; do
   start=$(date +%s)
   "$build/bin/fuzz_$target" -runs="$runs" -max_len=4096 -print_final_stats=1 "$corpus/$target" \
     > "$corpus/$target.log" 2>&1 || { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED"; exit 1; }
