@@ -46,19 +46,24 @@ void ForEachSeries(v1::JobStatus* status, F f) {
 
 }  // namespace
 
+// Every series starts at the same step: the oldest elements are dropped from
+// all of them alike (a step that failed after its norm and learning rate were
+// added leaves those two one longer until the job goes back to a checkpoint).
 void BoundSeries(v1::JobStatus* status, int keep) {
-  ForEachSeries(status, [keep](auto* series) {
-    if (series->size() > keep + keep / 4) series->erase(series->begin(), series->end() - keep);
+  if (status->losses_size() <= keep + keep / 4) return;
+  const int drop = status->losses_size() - keep;
+  ForEachSeries(status, [drop](auto* series) {
+    series->erase(series->begin(), series->begin() + std::min(drop, series->size()));
   });
 }
 
 int64_t SeriesFirstStep(const v1::JobStatus& status) { return status.step() - status.losses_size() + 1; }
 
 void TruncateSeries(v1::JobStatus* status, int64_t step) {
-  const int64_t drop = status->step() - step;
-  if (drop <= 0) return;
-  ForEachSeries(status, [drop](auto* series) {
-    series->Truncate(static_cast<int>(std::max<int64_t>(0, series->size() - drop)));
+  // The losses end at the status's step; every series starts where they do.
+  const int64_t keep = std::max<int64_t>(0, status->losses_size() - (status->step() - step));
+  ForEachSeries(status, [keep](auto* series) {
+    if (series->size() > keep) series->Truncate(static_cast<int>(keep));
   });
 }
 

@@ -37,14 +37,15 @@ void KeepLastOfSeries(v1::JobStatus* status, const v1::JobStatus& series);
 // first of `losses` the step SeriesFirstStep's. The job's every step stays in
 // the job database's curves (GetCurves, `conveyor plot`).
 constexpr int kSeriesSteps = 10000;
-// Drops the oldest steps of each series once one holds more than `keep` plus
-// a quarter (so that the drop, a move of the rest, comes once in keep/4 steps),
-// leaving `keep`.
+// Drops the oldest steps of the series once the losses hold more than `keep`
+// plus a quarter (so that the drop, a move of the rest, comes once in keep/4
+// steps), leaving `keep`.
 void BoundSeries(v1::JobStatus* status, int keep = kSeriesSteps);
 // The step (from 1) of `status.losses(0)`.
 int64_t SeriesFirstStep(const v1::JobStatus& status);
 // Drops the series' elements of the steps after `step` (the job goes back to
-// the checkpoint of `step`); the status's step is left as it was.
+// the checkpoint of `step`), those of a step that failed halfway too (a norm
+// and a learning rate without a loss); the status's step is left as it was.
 void TruncateSeries(v1::JobStatus* status, int64_t step);
 
 struct StoredJob {

@@ -82,6 +82,17 @@ TEST(SeriesBound, TruncatingGoesBackToAStep) {
   EXPECT_EQ(status.step_seconds_size(), 0);
 }
 
+// A step whose update failed (ApplyStep to a stage that died) added its norm
+// and learning rate but no loss: going back to a checkpoint drops them too.
+TEST(SeriesBound, TruncatingDropsAStepThatFailedHalfway) {
+  v1::JobStatus status = RunSteps(20000);
+  status.add_grad_norms(20000);
+  status.add_lrs(20000);
+  TruncateSeries(&status, 19000);
+  status.set_step(19000);
+  ExpectAligned(status);
+}
+
 TEST(SeriesBound, TheStoreGivesTheSeriesWithTheStepTheyEndAt) {
   auto store = JobStore::Open(":memory:");
   ASSERT_TRUE(store.ok()) << store.status();
