@@ -211,11 +211,8 @@ Status JobRunner::Restore() {
   if (!store_ || spec_.checkpoint_every() == 0) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
     metrics_.Rewind(0);
+    TruncateSeries(&status_, 0);  // every series, step_seconds too
     status_.set_step(0);
-    status_.clear_losses();
-    status_.clear_lrs();
-    status_.clear_grad_norms();
-    status_.clear_loss_scales();
     return absl::OkStatus();
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<int64_t> complete,
