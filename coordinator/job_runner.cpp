@@ -217,11 +217,8 @@ Status JobRunner::Restore() {
   if (!store_ || spec_.checkpoint_every() == 0) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
     metrics_.Rewind(0);
+    TruncateSeries(&status_, 0);  // every series, step_seconds too
     status_.set_step(0);
-    status_.clear_losses();
-    status_.clear_lrs();
-    status_.clear_grad_norms();
-    status_.clear_loss_scales();
     return absl::OkStatus();
   }
   CONVEYOR_ASSIGN_OR_RETURN(std::vector<JobStore::CompleteCheckpoint> complete,
@@ -250,14 +247,10 @@ Status JobRunner::Restore() {
   } else if (restored > 0) {
     Event("restored every stage from the checkpoint of step " + std::to_string(restored));
   }
+  TruncateSeries(&status_, restored);  // before the step: the series end at it
   status_.set_step(restored);
   status_.set_checkpoint_step(restored);
   metrics_.Rewind(restored);
-  if (status_.losses_size() > restored) status_.mutable_losses()->Truncate(static_cast<int>(restored));
-  if (status_.lrs_size() > restored) status_.mutable_lrs()->Truncate(static_cast<int>(restored));
-  if (status_.grad_norms_size() > restored) status_.mutable_grad_norms()->Truncate(static_cast<int>(restored));
-  if (status_.loss_scales_size() > restored) status_.mutable_loss_scales()->Truncate(static_cast<int>(restored));
-  if (status_.step_seconds_size() > restored) status_.mutable_step_seconds()->Truncate(static_cast<int>(restored));
   return absl::OkStatus();
 }
 
@@ -357,8 +350,7 @@ Status JobRunner::Train() {
   const int64_t samples = batch * AccumulateSteps(spec_);  // per optimizer step
   const int64_t first = status_.step();  // > 0 when resumed from a checkpoint
   // The loss scale where the run left it: replayed from the steps' norms.
-  loss_scale_ = ReplayLossScale(spec_, status_.grad_norms().data(),
-                                std::min<int64_t>(first, status_.grad_norms_size()));
+  loss_scale_ = ReplaySeriesLossScale(spec_, status_);
   started_ = true;
   if (progress_.StartRun(first, total, samples, steps_per_epoch_, ByEpochs())) {
     CONVEYOR_RETURN_IF_ERROR(EndEpoch(first, first, 0));
@@ -516,8 +508,7 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
 
 Status JobRunner::EndEpoch(int64_t first_step, int64_t done, double seconds) {
   v1::EpochReport e =
-      EpochSummary(status_.losses(), done, steps_per_epoch_, done - first_step,
-                   spec_.batch_size() * AccumulateSteps(spec_), seconds);
+      EpochOfSeries(status_, steps_per_epoch_, done - first_step, spec_.batch_size() * AccumulateSteps(spec_), seconds);
   if (spec_.eval()) {  // reported once evaluated: a failure here evaluates it again after the recovery
     CONVEYOR_RETURN_IF_ERROR(Evaluate());
     e.set_has_eval(true);

@@ -1,5 +1,6 @@
 #include "coordinator/job_store.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace conveyor {
@@ -29,6 +30,41 @@ void KeepLastOfSeries(v1::JobStatus* status, const v1::JobStatus& series) {
   if (series.lrs_size() > 0) status->set_lr(series.lrs(series.lrs_size() - 1));
   if (series.grad_norms_size() > 0) status->set_grad_norm(series.grad_norms(series.grad_norms_size() - 1));
   if (series.loss_scales_size() > 0) status->set_loss_scale(series.loss_scales(series.loss_scales_size() - 1));
+}
+
+namespace {
+
+// Calls `f` on each of the per-step series of `status`.
+template <typename F>
+void ForEachSeries(v1::JobStatus* status, F f) {
+  f(status->mutable_losses());
+  f(status->mutable_lrs());
+  f(status->mutable_grad_norms());
+  f(status->mutable_loss_scales());
+  f(status->mutable_step_seconds());
+}
+
+}  // namespace
+
+// Every series starts at the same step: the oldest elements are dropped from
+// all of them alike (a step that failed after its norm and learning rate were
+// added leaves those two one longer until the job goes back to a checkpoint).
+void BoundSeries(v1::JobStatus* status, int keep) {
+  if (status->losses_size() <= keep + keep / 4) return;
+  const int drop = status->losses_size() - keep;
+  ForEachSeries(status, [drop](auto* series) {
+    series->erase(series->begin(), series->begin() + std::min(drop, series->size()));
+  });
+}
+
+int64_t SeriesFirstStep(const v1::JobStatus& status) { return status.step() - status.losses_size() + 1; }
+
+void TruncateSeries(v1::JobStatus* status, int64_t step) {
+  // The losses end at the status's step; every series starts where they do.
+  const int64_t keep = std::max<int64_t>(0, status->losses_size() - (status->step() - step));
+  ForEachSeries(status, [keep](auto* series) {
+    if (series->size() > keep) series->Truncate(static_cast<int>(keep));
+  });
 }
 
 namespace {
@@ -226,6 +262,9 @@ Status JobStore::UpdateLocked(const v1::JobStatus& status, bool with_series) {
   upd.Bind(1, static_cast<int64_t>(status.state()));
   upd.Bind(2, blob);
   upd.Bind(3, NowUnixMs());
+  // The series' own step: the step of their last elements, which the
+  // status's step passes between two saves with series (Get).
+  series.set_step(status.step());
   if (with_series) upd.Bind(4, series.SerializeAsString());
   upd.BindText(with_series ? 5 : 4, status.job_id());
   upd.Step();
@@ -278,7 +317,11 @@ StatusOr<StoredJob> JobStore::Get(const std::string& job_id) {
   if (!q.IsNull(2)) {  // NULL: a row from before the column, its series in its status
     v1::JobStatus series;
     if (!series.ParseFromString(q.Blob(2))) return absl::DataLossError("job database: job " + job_id + "'s series are corrupt");
+    // The series end at their own step (saved before it, they held every
+    // step from the first); a running job's status saved since has gone on.
+    const int64_t end = series.step() > 0 ? series.step() : std::max(series.losses_size(), series.lrs_size());
     SwapSeries(&job.status, &series);
+    if (end < job.status.step()) job.status.set_step(end);
   }
   return job;
 }

@@ -30,6 +30,24 @@ void SwapSeries(v1::JobStatus* a, v1::JobStatus* b);
 // (where it has them), as a status left without its series carries them.
 void KeepLastOfSeries(v1::JobStatus* status, const v1::JobStatus& series);
 
+// A running job's per-step series hold its last steps, not all of them: a job
+// of a week would otherwise keep (in memory, in every copy of its status, in
+// every checkpoint's record) a number for every step of the week. They end at
+// the status's step: the last element of each is the step `step()`'s, the
+// first of `losses` the step SeriesFirstStep's. The job's every step stays in
+// the job database's curves (GetCurves, `conveyor plot`).
+constexpr int kSeriesSteps = 10000;
+// Drops the oldest steps of the series once the losses hold more than `keep`
+// plus a quarter (so that the drop, a move of the rest, comes once in keep/4
+// steps), leaving `keep`.
+void BoundSeries(v1::JobStatus* status, int keep = kSeriesSteps);
+// The step (from 1) of `status.losses(0)`.
+int64_t SeriesFirstStep(const v1::JobStatus& status);
+// Drops the series' elements of the steps after `step` (the job goes back to
+// the checkpoint of `step`), those of a step that failed halfway too (a norm
+// and a learning rate without a loss); the status's step is left as it was.
+void TruncateSeries(v1::JobStatus* status, int64_t step);
+
 struct StoredJob {
   v1::JobSpec spec;
   v1::JobStatus status;

@@ -1,8 +1,10 @@
 #include "coordinator/progress.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 
+#include "coordinator/job_store.h"
 #include "plan/job_spec.h"
 
 namespace conveyor {
@@ -79,6 +81,8 @@ void Progress::AddStep(int64_t step, const std::vector<v1::RunStepReply>& replie
     status_->set_steady_steps(steady_->steps());
     status_->set_steady_seconds(steady_->seconds());
   }
+  // The last steps, and at least an epoch's (its mean loss is taken from them).
+  BoundSeries(status_, static_cast<int>(std::min<int64_t>(std::max<int64_t>(kSeriesSteps, steps_per_epoch_), 1 << 30)));
 }
 
 void Progress::KeepTrace(int64_t step, const std::vector<v1::RunStepReply>& replies, int64_t wall_us,
@@ -116,6 +120,28 @@ std::vector<v1::StepTrace> Progress::Traces() const {
   std::vector<v1::StepTrace> out;
   for (const auto& [k, v] : traces_) out.push_back(v);
   return out;
+}
+
+LossScaleState ReplaySeriesLossScale(const v1::JobSpec& spec, const v1::JobStatus& status) {
+  const auto& norms = status.grad_norms();
+  const auto& scales = status.loss_scales();
+  const int64_t first = status.step() - norms.size() + 1;  // the step of norms(0)
+  if (first <= 1 || !LossScaling(spec) || scales.size() != norms.size() || scales.empty())
+    return ReplayLossScale(spec, norms.data(), std::min<int64_t>(status.step(), norms.size()));
+  int from = scales.size() - 1;
+  while (from > 0 && scales.Get(from) == scales.Get(from - 1)) --from;
+  LossScaleState state{scales.Get(from), 0};
+  for (int i = from; i < norms.size(); ++i) UpdateLossScale(spec, !std::isfinite(norms.Get(i)), &state);
+  return state;
+}
+
+v1::EpochReport EpochOfSeries(const v1::JobStatus& status, int64_t steps_per_epoch, int64_t timed_steps,
+                              int64_t batch_size, double seconds) {
+  const int n = static_cast<int>(std::min<int64_t>(status.losses_size(), steps_per_epoch));
+  google::protobuf::RepeatedField<float> losses(status.losses().end() - n, status.losses().end());
+  v1::EpochReport e = EpochSummary(losses, n, std::max(n, 1), timed_steps, batch_size, seconds);
+  e.set_epoch(static_cast<int>(status.step() / steps_per_epoch));
+  return e;
 }
 
 StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step) {

@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "common/steady_rate.h"
+#include "plan/lr_schedule.h"
 #include "conveyor.pb.h"
 
 namespace conveyor {
@@ -71,6 +72,20 @@ class Progress {
   mutable std::mutex trace_mu_;  // guards traces_ (status_ is the runner's alone)
   std::map<int64_t, v1::StepTrace> traces_;
 };
+
+// The loss scale for the step after `status`'s last, replayed from its
+// series (each step's gradient norm and the scale it ran with). Series that
+// hold every step from the first replay from loss_scale.init; series that
+// hold the last steps only (BoundSeries) replay from their last change of
+// scale, where the count of finite steps in a row was 0: exact whenever one
+// falls in them (always, where they hold more than growth_interval steps).
+LossScaleState ReplaySeriesLossScale(const v1::JobSpec& spec, const v1::JobStatus& status);
+
+// The summary of the epoch that ends at `status`'s step (of `steps_per_epoch`
+// steps, `timed_steps` of them timed over `seconds`), its mean loss over the
+// epoch's steps the series hold.
+v1::EpochReport EpochOfSeries(const v1::JobStatus& status, int64_t steps_per_epoch, int64_t timed_steps,
+                              int64_t batch_size, double seconds);
 
 // Finds a step's trace among `traces`; NOT_FOUND names the steps kept.
 StatusOr<v1::StepTrace> FindTrace(const std::vector<v1::StepTrace>& traces, int64_t step);

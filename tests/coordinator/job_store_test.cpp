@@ -124,7 +124,8 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
 
 // A running job's status saved once a second leaves its per-step series
 // out: Get gives the scalars last saved with the series last saved (a state
-// change's, a checkpoint's).
+// change's, a checkpoint's), and the step those series end at (they hold a
+// job's last steps: BoundSeries).
 TEST(JobStore, ASaveWithoutTheSeriesKeepsTheOnesSavedBefore) {
   auto store = JobStore::Open(":memory:");
   ASSERT_TRUE(store.ok()) << store.status();
@@ -148,7 +149,7 @@ TEST(JobStore, ASaveWithoutTheSeriesKeepsTheOnesSavedBefore) {
   ASSERT_TRUE((*store)->Update(s, /*with_series=*/false).ok());
   auto got = (*store)->Get(*id);
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->status.step(), 4);
+  EXPECT_EQ(got->status.step(), 3);
   ASSERT_EQ(got->status.losses_size(), 3);
   EXPECT_EQ(got->status.losses(2), 3.0f);
   EXPECT_EQ(got->status.grad_norms_size(), 3);

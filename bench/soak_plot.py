@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Draws bench/soak.sh's samples and prints its figures.
+
+    bench/soak_plot.py soak.csv soak.png
+
+Prints, for each process, the resident memory at the first sample after
+warm-up (WARMUP_STEPS, 10000 steps), at the end, and its growth per 1000 steps
+fitted over the steps after warm-up (a least-squares line), the job database's
+size, and the CPU seconds each process used. The check "flat" passes when
+every process grew by less than 1 KiB per 1000 steps after warm-up (a copy
+that grows by a number a step, 4 bytes a float, would be 4 KiB and more).
+"""
+import csv
+import sys
+
+WARMUP_STEPS = 10000
+FLAT_KIB_PER_1000_STEPS = 1.0
+
+
+def fit_slope(xs, ys):
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+
+
+def main():
+    path, png = sys.argv[1], sys.argv[2]
+    rows = [r for r in csv.DictReader(open(path)) if r["step"]]
+    for r in rows:
+        for k, v in r.items():
+            if k != "event":
+                r[k] = float(v) if v else None
+    procs = ["coordinator", "stage0", "stage1", "watcher"]
+    warm = [r for r in rows if r["step"] >= WARMUP_STEPS]
+    flat = True
+    print(f"samples: {len(rows)}, steps: {int(rows[-1]['step'])}, seconds: {rows[-1]['seconds']:.0f}")
+    for p in procs:
+        pts = [(r["step"], r[p + "_rss_kb"]) for r in warm if r[p + "_rss_kb"]]
+        if p == "stage1":  # after its restart the process is another one
+            kill = [r["step"] for r in rows if r["event"]]
+            if kill:
+                before = [(s, m) for s, m in pts if s < kill[0]]
+                after = [(s, m) for s, m in pts if s >= kill[0] + WARMUP_STEPS]
+                pts = after if len(after) >= 2 else before
+        if len(pts) < 2:
+            print(f"{p}: too few samples after warm-up")
+            continue
+        slope = fit_slope([s for s, _ in pts], [m for _, m in pts]) * 1000  # KiB per 1000 steps
+        ok = slope < FLAT_KIB_PER_1000_STEPS
+        flat = flat and ok
+        print(f"{p}: RSS {pts[0][1] / 1024:.1f} MiB at step {int(pts[0][0])}, {pts[-1][1] / 1024:.1f} MiB at step "
+              f"{int(pts[-1][0])}; {slope:+.2f} KiB per 1000 steps after warm-up ({'flat' if ok else 'GROWS'})")
+    db = [(r["step"], r["db_bytes"]) for r in rows if r["db_bytes"]]
+    db_slope = fit_slope([s for s, _ in db], [b for _, b in db])
+    print(f"job database: {db[0][1] / 2**20:.2f} MiB at step {int(db[0][0])}, {db[-1][1] / 2**20:.2f} MiB at step "
+          f"{int(db[-1][0])} ({db_slope:.1f} bytes a step)")
+    last = rows[-1]
+    print("CPU seconds: " + ", ".join(f"{p} {last[p + '_cpu_s']:.0f}" for p in ["coordinator", "stage0", "stage1"]
+                                      if last[p + "_cpu_s"] is not None) + " (stage1: since its restart)")
+    print("memory flat after warm-up: " + ("yes" if flat else "NO"))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    steps = [r["step"] for r in rows]
+    for p in procs:
+        ax.plot(steps, [r[p + "_rss_kb"] / 1024 if r[p + "_rss_kb"] else float("nan") for r in rows], label=p)
+    for r in rows:
+        if r["event"]:
+            ax.axvline(r["step"], color="grey", linestyle=":")
+            bx.axvline(r["step"], color="grey", linestyle=":")
+    ax.set_ylabel("resident memory (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right")
+    ax.set_title("bench/soak.sh: a 2-stage toy job on the CPU (dotted: stage 1 killed and restarted)")
+    bx.plot(steps, [r["db_bytes"] / 2**20 for r in rows], color="black")
+    bx.set_ylabel("job database (MiB)")
+    bx.set_xlabel("step")
+    bx.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(png, dpi=80)
+    return 0 if flat else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
