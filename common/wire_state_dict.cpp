@@ -1,6 +1,6 @@
 // WriteWireStateDict (common/wire.h): apart from wire.cpp, whose checks the
 // fuzz targets link without the torch file writer.
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 #include "common/wire.h"
 
 namespace conveyor {

@@ -1,6 +1,6 @@
 // Attention's q, k and v split from the qkv projection with a backward of
 // Conveyor's own: the zoo's gpt (model/blocks.h) and exported programs whose
-// graph splits the projection as nanoGPT does (model/exported_program.cpp).
+// graph splits the projection as nanoGPT does (model/exported/fusions.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

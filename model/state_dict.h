@@ -1,5 +1,5 @@
 // State dicts and tensor data files as LibTorch tensors, over the torch-free
-// reader and writer of common/torch_file.h (what they accept and refuse is
+// reader and writer of torch_format/torch_file.h (what they accept and refuse is
 // said there).
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 
 namespace conveyor {
 

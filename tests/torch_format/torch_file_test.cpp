@@ -1,7 +1,7 @@
-// model/torch_file: the restricted reader and the writer of torch.save's zip
+// torch_format/torch_file.h: the restricted reader and the writer of torch.save's zip
 // format, torch-free. Fixtures are written at test time by PyTorch itself
 // (tests/model/torch_fixtures.h).
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -19,6 +19,12 @@
 // WriteTorchFile replaces files by rename, never in place.
 //
 // Thread-safety: a TorchFile is immutable after Open; share it freely.
+//
+// The room (torch_format/): this header is its public API; zip.h (the zip
+// archive, read and written), layout.h (element types and strided views),
+// unpickler.cpp (the restricted pickle machine), torch_file.cpp (opening and
+// reading a file) and torch_file_writer.cpp (torch.save's layout, written)
+// are its parts.
 #pragma once
 
 #include <cstddef>
