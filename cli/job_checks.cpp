@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 #include "plan/job_spec.h"
 
 namespace conveyor::cli {

@@ -1,4 +1,4 @@
-// libFuzzer target: the restricted unpickler alone (common/torch_file.h's
+// libFuzzer target: the restricted unpickler alone (torch_format/torch_file.h's
 // UnpickleRestricted), over a data.pkl's bytes without the zip around them,
 // so that mutations reach the opcodes; persistent ids may name two storages.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const uint8_t storage[512] = {};

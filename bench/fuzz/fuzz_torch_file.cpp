@@ -1,5 +1,5 @@
 // libFuzzer target: a torch.save file a job names (a state_dict to start
-// from, a `format: tensors` data file), read by common/torch_file.h without
+// from, a `format: tensors` data file), read by torch_format/torch_file.h without
 // LibTorch: the zip's records, then the restricted unpickler over data.pkl and
 // every tensor's extent within its storage. What opens must give every
 // tensor's bytes.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 
 namespace {
 

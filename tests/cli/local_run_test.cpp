@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "cli/local_cluster.h"
-#include "common/torch_file.h"
+#include "torch_format/torch_file.h"
 #include "tests/support/test_util.h"
 
 namespace conveyor {
