@@ -198,11 +198,12 @@ TEST(LostServer, AServerThatComesBackIsTakenBackAtTheNextCheckpoint) {
 // uninterrupted run's digest; an override that changes the training is
 // refused before anything runs.
 TEST(LostServer, AJobResumedOnAnotherPartitionLoadsItsCheckpointReshardedToTheSameDigest) {
-  const v1::JobStatus& clean = Uninterrupted(60);
+  // Long enough that the cancel (a process of its own) lands before the end.
+  const v1::JobStatus& clean = Uninterrupted(300);
   auto cluster = StartCluster();
   ASSERT_TRUE(cluster);
   const std::string addr = cluster->coordinator_address();
-  const std::string id = testing::Submit(addr, Job(60));
+  const std::string id = testing::Submit(addr, Job(300));
   bool asked = false;
   v1::JobStatus end = testing::Follow(addr, id, [&](const v1::JobStatus& s) {
     if (!asked && s.checkpoint_step() >= 20) {
