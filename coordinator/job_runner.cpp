@@ -679,28 +679,20 @@ Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* l
                                   std::to_string(static_cast<int>(LostAfterS(spec_))) +
                                   " s); the last failure: " + std::string(failure.message()));
   }
-  if (!lost->empty()) {
-    // The survivors drop the job (Replan and Deploy configure it anew); the
-    // lost servers are left behind.
-    v1::JobRef ref = Ref();
-    std::vector<std::function<void()>> releases;
-    for (std::size_t s = 0; s < stages_.size(); ++s) {
-      if (std::find(lost->begin(), lost->end(), s) != lost->end()) continue;
-      StageClient* c = stages_[s];
-      releases.push_back([c, &ref] { c->Release(ref, kAbortDeadlineS).IgnoreError(); });
-    }
-    pool_.RunAll(releases);
-    return absl::OkStatus();
-  }
-  Event("every stage answers again");
-  // Drop what the survivors hold of the job; Deploy configures it anew. All
-  // at once: a survivor may still wait in its replicas' all-reduce for a
-  // copy whose step was aborted, and is freed when that copy's Release drops
-  // its group (its connections close). One at a time, a survivor asked first
-  // held its Release until its deadline (5 s after a replica-1 server died).
+  if (lost->empty()) Event("every stage answers again");
+  // Drop what the survivors hold of the job (the lost servers are left
+  // behind); Deploy configures it anew. All at once: a survivor may still
+  // wait in its replicas' all-reduce for a copy whose step was aborted, and
+  // is freed when that copy's Release drops its group (its connections
+  // close). One at a time, a survivor asked first held its Release until its
+  // deadline (5 s after a replica-1 server died).
   v1::JobRef ref = Ref();
   std::vector<std::function<void()>> releases;
-  for (StageClient* s : stages_) releases.push_back([s, &ref] { s->Release(ref, kAbortDeadlineS).IgnoreError(); });
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (std::find(lost->begin(), lost->end(), s) != lost->end()) continue;
+    StageClient* c = stages_[s];
+    releases.push_back([c, &ref] { c->Release(ref, kAbortDeadlineS).IgnoreError(); });
+  }
   pool_.RunAll(releases);
   return absl::OkStatus();
 }
