@@ -162,7 +162,7 @@ def load_split(data_dir, split, limit):
 def find_data(args, out):
     if os.path.isfile(os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz")):
         return args.data_dir
-    # The GPU machines may lack Debian's package: unpack the copy carried in .gpu/ (scripts/four-gpus.sh).
+    # The GPU machines may lack Debian's package: unpack the copy carried in .gpu/ (bench/gpu/common.sh).
     debs = sorted(glob.glob(os.path.join(ROOT, ".gpu", "dataset-fashion-mnist_*.deb")))
     if debs:
         dest = os.path.join(out, "fashion-mnist-deb")

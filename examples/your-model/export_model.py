@@ -17,7 +17,7 @@ which `load_back.py OUT --exported` loads into ConvNet below with load_state_dic
 Debian's python3-torch (1.13) has no torch.export: use a PyTorch 2 environment (pip's torch) for
 this script and for load_back.py --exported; Conveyor's side needs no Python. Not run where the
 project is tested (PyTorch 1.13 there); run on a GPU machine with PyTorch 2.11 by
-`scripts/two-gpus.sh example` (4x H100, 2026-11-26, bench/RESULTS.md: the same test accuracy in
+`bench/gpu/exported.sh example` (4x H100, 2026-11-26, bench/RESULTS.md: the same test accuracy in
 Conveyor and, loaded back, in PyTorch). The programs of tests/fixtures/pt2 were exported the same way with
 PyTorch 2.11 and are tested against PyTorch's loop.
 """

@@ -105,7 +105,7 @@ class DpOutsideClock(unittest.TestCase):
         self.assertEqual(outside["outside_walls"], "100 steps: 10.00/10.90 s; 300 steps: 14.10/13.90 s")
 
     def test_each_row_is_in_the_csv_before_the_next_variant_runs(self):
-        # A batch cut by its timeout (scripts/two-gpus.sh replicas-dp) keeps the rows it finished.
+        # A batch cut by its timeout (bench/gpu/replicas.sh) keeps the rows it finished.
         import csv
         import tempfile
         seen = []
