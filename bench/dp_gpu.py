@@ -44,10 +44,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (imports dp_gpu only inside its main)
+import bench_outside  # noqa: E402
+import bench_runners  # noqa: E402
+import bench_workloads  # noqa: E402
 import torch_pipelining as tp  # noqa: E402
 
-WARMUP = bench.WARMUP  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
+WARMUP = bench_workloads.WARMUP  # Conveyor's steady rate leaves out its first 2 steps: both sides time the same steps
 
 
 def ddp_worker(rank, world, port, batch, steps, out_path, graph=False):
@@ -130,13 +132,13 @@ def run_conveyor(args, replicas, collectives="auto", graphs=None):
         short, long_ = args.steps, args.steps + args.outside_steps
         walls, clocks = {short: [wall], long_: []}, {short: [ms], long_: []}
         repeats = max(1, getattr(args, "outside_repeats", 1))
-        for n in bench.outside_order(short, long_, repeats):
+        for n in bench_outside.outside_order(short, long_, repeats):
             again = run_conveyor_once(args, replicas, collectives, graphs, n)
             if again is None:
                 return ms, median, {"outside_note": "the outside clock's run of %d steps failed" % n}
             walls[n].append(again[2])
             clocks[n].append(again[0])
-        outside_ms, ratio, notes = bench.judge_outside(ms, walls, clocks=clocks if repeats > 1 else None)
+        outside_ms, ratio, notes = bench_outside.judge_outside(ms, walls, clocks=clocks if repeats > 1 else None)
         outside = {"outside_ms_per_step": round(outside_ms, 2), "outside_ratio": round(ratio, 3),
                    "outside_note": "; ".join(notes),
                    "outside_walls": "; ".join("%d steps: %s s" % (n, "/".join("%.2f" % w for w in walls[n]))
@@ -166,7 +168,7 @@ def run_conveyor_once(args, replicas, collectives, graphs, steps):
     s = json.loads(p.stdout.strip().splitlines()[-1])
     # The median of the run's own step times beside its mean (bench.py's diagnostic; PyTorch's rows time
     # one window of steps and have no per-step figure to set beside it).
-    return 1000.0 * args.batch / s["steady_samples_per_second"], bench.median_steady_ms(s), wall
+    return 1000.0 * args.batch / s["steady_samples_per_second"], bench_runners.median_steady_ms(s), wall
 
 
 def main(argv=None):

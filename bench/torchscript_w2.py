@@ -70,7 +70,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-import bench  # noqa: E402  (its outside clock's judgement)
+import bench_outside  # noqa: E402
 V, W, H, M, T = 32000, 2048, 16, 8192, 1024
 BATCH = 32
 WARMUP = 2  # Conveyor's steady rate leaves out the first 2 steps (common/job_spec.h kWarmupSteps)
@@ -289,14 +289,14 @@ def check_outside(args, row, job_path):
         return row
     short, long_ = args.steps, args.steps + args.outside_steps
     walls, clocks = {short: [row["wall_s"]], long_: []}, {short: [row["ms_per_step"]], long_: []}
-    for n in bench.outside_order(short, long_, max(1, args.outside_repeats)):
+    for n in bench_outside.outside_order(short, long_, max(1, args.outside_repeats)):
         again = run_conveyor(args, row["variant"], job_path, steps=n)
         if "wall_s" not in again or "ms_per_step" not in again:
             row["outside_note"] = "the outside clock's run of %d steps failed: %s" % (n, again.get("error", "no figures"))
             return row
         walls[n].append(again["wall_s"])
         clocks[n].append(again["ms_per_step"])
-    outside_ms, ratio, notes = bench.judge_outside(row["ms_per_step"], walls, clocks=clocks)
+    outside_ms, ratio, notes = bench_outside.judge_outside(row["ms_per_step"], walls, clocks=clocks)
     row.update(outside_ms_per_step=round(outside_ms, 1), outside_ratio=round(ratio, 3), outside_note="; ".join(notes),
                outside_walls="; ".join("%d steps: %s s" % (n, "/".join("%.1f" % w for w in walls[n]))
                                        for n in (short, long_)))

@@ -9,7 +9,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import bench  # noqa: E402
+import bench_runners  # noqa: E402
+import bench_workloads  # noqa: E402
 import dp_gpu  # noqa: E402
 import torch_pipelining as tp  # noqa: E402
 
@@ -27,18 +28,18 @@ def bench_args(*extra):
 
 class ReplicaRows(unittest.TestCase):
     def test_only_the_pipelines_are_copied_and_named_so(self):
-        names = {v["variant"] for v in bench.plan(bench_args(("replicas", 2)))}
+        names = {v["variant"] for v in bench_workloads.plan(bench_args(("replicas", 2)))}
         self.assertIn("pytorch-1gpu", names)
         self.assertIn("conveyor-1dev", names)
         self.assertIn("torch-pp-1f1b-m4-r2", names)
         self.assertIn("1f1b-m8-r2", names)
         self.assertIn("naive-mp-r2", names)
         self.assertNotIn("1f1b-m4", names)
-        self.assertIn("1f1b-m4", {v["variant"] for v in bench.plan(bench_args())})
+        self.assertIn("1f1b-m4", {v["variant"] for v in bench_workloads.plan(bench_args())})
 
     def test_pytorch_is_asked_for_the_copies_and_names_its_rows_as_bench_does(self):
         args = bench_args(("replicas", 2), ("dp", "allreduce"))
-        cmd = bench.torch_command(args, "w2", ["1f1b"], [4])
+        cmd = bench_runners.torch_command(args, "w2", ["1f1b"], [4])
         self.assertEqual(cmd[cmd.index("--replicas") + 1], "2")
         self.assertEqual(cmd[cmd.index("--dp") + 1], "allreduce")
         opts = argparse.Namespace(replicas=2, batch=0)

@@ -9,7 +9,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import bench  # noqa: E402
+import bench_report  # noqa: E402
+import bench_workloads  # noqa: E402
 import torch_pipelining as tp  # noqa: E402
 
 
@@ -53,12 +54,12 @@ class Placement(unittest.TestCase):
 class Columns(unittest.TestCase):
     def test_w2_model_flops(self):
         # 32 x 1024 tokens x (6 x 1.2735e9 + 12 x 24 x 1024 x 2048)
-        self.assertAlmostEqual(bench.w2_model_flops(32) / 1e12, 270.17, places=1)
-        self.assertAlmostEqual(bench.mfu("w2", 32, 500.0, 1), 270.17e12 / (0.5 * 989.4e12), places=4)
-        self.assertIsNone(bench.mfu("w1", 120, 20.0, 1))
+        self.assertAlmostEqual(bench_workloads.w2_model_flops(32) / 1e12, 270.17, places=1)
+        self.assertAlmostEqual(bench_workloads.mfu("w2", 32, 500.0, 1), 270.17e12 / (0.5 * 989.4e12), places=4)
+        self.assertIsNone(bench_workloads.mfu("w1", 120, 20.0, 1))
 
     def test_torch_pp_best_is_the_fastest_pipelining_row_on_as_many_gpus(self):
-        rows = bench.ratios([row("pytorch-1gpu", "pytorch", "single", 500, 1),
+        rows = bench_report.ratios([row("pytorch-1gpu", "pytorch", "single", 500, 1),
                              row("torch-pp-1f1b-m8", "pytorch", "1f1b", 313, 2),
                              row("torch-pp-zbv-m4", "pytorch", "zbv", 286, 2),
                              row("torch-pp-dualpipev-m8", "pytorch", "dualpipev", 194, 4),
@@ -71,13 +72,13 @@ class Columns(unittest.TestCase):
         self.assertEqual(by["torch-pp-1f1b-m8"]["vs_torch_pp_best"], "%.3f" % (286 / 313))
         self.assertEqual(by["pytorch-1gpu"]["vs_torch_pp_best"], "")
         self.assertEqual(by["conveyor-1dev"]["vs_torch_pp_best"], "")
-        self.assertIn("vs torch-pp-best", bench.table(rows, "w2"))
+        self.assertIn("vs torch-pp-best", bench_report.table(rows, "w2"))
 
     def test_peak_column(self):
-        self.assertEqual(bench.peak_column("18.9/12.8"), "18.9 (18.9/12.8)")
-        self.assertEqual(bench.peak_column("12.01/12.04"), "12.0")
-        self.assertEqual(bench.peak_column(""), "-")
-        self.assertEqual(bench.conveyor_peaks({"stages": [{"memory": {"device_peak_bytes": 2 ** 31}},
+        self.assertEqual(bench_report.peak_column("18.9/12.8"), "18.9 (18.9/12.8)")
+        self.assertEqual(bench_report.peak_column("12.01/12.04"), "12.0")
+        self.assertEqual(bench_report.peak_column(""), "-")
+        self.assertEqual(bench_report.conveyor_peaks({"stages": [{"memory": {"device_peak_bytes": 2 ** 31}},
                                                           {"memory": {"device_peak_bytes": 0}}]}), "2.00")
 
 
