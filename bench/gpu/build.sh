@@ -5,6 +5,7 @@
 # machine stays warm, or begin each call with this recipe (bench/gpu/build.sh && bench/gpu/pipeline.sh).
 #
 #   bench/gpu/build.sh       $out/build.log, $out/machine.txt (nvidia-smi -L); on failure its errors
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_build() {

@@ -1,20 +1,22 @@
+# shellcheck shell=bash
 # Sourced by every recipe in bench/gpu: the repository root as the working folder, results under $out,
 # the GPU kit's environment (.gpu/env.sh, ../shared/gpu/README.md), the build's programs under $bin,
 # and the helpers the recipes share. A recipe defines part_NAME functions and ends with
 # `run_parts DEFAULT "$@"`: each argument names a part (dashes for underscores), none runs DEFAULT.
 set -uo pipefail
 recipe=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 command -v nvidia-smi > /dev/null && [ -f .gpu/env.sh ] && source .gpu/env.sh
 export PYTHONUNBUFFERED=1
 build=${BUILD_DIR:-build}
+# shellcheck disable=SC2034  # read by the recipes that source this file
 bin=$build/bin
 
 # The recipe's header comment (from its second line to the first line that is not a comment), on stderr.
 usage() {
-  sed -n '2,/^[^#]/p' "$recipe" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^[^#]/p' "$recipe" | sed '$d' | grep -v '^# shellcheck' | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 

@@ -16,6 +16,7 @@
 #                                    programs' GPU test (live PyTorch 2 against Conveyor)      $out/pt2.tgz
 #   bench/gpu/exported.sh torchscript  W2's decoder as TorchScript over 2 stages against the zoo's gpt
 #                                                                                       $out/torchscript/
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_w2() {

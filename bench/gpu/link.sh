@@ -12,6 +12,7 @@
 #                                NCCL_SHM_DISABLE), as between two hosts              $out/transport-sockets.txt
 #   bench/gpu/link.sh pairs      NCCL and the gRPC stream between every pair of four GPUs, 1, 16 and 64 MB
 #                                                                                 $out/transport-0-1.csv, ...
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 nccl_frames() {  # nccl_frames FILE [VAR=VALUE...]: transport_bench over NCCL at 1 MB and 64 MB under VARs

@@ -17,6 +17,7 @@
 #                                                                                      $out/w2-1stage.tgz
 #   bench/gpu/one-gpu.sh clocks      W2 and W1 single-device rows, eager and captured, each Conveyor row
 #                                    checked from outside                                    $out/clocks/
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_sizes() {

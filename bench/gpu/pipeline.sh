@@ -33,6 +33,7 @@
 # Each part prints its table (ms per step, ratios to PyTorch; bench/README.md reads it); the CSVs merge
 # with `bench/bench.py plot --csv A.csv B.csv`. Several parts may follow each other in one call, each
 # within one 10-minute device call.
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_best() {
@@ -52,6 +53,7 @@ best_four() {
   local d=$out/w2-best start
   mkdir -p "$d"
   start=$(date +%s)
+  # shellcheck disable=SC2154  # budget: given on each call's command line
   best_run() {  # one bench.py run of the table, bounded by $budget seconds: its log, and its rows on stdout
     local name=$1
     shift

@@ -11,6 +11,7 @@
 #   bench/gpu/quickstart.sh timeline the job as the Quick start runs it (3 epochs) over the GPUs, with its last
 #                                    step's timeline and the loss curves: epochs, accuracy, each stage's device,
 #                                    busy fraction and graphed steps                          $out/quickstart/
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_fold() {

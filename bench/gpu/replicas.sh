@@ -18,6 +18,7 @@
 #                                    reference, and 2 x 1 at 480, each one's profile of step 10 and timeline of
 #                                    its last (30); 2 x 1 again with one step in flight, one bucket, and
 #                                    without graphs                                       $out/overhead.tgz
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_w1() {

@@ -7,6 +7,7 @@
 #   bench/gpu/tests.sh replicas   the replicas' tests: NCCL collectives, replica groups, the gradient reducer,
 #                                 ZeRO (2 x 2 where there are four GPUs)   $out/replicas-unit.log, replicas-gpu.log
 # Each part prints one line: the tests that passed, failed or were skipped; any failed test is named.
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 part_gpu() {
