@@ -347,8 +347,8 @@ StatusOr<v1::Curves> Coordinator::GetCurves(const std::string& job_id, int64_t a
 }
 
 void Coordinator::CountJobs() {
-  auto jobs = store_->List();
-  if (jobs.ok()) PublishJobCounts(*jobs);
+  auto counts = store_->CountByState();
+  if (counts.ok()) PublishJobCounts(*counts);
 }
 
 StatusOr<v1::JobStatus> Coordinator::Watch(const std::string& job_id, uint64_t* version,

@@ -8,13 +8,13 @@
 
 namespace conveyor {
 
-void PublishJobCounts(const std::vector<v1::JobStatus>& jobs) {
-  std::map<v1::JobState, int> counts;
+void PublishJobCounts(const std::map<v1::JobState, int>& counts) {
   for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
-    if (v1::JobState_IsValid(s) && s != v1::JOB_STATE_UNSPECIFIED) counts[static_cast<v1::JobState>(s)] = 0;
+    if (!v1::JobState_IsValid(s) || s == v1::JOB_STATE_UNSPECIFIED) continue;
+    auto it = counts.find(static_cast<v1::JobState>(s));
+    metrics::Set(metrics::Id::kJobs, {{"state", JobStateName(static_cast<v1::JobState>(s))}},
+                 it == counts.end() ? 0 : it->second);
   }
-  for (const auto& j : jobs) ++counts[j.state()];
-  for (const auto& [state, n] : counts) metrics::Set(metrics::Id::kJobs, {{"state", JobStateName(state)}}, n);
 }
 
 JobMetrics::JobMetrics(const v1::JobSpec& spec, std::string job_id, JobStore* store)

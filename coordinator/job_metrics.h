@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@
 
 namespace conveyor {
 
-// Sets conveyor_jobs{state} from every job in the database.
-void PublishJobCounts(const std::vector<v1::JobStatus>& jobs);
+// Sets conveyor_jobs{state} from the jobs in the database in each state (a
+// state missing from `counts` has none).
+void PublishJobCounts(const std::map<v1::JobState, int>& counts);
 
 class JobMetrics {
  public:

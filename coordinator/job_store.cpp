@@ -173,7 +173,9 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
       "  loss REAL NOT NULL,"
       "  accuracy REAL NOT NULL,"
       "  at_ms INTEGER NOT NULL,"
-      "  PRIMARY KEY (job_id, step));"));
+      "  PRIMARY KEY (job_id, step));"
+      // The scheduler's queue (InState) and the jobs' counts by state read it.
+      "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);"));
   // The series column (a JobStatus holding only the per-step series) came
   // later: a database made before gets it, NULL in its rows, whose status
   // blobs still hold their series.
@@ -337,6 +339,18 @@ StatusOr<std::vector<v1::JobStatus>> JobStore::List() {
     SwapSeries(&s, &series);  // rows from before the series column hold them
     KeepLastOfSeries(&s, series);
     out.push_back(std::move(s));
+  }
+  CONVEYOR_RETURN_IF_ERROR(q.status());
+  return out;
+}
+
+StatusOr<std::map<v1::JobState, int>> JobStore::CountByState() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt q(db_, "SELECT state, COUNT(*) FROM jobs GROUP BY state;");
+  std::map<v1::JobState, int> out;
+  while (q.Step()) {
+    const int64_t state = q.Int(0);
+    if (v1::JobState_IsValid(static_cast<int>(state))) out[static_cast<v1::JobState>(state)] = static_cast<int>(q.Int(1));
   }
   CONVEYOR_RETURN_IF_ERROR(q.status());
   return out;

@@ -8,6 +8,7 @@
 
 #include <sqlite3.h>
 
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -73,6 +74,9 @@ class JobStore {
   StatusOr<StoredJob> Get(const std::string& job_id);
   // All jobs in submission order, without losses.
   StatusOr<std::vector<v1::JobStatus>> List();
+  // How many jobs are in each state, from the state column alone (no status
+  // is read: a count at every submission stays cheap with many jobs stored).
+  StatusOr<std::map<v1::JobState, int>> CountByState();
   // Timelines of a job's steps (replacing any kept before), and reading them back.
   Status SaveTraces(const std::string& job_id, const std::vector<v1::StepTrace>& traces);
   StatusOr<std::vector<v1::StepTrace>> Traces(const std::string& job_id);

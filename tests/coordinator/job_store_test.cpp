@@ -120,6 +120,9 @@ TEST(JobStore, KeepsJobsAcrossReopening) {
   ASSERT_EQ(list->size(), 2u);
   EXPECT_EQ((*list)[0].losses_size(), 0);  // lists leave the losses out
   EXPECT_TRUE(absl::IsNotFound((*store)->Get("job-999").status()));
+  auto counts = (*store)->CountByState();
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(*counts, (std::map<v1::JobState, int>{{v1::JOB_STATE_QUEUED, 1}, {v1::JOB_STATE_RUNNING, 1}}));
 }
 
 // A running job's status saved once a second leaves its per-step series
