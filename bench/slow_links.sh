@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pipelines over slow links (issue 55, item 2): the Quick start's job
+# Pipelines over slow links: the Quick start's job
 # (examples/fashion-convnet.yaml: the ConvNet on Fashion-MNIST, batch 64, Adam;
 # STEPS steps, no evaluation) with its stages on 2 and 4 "hosts": stage
 # servers each in a network and UTS namespace of its own, a veth pair each into
@@ -40,40 +40,21 @@ for h in $hosts_list; do [ "$h" -gt "$max_hosts" ] && max_hosts=$h; done
 sed -e '/^epochs:/d' -e '/^eval:/d' examples/fashion-convnet.yaml > "$out/job.yaml"
 echo "steps: $steps" >> "$out/job.yaml"
 
-tag=$$
-bridge=cvl$tag
-ns=() veth=() addr=()
+source bench/netns_hosts.sh
 pids=()
 state=$(mktemp -d /tmp/conveyor-slow-links.XXXXXX)
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
   wait 2> /dev/null || true
-  for n in "${ns[@]}"; do ip netns del "$n" 2> /dev/null || true; done
-  for v in "${veth[@]}"; do ip link del "$v" 2> /dev/null || true; done
-  ip link del "$bridge" 2> /dev/null || true
+  hosts_down
   rm -rf "$state"
 }
 trap cleanup EXIT
 trap 'exit 130' INT  # the EXIT trap then removes the namespaces
 trap 'exit 143' TERM
-
-# A /24 of 10.79 that no interface here uses.
-net=
-for n in $(seq 0 255); do ip -o -4 addr | grep -q " 10\.79\.$n\." || { net=10.79.$n; break; }; done
-[ -n "$net" ] || { echo "slow_links.sh: every 10.79.N.0/24 is in use" >&2; exit 1; }
-ip link add "$bridge" type bridge
-ip addr add "$net.1/24" dev "$bridge"
-ip link set "$bridge" up
-for ((i = 0; i < max_hosts; i++)); do
-  ns+=("cvl$tag-$i") veth+=("cvl${tag}v$i") addr+=("$net.$((11 + i))")
-  ip netns add "${ns[i]}"
-  ip link add "${veth[i]}" type veth peer name eth0 netns "${ns[i]}"
-  ip link set "${veth[i]}" master "$bridge"
-  ip link set "${veth[i]}" up
-  ip -n "${ns[i]}" addr add "${addr[i]}/24" dev eth0
-  ip -n "${ns[i]}" link set eth0 up
-  ip -n "${ns[i]}" link set lo up
-done
+HOSTS_DELAY=$delay hosts_up "$max_hosts" "cvl$$"
+ns=("${hosts_ns[@]}") addr=("${hosts_addr[@]}")
+delay=$hosts_delay
 
 # Waits for a server's port file; prints HOST:PORT.
 wait_port() {
@@ -107,30 +88,6 @@ pids+=($!)
 coordinator_hosts=$(wait_port "$state/remote.port")
 coordinator_loopback=$(wait_port "$state/local.port")
 
-# netem (the delay) is a module some kernels lack (a Firecracker VM's 6.18
-# has tbf but no sch_netem): then the links get their rate alone, and the CSV
-# says so (delay 0).
-if ! tc -n "${ns[0]}" qdisc add dev lo root netem delay "$delay" 2> /dev/null; then
-  echo "slow_links.sh: this kernel has no netem qdisc: links shaped by rate only, no added delay" >&2
-  delay=0
-fi
-tc -n "${ns[0]}" qdisc del dev lo root 2> /dev/null || true
-# Shapes every host's outgoing link: netem's delay with tbf at the rate under
-# it (a burst of 2 ms at that rate, at least 64 KB: a GSO packet), or nothing.
-shape() {
-  local link=$1 i rate_bits burst parent=root
-  for ((i = 0; i < max_hosts; i++)); do
-    tc -n "${ns[i]}" qdisc del dev eth0 root 2> /dev/null || true
-    [ "$link" = none ] && continue
-    rate_bits=$(( ${link%gbit} * 1000000000 ))
-    burst=$(( rate_bits / 8 / 500 )); [ "$burst" -ge 65536 ] || burst=65536
-    if [ "$delay" != 0 ]; then
-      tc -n "${ns[i]}" qdisc add dev eth0 root handle 1: netem delay "$delay" limit 100000
-      parent="parent 1:1"
-    fi
-    tc -n "${ns[i]}" qdisc add dev eth0 $parent handle 10: tbf rate "$link" burst "$burst" latency 50ms
-  done
-}
 # Runs the job on a coordinator; prints the steady step time in ms.
 run_job() {  # COORDINATOR HOSTS SCHEDULE MICRO_BATCHES NAME
   local sets=(--set "partition.stages=$2" --set "schedule=$3" --set "micro_batches=$4")
@@ -155,7 +112,7 @@ for h in $hosts_list; do
       loop=$(run_job "$coordinator_loopback" "$h" "$s" "$m" "loopback-$h-$s-$m")
       echo "$h hosts, $s, $m micro-batches: loopback $loop ms" >&2
       for link in $links; do
-        shape "$link"
+        hosts_shape "$link"
         ms=$(run_job "$coordinator_hosts" "$h" "$s" "$m" "$link-$h-$s-$m")
         echo "$h hosts, $s, $m micro-batches: $link $ms ms" >&2
         echo "$date,$machine,$h,$link,$([ "$link" = none ] && echo 0 || echo "$delay"),$s,$m,$steps,$ms,$loop,$reference" >> "$csv"
@@ -163,7 +120,7 @@ for h in $hosts_list; do
     done
   done
 done
-shape none
+hosts_shape none
 
 # The table: one row per (hosts, schedule, micro-batches), a column per link.
 python3 - "$csv" "$links" <<'EOF'

@@ -517,6 +517,11 @@ def pp_worker(rank, opts, configs, port):
     copy, prank = rank // world, rank % world  # which pipeline, and the rank within it
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    if opts.netns:  # each rank a "host" of its own (bench/gpu/hosts.sh): its namespace, rank 0's address
+        namespaces, _, master = opts.netns.partition("@")
+        with open("/run/netns/" + namespaces.split(",")[rank]) as ns:
+            os.setns(ns.fileno(), os.CLONE_NEWNET)
+        os.environ["MASTER_ADDR"] = master
     torch.cuda.set_device(rank)
     torch.backends.cudnn.benchmark = opts.channels_last
     dev = torch.device("cuda", rank)
@@ -647,6 +652,9 @@ def main():
                         "(w1: 18 units, w2: 26 units)")
     p.add_argument("--timeout", type=int, default=540, help="seconds for the whole run; workers are killed then")
     p.add_argument("--nccl-timeout", type=int, default=300)
+    p.add_argument("--netns", default=None, metavar="NS0,NS1,...@ADDRESS",
+                   help="run pipelined rank i in network namespace NSi (/run/netns), rank 0 reached at ADDRESS "
+                        "(bench/gpu/hosts.sh; Python 3.12's os.setns)")
     p.add_argument("--profile-dir", default=None,
                    help="after the timed steps, profile one more with torch.profiler: DIR/VARIANT[-rankR].json")
     p.add_argument("--channels-last", action="store_true",
