@@ -115,3 +115,33 @@ function(conveyor_link_torch target)
     target_include_directories(${target} BEFORE PUBLIC ${CONVEYOR_TORCH_FMT_DIR})
   endif()
 endfunction()
+
+# Compiles `target`'s sources, most of which include much of LibTorch: BATCH of
+# them to a compiler run (a unity build: parsing LibTorch's headers, about 15 s
+# a run on a 2-core machine, is most of such a file's time), with the
+# precompiled header (conveyor_model's) where CONVEYOR_USE_PCH. The LIGHT
+# sources, which include little of LibTorch, go alone and without the header:
+# loading its 500 MB costs a run 5 s or more.
+function(conveyor_compile_torch_sources target)
+  cmake_parse_arguments(arg "" "BATCH" "LIGHT" ${ARGN})
+  if(arg_LIGHT)
+    set_source_files_properties(${arg_LIGHT} PROPERTIES SKIP_PRECOMPILE_HEADERS ON SKIP_UNITY_BUILD_INCLUSION ON)
+  endif()
+  if(CONVEYOR_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${arg_BATCH})
+    # The CUDA-only sources (*_cuda.cpp, built on GPU machines alone) go
+    # alone: a unity batch is then the same files on every machine.
+    get_target_property(sources ${target} SOURCES)
+    list(FILTER sources INCLUDE REGEX "_cuda\\.cpp$")
+    if(sources)
+      set_source_files_properties(${sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+    endif()
+  endif()
+  if(CONVEYOR_USE_PCH)
+    if(target STREQUAL conveyor_model)
+      target_precompile_headers(conveyor_model PRIVATE torch_pch.h)
+    else()
+      target_precompile_headers(${target} REUSE_FROM conveyor_model)
+    endif()
+  endif()
+endfunction()

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <vector>
@@ -39,6 +40,13 @@ class Clock {
 
 // The steady clock; lives as long as the process.
 Clock& RealClock();
+
+// Microseconds since the Unix epoch on the system clock: the time stamps of
+// step timelines, comparable between the processes of one host.
+inline int64_t UnixMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 // A clock that stands still until Advance(). Waits on it end when their
 // condition holds or when Advance() takes the time past their deadline.

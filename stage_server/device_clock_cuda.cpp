@@ -8,15 +8,11 @@
 #include <deque>
 #include <mutex>
 
+#include "common/clock.h"
 #include "stage_server/device_clock.h"
 
 namespace conveyor {
 namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Events with timing, reused step after step (creating one costs the host
 // a few microseconds, and a step records tens).
@@ -87,7 +83,7 @@ class CudaClock final : public DeviceClock {
     if (device_idle || !anchor_) {
       auto anchor = std::make_shared<Anchor>();
       anchor->event.record(c10::cuda::getCurrentCUDAStream(device_));
-      anchor->host_us = NowUs();
+      anchor->host_us = UnixMicros();
       anchor_ = std::move(anchor);
     }
     auto marks = std::make_shared<CudaMarks>(device_, anchor_, pool_);

@@ -24,6 +24,7 @@
 #include <map>
 #include <utility>
 
+#include "common/clock.h"
 #include "stage_server/flat_views.h"
 #include "transport/nccl/nccl_channel.h"
 #include "transport/nccl/nccl_group.h"
@@ -70,11 +71,6 @@ struct ReplicaGroup::Impl {
 };
 
 namespace {
-
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // 1.13's allreduce returns a ProcessGroup::Work, 2.x's a c10d::Work.
 using C10dWork = decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
@@ -181,10 +177,10 @@ class GlooWork : public ReplicaGroup::Work {
         timeout_(timeout),
         failure_(std::move(failure)),
         then_(std::move(then)),
-        start_us_(NowUs()) {
+        start_us_(UnixMicros()) {
     try {  // the time it is done, from c10d's thread
       auto end = end_us_;
-      work_->getFuture()->addCallback([end](c10::ivalue::Future&) { end->store(NowUs()); });
+      work_->getFuture()->addCallback([end](c10::ivalue::Future&) { end->store(UnixMicros()); });
     } catch (const std::exception&) {
       // No future: the time Wait returns.
     }
@@ -197,7 +193,7 @@ class GlooWork : public ReplicaGroup::Work {
       return failure_(e);
     }
     int64_t expected = 0;
-    end_us_->compare_exchange_strong(expected, NowUs());
+    end_us_->compare_exchange_strong(expected, UnixMicros());
     return absl::OkStatus();
   }
   int64_t start_us() const override { return start_us_; }
@@ -217,7 +213,7 @@ class GlooWork : public ReplicaGroup::Work {
 class DeviceWork : public ReplicaGroup::Work {
  public:
   DeviceWork(c10::Event done, std::shared_ptr<std::atomic<int64_t>> end_us)
-      : done_(std::move(done)), start_us_(NowUs()), end_us_(std::move(end_us)) {}
+      : done_(std::move(done)), start_us_(UnixMicros()), end_us_(std::move(end_us)) {}
   Status Wait() override {
     const c10::Device device(c10::DeviceType::CUDA, done_.device_index());
     done_.block(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(device));
@@ -243,7 +239,7 @@ Status ReplicaGroup::Confirm() {
     return st;
   }
   if (defer_confirm_) return absl::OkStatus();
-  const int64_t now = NowUs();
+  const int64_t now = UnixMicros();
   for (auto& end : impl_->pending_ends) end->store(now);
   impl_->pending_ends.clear();
   return absl::OkStatus();

@@ -33,6 +33,7 @@
 #include "model/compat.h"
 #include "model/dataset.h"
 #include "model/device.h"
+#include "common/clock.h"
 #include "common/executor.h"
 #include "common/files.h"
 #include "common/sha256.h"
@@ -72,10 +73,7 @@ constexpr const char* kOptimizerFields[] = {"step", "exp_avg", "exp_avg_sq", "ma
 
 inline std::vector<int64_t> ToVector(at::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
-inline int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+inline int64_t NowUs() { return UnixMicros(); }
 
 inline int64_t Bytes(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 inline int64_t Bytes(const Tensors& ts) {
