@@ -7,6 +7,7 @@
 #include "common/wire.h"
 #include "conveyor.grpc.pb.h"
 #include "plan/job_spec.h"
+#include "torch_format/wire_state_dict.h"
 
 namespace conveyor::cli {
 namespace {

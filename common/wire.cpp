@@ -66,4 +66,23 @@ Status CheckWireTensor(const v1::Tensor& t, int64_t payload_bytes, v1::DType dty
   return absl::OkStatus();
 }
 
+StatusOr<v1::ParametersReply> GatherParameters(
+    const std::string& job_id, const std::function<StatusOr<v1::ParametersReply>(const v1::JobRef&)>& call,
+    int64_t page_bytes) {
+  v1::ParametersReply all;
+  v1::JobRef ref;
+  ref.set_job_id(job_id);
+  ref.set_max_bytes(page_bytes);
+  for (;;) {
+    CONVEYOR_ASSIGN_OR_RETURN(v1::ParametersReply page, call(ref));
+    for (auto& t : *page.mutable_parameters()) *all.add_parameters() = std::move(t);
+    for (auto& t : *page.mutable_buffers()) *all.add_buffers() = std::move(t);
+    if (page.next_tensor() == 0) return all;
+    if (page.next_tensor() <= ref.first_tensor())
+      return absl::InvalidArgumentError("GetParameters from tensor " + std::to_string(ref.first_tensor()) +
+                                        " answered next_tensor " + std::to_string(page.next_tensor()));
+    ref.set_first_tensor(page.next_tensor());
+  }
+}
+
 }  // namespace conveyor

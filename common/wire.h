@@ -26,13 +26,6 @@ Status CheckWireTensor(const v1::Tensor& t, v1::DType dtype, const std::vector<i
 Status CheckWireTensor(const v1::Tensor& t, int64_t payload_bytes, v1::DType dtype,
                        const std::vector<int64_t>& shape, const std::string& what);
 
-// Writes the parameters and buffers that the stages sent (GetParameters, one
-// reply per stage in stage order) as a state_dict file that
-// torch.load(path, weights_only=True) reads and load_state_dict accepts: the
-// names are the model's state_dict() names; each stage's parameters come
-// before its buffers.
-Status WriteWireStateDict(const std::string& path, const std::vector<v1::ParametersReply>& parts);
-
 // Data bytes per GetParameters reply when the parameters are gathered: well
 // under kMaxMessageBytes (common/net.h, 1 GiB), so that a stage holding more
 // answers in several replies.

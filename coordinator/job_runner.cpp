@@ -16,6 +16,7 @@
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
 #include "plan/lr_schedule.h"
+#include "torch_format/wire_state_dict.h"
 
 namespace conveyor {
 namespace {
