@@ -30,7 +30,8 @@
 //
 // DocsTree.NoWorkPeriodNumbers also reads every file git tracks (tests/fixtures
 // apart) and fails, naming file and line, where a work period is counted as a
-// unit of the project's history: the word "session" and a number.
+// unit of the project's history: the word "session" and a number, or an
+// ordinal or a pointing word ("this", "last", ...) before it.
 //
 // The blocks are read by doc_blocks.h and run by block_runner.h; the parser,
 // the runner and the tree rule have their tests beside this file
