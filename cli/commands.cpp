@@ -705,8 +705,7 @@ int RunLocalJob(const std::string& file, const std::string& yaml, const std::str
   Status drawn = DrawCurves(*stub, *id, png, std::cerr);
   if (!drawn.ok()) {
     std::cerr << "no curves: " << drawn.message() << "\n";
-    std::error_code ignored;
-    if (curves == "auto") std::filesystem::remove(png, ignored);  // the empty file reserved above
+    if (curves == "auto") ::unlink(png.c_str());  // the empty file reserved above
   } else if (png.rfind(run->cluster.run_dir() + "/", 0) == 0) {
     run->curves = png;
   }
@@ -722,9 +721,8 @@ int EndLocalRun(LocalRun* run) {
   if (run->job_id.empty()) {
     RemoveTree(dir);  // nothing ran: its logs say only that the servers started
   } else if (run->rc == 0 && !run->keep_logs) {
-    std::error_code ignored;
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
-      if (entry.path().string() != run->curves) std::filesystem::remove_all(entry.path(), ignored);
+    for (const std::string& name : ListDir(dir)) {  // RemoveTree: std::filesystem's walks crash under a wheel's LibTorch
+      if (dir + "/" + name != run->curves) RemoveTree(dir + "/" + name);
     }
     if (run->curves.empty()) {
       RemoveTree(dir);

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <thread>
 
+#include "common/files.h"
 #include "common/server.h"
 #include "conveyor.grpc.pb.h"
 #include "common/clock.h"
@@ -618,7 +619,7 @@ TEST(Coordinator, TwoJobsWritingOneSavePathAreRefusedAtSubmission) {
   ASSERT_TRUE(c->Cancel(*first).ok());
   EXPECT_EQ(WaitForEnd(*c, *first).state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(RunToEnd(*c, job + "steps: 2\n").state(), v1::JOB_STATE_SUCCEEDED);
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 // A save that fails after training (here a file put where its folder was to
@@ -643,7 +644,7 @@ TEST(Coordinator, ASaveThatFailsAfterTrainingKeepsTheWeightsOnTheStages) {
   EXPECT_THAT(s.error(), HasSubstr("its weights stay on the stage servers"));
   EXPECT_THAT(s.error(), HasSubstr("conveyor export " + *id));
   EXPECT_FALSE(cluster.Parameters(*id, 2).empty()) << "the stages still hold the trained job";
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 // A coordinator on a fake clock over an in-process cluster of `stages`

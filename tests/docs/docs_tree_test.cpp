@@ -7,6 +7,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -98,15 +99,18 @@ std::vector<Mention> WorkPeriodMentions(const std::string& text) {
   return found;
 }
 
-TEST(DocsTree, NoWorkPeriodNumbers) {
+// Calls `fn(name, text)` for each tracked text file but those under
+// tests/fixtures; returns the number of files, or -1 with `*why` when git
+// cannot list them.
+int ForEachTrackedText(const std::function<void(const std::string&, const std::string&)>& fn, std::string* why) {
   std::string listing;
   const int rc = RunQuiet({"git", "-C", CONVEYOR_SOURCE_DIR, "ls-files", "-z"}, &listing);
   if (rc != 0) {
-    GTEST_SKIP() << "cannot list the tracked files (`git -C " << CONVEYOR_SOURCE_DIR << " ls-files` exited with "
-                 << rc << "; a tree outside git, or no git installed): " << listing;
+    *why = "cannot list the tracked files (`git -C " + std::string(CONVEYOR_SOURCE_DIR) + " ls-files` exited with " +
+           std::to_string(rc) + "; a tree outside git, or no git installed): " + listing;
+    return -1;
   }
   int files = 0;
-  std::string report;
   std::istringstream names(listing);
   for (std::string name; std::getline(names, name, '\0');) {
     if (name.empty() || name.rfind("tests/fixtures/", 0) == 0) continue;
@@ -116,10 +120,21 @@ TEST(DocsTree, NoWorkPeriodNumbers) {
     text << in.rdbuf();
     if (text.str().find('\0') != std::string::npos) continue;  // not text
     ++files;
-    for (const Mention& m : WorkPeriodMentions(text.str())) {
-      report += "  " + name + ":" + std::to_string(m.line) + ": " + m.text + "\n";
-    }
+    fn(name, text.str());
   }
+  return files;
+}
+
+TEST(DocsTree, NoWorkPeriodNumbers) {
+  std::string report, why;
+  const int files = ForEachTrackedText(
+      [&](const std::string& name, const std::string& text) {
+        for (const Mention& m : WorkPeriodMentions(text)) {
+          report += "  " + name + ":" + std::to_string(m.line) + ": " + m.text + "\n";
+        }
+      },
+      &why);
+  if (files < 0) GTEST_SKIP() << why;
   EXPECT_GT(files, 0) << "git listed no text file in " << CONVEYOR_SOURCE_DIR;
   EXPECT_TRUE(report.empty())
       << "tracked files count the project's history in work periods (\"session\" with a number after it, or an "
@@ -128,6 +143,33 @@ TEST(DocsTree, NoWorkPeriodNumbers) {
       << "Name the figure's date and its machine or cards instead (e.g. \"2x H100, 2026-11-27\", with the "
          "bench/RESULTS.md entry of that date), put the story of a change in its commit message, and let a "
          "comment say why the code is as it is now.";
+}
+
+// A PyTorch wheel's libtorch.so exports its own copy of std::filesystem's
+// folder walks; a binary linked with it calls that copy, which crashed
+// `conveyor local` and a GPU test with SIGSEGV (docs/architecture.md). So the
+// project's C++ walks folders with common/files.h (RemoveTree, ListDir).
+TEST(SourceTree, NoStdFilesystemFolderWalks) {
+  const std::vector<std::string> banned = {"remove_" "all(", "directory_" "iterator", "recursive_directory_" "iterator"};
+  std::string report, why;
+  const int files = ForEachTrackedText(
+      [&](const std::string& name, const std::string& text) {
+        const std::string ext = fs::path(name).extension().string();
+        if (ext != ".cpp" && ext != ".h" && ext != ".cc") return;
+        std::istringstream lines(text);
+        int n = 0;
+        for (std::string line; std::getline(lines, line);) {
+          ++n;
+          for (const std::string& b : banned) {
+            if (line.find(b) != std::string::npos) report += "  " + name + ":" + std::to_string(n) + ": " + line + "\n";
+          }
+        }
+      },
+      &why);
+  if (files < 0) GTEST_SKIP() << why;
+  EXPECT_TRUE(report.empty()) << "std::filesystem folder walks, which bind to a PyTorch wheel's own copy in "
+                                 "libtorch.so and crash there:\n"
+                              << report << "Use RemoveTree or ListDir (common/files.h).";
 }
 
 TEST(DocsTree, FindsWorkPeriodsInAnyCaseAndNothingElse) {

@@ -9,15 +9,17 @@
 #include <string>
 #include <thread>
 
+#include "common/files.h"
+
 namespace conveyor {
 namespace {
 
 // Threads of this process named `name` (/proc/self/task/*/comm).
 int ThreadsNamed(const std::string& name) {
   int n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+  for (const std::string& task : ListDir("/proc/self/task")) {
     std::string comm;
-    std::getline(std::ifstream(task.path() / "comm"), comm);
+    std::getline(std::ifstream("/proc/self/task/" + task + "/comm"), comm);
     n += comm == name;
   }
   return n;

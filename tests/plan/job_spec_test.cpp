@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/files.h"
 #include "plan/job_keys.h"
 #include "plan/model_catalog.h"
 #include "plan/schedule.h"
@@ -559,7 +560,7 @@ TEST(SavePath, AFolderIsRefusedAndMissingFoldersAreMadeLater) {
   EXPECT_EQ(spec.save_path(), std::filesystem::canonical(dir).string() + "/runs/3/weights.pt");
   spec.set_save_path("runs/../../outside.pt");
   EXPECT_FALSE(ResolveJobPaths(&spec, {dir}).ok());
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 // data.train as a pattern: the files it matches under the first data root,
@@ -585,7 +586,7 @@ TEST(Shards, APatternBecomesTheFilesItMatchesInNameOrder) {
   st = ResolveJobPaths(&spec, {dir});
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("shards are for format: tensors"));
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 // data.train as a YAML list: the shards in the list's order, each resolved
@@ -616,7 +617,7 @@ TEST(Shards, AListNamesTheShardsInItsOrder) {
                              "seq_len: 8}\n");
   EXPECT_TRUE(absl::IsInvalidArgument(tokens.status())) << tokens.status();
   EXPECT_THAT(std::string(tokens.status().message()), HasSubstr("a list of files is for format: tensors"));
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 }  // namespace
