@@ -145,3 +145,12 @@ function(conveyor_compile_torch_sources target)
     endif()
   endif()
 endfunction()
+
+# The libraries that do not include LibTorch compile BATCH files to a compiler
+# run too where CONVEYOR_UNITY: each of their files parses gRPC's and
+# Protobuf's headers (conveyor.pb.h alone is some 40,000 lines).
+function(conveyor_unity target batch)
+  if(CONVEYOR_UNITY)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
+  endif()
+endfunction()
