@@ -11,6 +11,11 @@
 #   bench/gpu/quickstart.sh timeline the job as the Quick start runs it (3 epochs) over the GPUs, with its last
 #                                    step's timeline and the loss curves: epochs, accuracy, each stage's device,
 #                                    busy fraction and graphed steps                          $out/quickstart/
+#   bench/gpu/quickstart.sh lost     a server lost for good: the job (1 epoch) over 4 stage servers on the GPUs
+#                                    (`on_lost_server: replan`, `lost_after: 1`, a checkpoint every 100 steps),
+#                                    server 2 SIGKILLed after step 250 and never started again; the events'
+#                                    times from the kill, the steps redone, and the digest against the same job
+#                                    run without a kill                                            $out/lost/
 # shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
@@ -44,6 +49,55 @@ part_timeline() {
   tail -1 "$out/quickstart/qs.log"
   python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('epochs', [round(e['train_seconds'],2) for e in j['epochs']], 'acc', j['eval_accuracy']); [print(' stage', s.get('index'), s.get('device'), 'busy', round(s.get('busy_fraction',0),3), 'graphed', s.get('graphed_steps')) for s in j.get('stages',[])]" \
     "$out/quickstart/qs.json" 2>&1 | tail -6
+}
+
+wait_for() {  # wait_for FILE: until it is written, at most a minute
+  local i
+  for i in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done
+  echo "quickstart.sh: no $1 within a minute" >&2
+  return 1
+}
+
+part_lost() {
+  local run n i pids=() job killed_ms c
+  fashion_mnist
+  mkdir -p "$out/lost"
+  run=$(mktemp -d /tmp/conveyor-lost.XXXXXX)
+  n=$(gpu_count)
+  for i in 0 1 2 3; do
+    "$bin/stage_server" --listen 127.0.0.1:0 --port-file "$run/stage$i.addr" --device "cuda:$((i % n))" \
+      --checkpoint-dir "$run/stage$i" --log-level warn > "$out/lost/stage$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1 2 3; do wait_for "$run/stage$i.addr" || return 1; done
+  "$bin/coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.addr" --state-dir "$run/state" --log-level warn \
+    --stages "$(for i in 0 1 2 3; do cat "$run/stage$i.addr"; echo; done | paste -sd,)" > "$out/lost/coordinator.log" 2>&1 &
+  pids+=($!)
+  wait_for "$run/coordinator.addr" || return 1
+  c=("$bin/conveyor" --coordinator "$(cat "$run/coordinator.addr")")
+  local sets=(--set partition.stages=4 --set on_lost_server=replan --set lost_after=1 --set checkpoint_every=100)
+  timeout 120 "${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set epochs=1 --wait --json \
+    > "$out/lost/uninterrupted.json" 2> "$out/lost/uninterrupted.log"
+  job=$("${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set epochs=1)
+  for i in $(seq 1200); do  # at most a minute
+    [ "$("${c[@]}" status "$job" --json 2> /dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("steps", 0))')" -ge 250 ] && break
+    sleep 0.05
+  done
+  kill -9 "${pids[2]}"
+  killed_ms=$(date +%s%3N)
+  timeout 120 "${c[@]}" status "$job" --wait --json > "$out/lost/lost.json" 2> "$out/lost/lost.log"
+  python3 - "$out/lost/uninterrupted.json" "$out/lost/lost.json" "$killed_ms" <<'PY'
+import json, sys
+a, b, killed = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
+print("uninterrupted: %s, digest %s" % (a.get("state"), a.get("param_digest", "")[:16]))
+print("lost server:   %s, digest %s, lost for good: %s" % (b.get("state"), b.get("param_digest", "")[:16], b.get("lost_servers")))
+for e in b.get("events", []):
+    if e["unix_ms"] >= killed - 1000:
+        print("  %+7.2f s  %s" % ((e["unix_ms"] - killed) / 1000.0, e["event"][:150]))
+PY
+  kill "${pids[@]}" 2> /dev/null
+  wait 2> /dev/null
+  rm -rf "$run"
 }
 
 run_parts fold "$@"
