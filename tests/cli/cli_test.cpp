@@ -175,10 +175,8 @@ std::string ReadUntil(int fd, const std::string& marker, std::string* all) {
 // Processes whose command line mentions `needle`.
 int ProcessesMentioning(const std::string& needle) {
   int found = 0;
-  std::error_code ec;  // processes come and go while /proc is read
-  for (auto it = std::filesystem::directory_iterator("/proc", ec); !ec && it != std::filesystem::directory_iterator();
-       it.increment(ec)) {
-    std::ifstream in(it->path() / "cmdline");
+  for (const std::string& pid : ListDir("/proc")) {  // processes come and go while /proc is read
+    std::ifstream in("/proc/" + pid + "/cmdline");
     std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     if (cmdline.find(needle) != std::string::npos) ++found;
@@ -348,8 +346,8 @@ TEST(Cli, ARelativePathTheCoordinatorCannotFindIsExplained) {
                                "/data/train.pt names it"))
       << r.err;
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("outside the coordinator's data roots"))) << r.err;
-  std::filesystem::remove_all(root);
-  std::filesystem::remove_all(here);
+  RemoveTree(root);
+  RemoveTree(here);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "cli/local_cluster.h"
 #include "torch_format/torch_file.h"
 #include "tests/support/test_util.h"
@@ -50,8 +51,8 @@ std::string Resolved(const std::string& path) { return std::filesystem::canonica
 // The conveyor-local-* folders under `dir`.
 std::vector<std::string> RunFolders(const std::string& dir) {
   std::vector<std::string> found;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.path().filename().string().rfind("conveyor-local-", 0) == 0) found.push_back(e.path().string());
+  for (const std::string& name : ListDir(dir))
+    if (name.rfind("conveyor-local-", 0) == 0) found.push_back(dir + "/" + name);
   return found;
 }
 
@@ -189,8 +190,7 @@ TEST_F(LocalRun, CurvesGoBesideTheWeightsOrIntoTheRunsFolder) {
   const std::vector<std::string> kept = RunFolders(runs_.path());
   ASSERT_EQ(kept.size(), 1u) << third.err;
   EXPECT_THAT(third.err, HasSubstr("its curves stay in " + kept[0] + "/curves.png"));
-  std::vector<std::string> left;
-  for (const auto& e : std::filesystem::directory_iterator(kept[0])) left.push_back(e.path().filename().string());
+  const std::vector<std::string> left = ListDir(kept[0]);
   EXPECT_THAT(left, ::testing::ElementsAre("curves.png"));
   EXPECT_FALSE(std::filesystem::exists("unsaved-curves.png")) << "a picture in the working folder";
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "tests/support/test_util.h"
+#include "common/files.h"
 
 namespace conveyor {
 namespace {
@@ -24,7 +25,7 @@ class LoadTlsTest : public ::testing::Test {
     other_ = new TlsFiles(testing::MakeCertificate(*dir_, "other"));
   }
   static void TearDownTestSuite() {
-    std::filesystem::remove_all(*dir_);
+    RemoveTree(*dir_);
     delete node_;
     delete other_;
     delete dir_;

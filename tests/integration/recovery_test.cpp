@@ -503,7 +503,7 @@ TEST(Recovery, SubmitWaitFollowsItsJobAcrossACoordinatorRestart) {
   const v1::JobStatus end = FollowKillingTheCoordinator(
       *cluster, "job-1", [](const v1::JobStatus& s) { return s.checkpoint_step() > 0; }, &killed);
   const testing::CommandResult r = cli.get();
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
   EXPECT_TRUE(killed);
   ASSERT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error();
   EXPECT_EQ(r.exit_code, 0) << r.err;

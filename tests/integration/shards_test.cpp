@@ -16,6 +16,7 @@
 
 #include "model/state_dict.h"
 #include "tests/support/test_util.h"
+#include "common/files.h"
 
 namespace conveyor {
 namespace {
@@ -92,7 +93,7 @@ TEST(Shards, ATrainingSplitInShardsTrainsAsOneFileHoldingThemInOrder) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("data.train: the shard " + dir + "/part-3.pt holds inputs of Float samples of shape [9]"));
   EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 // The memory cgroup (v1) this process is in, as a folder; "" where there is none.
@@ -146,7 +147,7 @@ TEST(Shards, AnEpochOverShardsLargerThanTheMemoryLimitTrains) {
   std::getline(std::ifstream(cgroup + "/memory.max_usage_in_bytes"), peak);
   std::getline(std::ifstream(cgroup + "/memory.failcnt"), hits);
   std::filesystem::remove(cgroup, ec);  // empty once the child is gone
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json s = nlohmann::json::parse(r.out);
   EXPECT_EQ(s["steps"], 4 * kRows / 256);

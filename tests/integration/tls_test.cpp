@@ -16,6 +16,7 @@
 #include "conveyor.grpc.pb.h"
 #include "health.grpc.pb.h"
 #include "tests/support/test_util.h"
+#include "common/files.h"
 
 namespace conveyor {
 namespace {
@@ -70,11 +71,11 @@ class Tls : public ::testing::Test {
   static void TearDownTestSuite() {
     if (cluster_) {
       cluster_->Stop();
-      std::filesystem::remove_all(cluster_->run_dir());  // logs, state, and a copy of the token
+      RemoveTree(cluster_->run_dir());  // logs, state, and a copy of the token
     }
     delete cluster_;
     cluster_ = nullptr;
-    std::filesystem::remove_all(dir_);
+    RemoveTree(dir_);
   }
   void SetUp() override { ASSERT_TRUE(cluster_); }
 
@@ -241,7 +242,7 @@ TEST(TlsFlags, APartialSetOrABadFileIsAUsageError) {
   r = RunCommand({Binary("coordinator"), "--stages", "127.0.0.1:1", "--state-dir", dir, "--auth-token-file", empty});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr(empty + " holds no token"));
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 }  // namespace

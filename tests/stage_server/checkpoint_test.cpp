@@ -33,7 +33,7 @@ class CheckpointFilesTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { RemoveTree(dir_); }
 
   static v1::CheckpointHeader Header(int64_t step, int stage = 1) {
     v1::CheckpointHeader h;

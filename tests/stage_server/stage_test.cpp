@@ -15,6 +15,7 @@
 #include "plan/model_catalog.h"
 #include "transport/inproc_transport.h"
 #include "tests/support/test_util.h"
+#include "common/files.h"
 
 namespace conveyor {
 namespace {
@@ -175,7 +176,7 @@ TEST(StageTargets, BadTargetsAreNamedWhenTheJobIsPlaced) {
       EXPECT_THAT(std::string(ref.status().message()), HasSubstr("data.train: " + path + ": " + c.error));
     }
   }
-  std::filesystem::remove_all(dir);
+  RemoveTree(dir);
 }
 
 TEST_F(StageTest, ConfigureNamesAMissingDatasetPath) {

@@ -28,6 +28,7 @@
 #include "transport/inbox.h"
 #include "transport/tensor_codec.h"
 #include "transport/tensor_payload.h"
+#include "common/files.h"
 
 namespace conveyor {
 namespace {
@@ -356,9 +357,8 @@ TEST(GrpcLink, AReceiverThatGoesAwayFailsTheSenderWithinTheTimeout) {
 // The names of this process's threads (Linux: /proc/self/task/*/comm).
 std::vector<std::string> ThreadNames() {
   std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
-    std::ifstream comm(task.path() / "comm");
+  for (const std::string& task : ListDir("/proc/self/task")) {
+    std::ifstream comm("/proc/self/task/" + task + "/comm");
     std::string name;
     if (std::getline(comm, name)) names.push_back(name);
   }
