@@ -34,6 +34,14 @@ std::string RandomBytes(std::mt19937& rng, std::size_t n) {
   return s;
 }
 
+// Random printable text: a proto `string` field must hold UTF-8, or the
+// client's own library refuses to send it (INTERNAL, never reaching the server).
+std::string RandomText(std::mt19937& rng, std::size_t n) {
+  std::string s(n, ' ');
+  for (char& c : s) c = static_cast<char>(' ' + rng() % 95);
+  return s;
+}
+
 // Opens a TCP connection to HOST:PORT (numeric IPv4), writes `bytes`, reads
 // until the server closes or 2 s pass. Returns whether the server closed it.
 bool RawWrite(const std::string& address, const std::string& bytes) {
@@ -102,7 +110,7 @@ void ControlGarbage(v1::StageControl::Stub& stub, std::mt19937& rng, std::size_t
   timed("StageControl/Configure (big)", [&](grpc::ClientContext* ctx) {
     v1::StageAssignment a;
     a.set_job_id("job-abuse");
-    a.mutable_spec()->set_name(RandomBytes(rng, big));
+    a.mutable_spec()->set_name(RandomText(rng, big));
     v1::ConfigureReply r;
     return stub.Configure(ctx, a, &r);
   });
