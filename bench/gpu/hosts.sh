@@ -5,7 +5,7 @@
 # sockets alone (no NVLink, shared memory or InfiniBand): what hosts joined by Ethernet have. W2 on
 # two GPUs: Conveyor's zero-bubble over NCCL and over its gRPC data plane, and pipelining's ZB-V and
 # 1F1B under the same link, with PyTorch eager on one GPU beside them. After bench/gpu/build.sh;
-# needs root, and `ip` and `tc` (carried in .gpu/iproute2 where the machine has none). 6 to 8 min.
+# needs root, and `ip` and `tc` (carried in .gpu/iproute2 where the machine has none). About 4 min.
 #
 #   bench/gpu/hosts.sh          the default: w2        $out/hosts.csv, and a table
 #   bench/gpu/hosts.sh probe    NCCL send/recv of 256 MB between the hosts under each link
