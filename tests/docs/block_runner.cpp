@@ -22,13 +22,6 @@
 
 #include "doc_blocks.h"
 
-#ifndef CONVEYOR_SOURCE_DIR
-#error "CONVEYOR_SOURCE_DIR must name the source tree"
-#endif
-#ifndef CONVEYOR_BUILD_DIR
-#error "CONVEYOR_BUILD_DIR must name the build folder"
-#endif
-
 extern char** environ;
 
 namespace docs {

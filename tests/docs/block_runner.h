@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tree_paths.h"
+
 namespace docs {
 
 struct Isolation {

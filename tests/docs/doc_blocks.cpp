@@ -9,13 +9,6 @@
 #include <regex>
 #include <sstream>
 
-#ifndef CONVEYOR_SOURCE_DIR
-#error "CONVEYOR_SOURCE_DIR must name the source tree"
-#endif
-#ifndef CONVEYOR_BUILD_DIR
-#error "CONVEYOR_BUILD_DIR must name the build folder"
-#endif
-
 namespace docs {
 namespace {
 

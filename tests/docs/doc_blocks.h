@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tree_paths.h"
+
 namespace docs {
 
 struct Block {

@@ -12,13 +12,6 @@
 
 #include "block_runner.h"
 
-#ifndef CONVEYOR_SOURCE_DIR
-#error "CONVEYOR_SOURCE_DIR must name the source tree"
-#endif
-#ifndef CONVEYOR_BUILD_DIR
-#error "CONVEYOR_BUILD_DIR must name the build folder"
-#endif
-
 namespace docs::runner_test {
 
 using std::chrono::milliseconds;

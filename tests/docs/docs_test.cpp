@@ -54,13 +54,6 @@
 #include "block_runner.h"
 #include "doc_blocks.h"
 
-#ifndef CONVEYOR_SOURCE_DIR
-#error "CONVEYOR_SOURCE_DIR must name the source tree"
-#endif
-#ifndef CONVEYOR_BUILD_DIR
-#error "CONVEYOR_BUILD_DIR must name the build folder"
-#endif
-
 namespace docs::blocks_test {
 
 namespace fs = std::filesystem;
