@@ -51,6 +51,14 @@ job_line() {  # job_line RESULT.json NAME BATCH
     "$1" "$2" "$3" 2>&1 | tail -1
 }
 
+# A server's port file's contents (HOST:PORT) once it is written; at most a minute.
+wait_file() {  # wait_file FILE
+  local _
+  for _ in $(seq 600); do [ -s "$1" ] && { cat "$1"; return 0; }; sleep 0.1; done
+  echo "$(basename "$recipe"): no $1 within a minute" >&2
+  return 1
+}
+
 run_parts() {  # run_parts DEFAULT [PART...]
   local default=$1 part
   shift

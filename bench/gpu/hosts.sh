@@ -38,13 +38,6 @@ trap cleanup EXIT
 hosts_up 2 cvg || exit 1
 namespaces=$(IFS=,; echo "${hosts_ns[*]}")
 
-wait_file() {  # wait_file FILE: its contents, once written
-  local _
-  for _ in $(seq 600); do [ -s "$1" ] && { cat "$1"; return 0; }; sleep 0.1; done
-  echo "hosts.sh: no $1 within 60 s" >&2
-  return 1
-}
-
 start_cluster() {  # a stage server in each namespace (GPU i), the coordinator here; sets $coordinator
   local i stages=()
   for i in 0 1; do

@@ -51,13 +51,6 @@ part_timeline() {
     "$out/quickstart/qs.json" 2>&1 | tail -6
 }
 
-wait_for() {  # wait_for FILE: until it is written, at most a minute
-  local i
-  for i in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done
-  echo "quickstart.sh: no $1 within a minute" >&2
-  return 1
-}
-
 part_lost() {
   local run n i pids=() job killed_ms c
   fashion_mnist
@@ -69,11 +62,11 @@ part_lost() {
       --checkpoint-dir "$run/stage$i" --log-level warn > "$out/lost/stage$i.log" 2>&1 &
     pids+=($!)
   done
-  for i in 0 1 2 3; do wait_for "$run/stage$i.addr" || return 1; done
+  for i in 0 1 2 3; do wait_file "$run/stage$i.addr" > /dev/null || return 1; done
   "$bin/coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.addr" --state-dir "$run/state" --log-level warn \
     --stages "$(for i in 0 1 2 3; do cat "$run/stage$i.addr"; echo; done | paste -sd,)" > "$out/lost/coordinator.log" 2>&1 &
   pids+=($!)
-  wait_for "$run/coordinator.addr" || return 1
+  wait_file "$run/coordinator.addr" > /dev/null || return 1
   c=("$bin/conveyor" --coordinator "$(cat "$run/coordinator.addr")")
   local sets=(--set partition.stages=4 --set on_lost_server=replan --set lost_after=1 --set checkpoint_every=100)
   timeout 120 "${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set epochs=1 --wait --json \
