@@ -206,7 +206,7 @@ def main(argv):
     p.add_argument("--outside-repeats", type=int, default=2,
                    help="runs of each length for the outside check, alternated; the shortest of each counts")
     p.add_argument("--micro-batches", default=None, help="default 2,4,6,12 for w1, 4,8,16 for w2")
-    p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble", help="Conveyor's schedules")
+    p.add_argument("--schedules", default="gpipe,1f1b,interleaved,zero-bubble,zbv", help="Conveyor's schedules")
     p.add_argument("--torch-schedules", default="tutorial,gpipe,1f1b,interleaved",
                    help="PyTorch's micro-batched variants: tutorial, gpipe, 1f1b, interleaved, interleaved-zb, "
                         "zbv, dualpipev")

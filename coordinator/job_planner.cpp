@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "plan/job_spec.h"
 #include "plan/model_catalog.h"
+#include "plan/schedule.h"
 
 namespace conveyor {
 namespace {
@@ -90,8 +91,9 @@ StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, co
     probe.set_layer_end(ranges[c].end);
     *probe.mutable_input_sample_shape() = specs.back().front().shape();
     for (const auto& in : specs.back()) *probe.add_inputs() = in;
-    auto reply = stages[c % p]->Probe(probe, kControlDeadlineS);
-    if (!reply.ok()) return ForStage(reply.status(), c % p);
+    const int holder = StageOfChunk(spec->schedule(), c, p);
+    auto reply = stages[holder]->Probe(probe, kControlDeadlineS);
+    if (!reply.ok()) return ForStage(reply.status(), holder);
     if (reply->outputs().empty()) {  // a stage that knows one tensor only
       v1::SampleSpec one;
       one.set_dtype(ActivationDType(*spec));
@@ -102,7 +104,7 @@ StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, co
       specs.emplace_back(reply->outputs().begin(), reply->outputs().end());
     }
   }
-  const bool ring = chunks > p;  // interleaved: the last stage feeds the first
+  const bool ring = LinksInARing(spec->schedule(), chunks, p);
   std::vector<v1::StageAssignment> assignments;
   for (int s = 0; s < p; ++s) {
     v1::StageAssignment a;
@@ -113,7 +115,8 @@ StatusOr<std::vector<v1::StageAssignment>> PlanJob(const std::string& job_id, co
     a.set_num_chunks(chunks);
     if (s > 0 || ring) a.set_upstream(stages[(s + p - 1) % p]->address());
     if (s + 1 < p || ring) a.set_downstream(stages[(s + 1) % p]->address());
-    for (int c = s; c < chunks; c += p) {
+    for (int local = 0; local < chunks / p; ++local) {
+      const int c = ModelChunk(spec->schedule(), s, local, p);
       v1::ChunkAssignment* ca = a.add_chunks();
       ca->set_index(c);
       ca->set_layer_begin(ranges[c].begin);

@@ -16,6 +16,7 @@
 #include "coordinator/job_store.h"
 #include "plan/job_spec.h"
 #include "plan/lr_schedule.h"
+#include "plan/schedule.h"
 #include "torch_format/wire_state_dict.h"
 
 namespace conveyor {
@@ -130,6 +131,11 @@ std::string JobRunner::StageName(std::size_t i) const {
          std::to_string(i % p);
 }
 
+std::size_t JobRunner::LossStage() const {
+  const int p = spec_.partition().stages();
+  return static_cast<std::size_t>(StageOfChunk(spec_.schedule(), p * std::max(1, spec_.virtual_stages()) - 1, p));
+}
+
 Status JobRunner::OnStage(const Status& st, std::size_t i) const {
   if (Replicas(spec_) == 1) return ForStage(st, static_cast<int64_t>(i));
   return Annotate(st, StageName(i) + " (" + stages_[i]->address() + ")");
@@ -152,7 +158,7 @@ Status JobRunner::Deploy() {
 Status JobRunner::ConfigureAll() {
   const int n = static_cast<int>(assignments_.size());  // replicas x stages
   const int p = spec_.partition().stages();
-  const bool ring = assignments_.front().num_chunks() > p;
+  const bool ring = LinksInARing(spec_.schedule(), assignments_.front().num_chunks(), p);
   // Keep what the stages measured so far; the rest is filled in anew.
   std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
   status_.clear_stages();
@@ -393,7 +399,7 @@ Status JobRunner::Train() {
     progress_.AddStep(step, replies, step_start, step_end);
     JobMetrics::StepFigures figures;  // Update() added the step's norm and learning rate
     figures.seconds = std::chrono::duration<double>(step_end - step_start).count();
-    figures.loss = replies.back().loss_sum();
+    figures.loss = replies[LossStage()].loss_sum();
     figures.lr = status_.lrs(status_.lrs_size() - 1);
     figures.grad_norm = status_.grad_norms(status_.grad_norms_size() - 1);
     figures.samples_per_second = status_.samples_per_second();
@@ -433,11 +439,11 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
     return std::string((*replies)[i].updated_before_read() ? "found after its update was launched on the GPU"
                                                            : "no update was made");
   };
-  for (std::size_t i = p - 1; i < replies->size(); i += p) {  // each replica's last stage
+  for (std::size_t i = LossStage(); i < replies->size(); i += p) {  // each replica's loss stage
     const double loss = (*replies)[i].loss_sum();
     if (!std::isfinite(loss)) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) + " on " +
-                                           StageName(i) + " (the last); " + outcome(i));
+                                           StageName(i) + " (the model's last chunk); " + outcome(i));
     }
   }
   // Replica 0's stages hold one copy of every gradient (the replicas' are
@@ -538,9 +544,11 @@ Status JobRunner::Evaluate() {
     req.set_step(b);
     req.set_batch_size(std::min(eb, test_samples_ - b * eb));
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
-    correct += replies.back().correct();
-    seen += replies.back().samples();
-    loss_weighted += replies.back().loss_sum() * static_cast<double>(req.batch_size());
+    const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+    const v1::RunStepReply& last = replies[replies.size() - p + LossStage()];  // the last replica's
+    correct += last.correct();
+    seen += last.samples();
+    loss_weighted += last.loss_sum() * static_cast<double>(req.batch_size());
     samples += req.batch_size();
   }
   status_.set_has_eval(true);

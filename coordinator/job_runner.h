@@ -151,6 +151,9 @@ class JobRunner {
   std::vector<StageClient*> ReplicaStages(int replica) const;
   // "stage s", or with replicas "replica k stage s", of stages_[i].
   std::string StageName(std::size_t i) const;
+  // The stage that holds the model's last chunk, whose replies carry the
+  // loss (the last stage; the first under zbv's V).
+  std::size_t LossStage() const;
   // `st` named by the stage (and replica) of stages_[i].
   Status OnStage(const Status& st, std::size_t i) const;
   void AbortAll(const std::string& reason);

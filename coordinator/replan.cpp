@@ -66,8 +66,8 @@ void JobRunner::GrowBack() {
 std::string JobRunner::WhyNoReplan() const {
   if (Replicas(spec_) > 2) return "the job has more than two replicas (a lost replica is dropped where one is left)";
   if (Replicas(spec_) > 1 && spec_.zero_stage() > 0) return "zero 1 slices the optimizer state over the replicas";
-  if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED)
-    return "the interleaved schedule places its chunks on every server";
+  if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED || spec_.schedule() == v1::SCHEDULE_ZBV)
+    return "the " + ScheduleName(spec_.schedule()) + " schedule places its chunks on every server";
   if (stages_.size() < 2) return "it has no other server";
   return "";
 }

@@ -96,7 +96,7 @@ void AddDeviceKeys(Table& add) {
       "among it), so a stage holds every micro-batch's activations at once, as GPipe does, whatever the schedule. "
       "Inputs and gradients received are copied into the graphs' own tensors; parameter gradients are zeroed in "
       "place between steps. Training steps of another batch size, and evaluation, run as they are. Ignored on CPU "
-      "stages; `true` is refused with `recompute`, mixed precision, loss scaling or the `zero-bubble` schedule "
+      "stages; `true` is refused with `recompute`, mixed precision, loss scaling or the `zero-bubble` and `zbv` schedules "
       "(INVALID_ARGUMENT). `auto` (the default) is on for the zoo's models wherever graphs can work and hold no more "
       "memory than the schedule does: `conveyor train --reference`, one stage, one micro-batch, `gpipe`; off for "
       "`1f1b` and `interleaved` pipelines, replicas of a pipeline of several stages (replicas of one stage replay "

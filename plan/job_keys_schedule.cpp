@@ -80,15 +80,18 @@ void AddScheduleKeys(Table& add) {
       .Range(1, 1000000)
       .Set([](const V& v, S* s) { s->set_split_size(static_cast<int32_t>(v.integer)); });
   add("schedule", kChoice,
-      "`gpipe`, `1f1b`, `interleaved` or `zero-bubble` (the fastest on W2 over two GPUs); see [schedules.md](schedules.md)")
+      "`gpipe`, `1f1b`, `interleaved`, `zero-bubble` or `zbv` (two chunks a stage in a V, backward split as in "
+      "zero-bubble); see [schedules.md](schedules.md)")
       .Choices(Names<v1::ScheduleKind>({{"gpipe", v1::SCHEDULE_GPIPE},
                                         {"1f1b", v1::SCHEDULE_1F1B},
                                         {"interleaved", v1::SCHEDULE_INTERLEAVED},
-                                        {"zero-bubble", v1::SCHEDULE_ZERO_BUBBLE}}))
+                                        {"zero-bubble", v1::SCHEDULE_ZERO_BUBBLE},
+                                        {"zbv", v1::SCHEDULE_ZBV}}))
       .Expect("a schedule name")
       .Default("gpipe")
       .Set([](const V& v, S* s) { s->set_schedule(static_cast<v1::ScheduleKind>(v.integer)); });
-  add("virtual_stages", kInt, "interleaved: model chunks per stage (2 or more; micro-batches a multiple of the stages)")
+  add("virtual_stages", kInt,
+      "interleaved: model chunks per stage (2 or more; micro-batches a multiple of the stages); zbv: 2, its default")
       .Default("1")
       .Range(1, 64)
       .Set([](const V& v, S* s) { s->set_virtual_stages(static_cast<int32_t>(v.integer)); })

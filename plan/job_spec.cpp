@@ -23,6 +23,7 @@
 
 #include "plan/job_keys.h"
 #include "plan/model_catalog.h"
+#include "plan/schedule.h"
 
 namespace conveyor {
 namespace {
@@ -82,6 +83,7 @@ Status Complete(const std::set<std::string>& given, v1::JobSpec* spec) {
   // stages must be given too (PartitionLayers checks the counts agree).
   if (has("partition.boundaries") && !has("partition.stages"))
     spec->mutable_partition()->set_stages(spec->partition().boundaries_size() + 1);
+  if (spec->schedule() == v1::SCHEDULE_ZBV && !has("virtual_stages")) spec->set_virtual_stages(2);
   // the batch, how long
   CONVEYOR_RETURN_IF_ERROR(either("micro_batches", "split_size"));
   if (!has("micro_batches") && !has("split_size")) spec->set_micro_batches(1);
@@ -504,7 +506,8 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
   // the two kinds of NCCL traffic beside replays have not been tried on GPUs.
   if (Replicas(spec) > 1 && spec.partition().stages() > 1)
     return off("replicas of a pipeline of several stages (set cuda_graphs: true to try)");
-  if (spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE) return off("the zero-bubble schedule splits backward in two passes");
+  if (SplitsBackward(spec.schedule()))
+    return off("the " + ScheduleName(spec.schedule()) + " schedule splits backward in two passes");
   const bool one_in_flight = spec.partition().stages() <= 1 || MicroBatchSizes(spec, spec.batch_size()).size() <= 1;
   if (spec.schedule() != v1::SCHEDULE_GPIPE && !one_in_flight)
     return off("graphs would hold every micro-batch's activations, where this schedule holds a few "
@@ -609,8 +612,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
       return Invalid("micro_batches: the interleaved schedule needs a multiple of the stages (" +
                      std::to_string(spec.partition().stages()) + "), got " + std::to_string(m));
     }
+  } else if (spec.schedule() == v1::SCHEDULE_ZBV) {
+    if (spec.virtual_stages() != 2)
+      return Invalid("virtual_stages: the zbv schedule places two chunks on each stage (leave virtual_stages out, or "
+                     "give 2)");
   } else if (spec.virtual_stages() != 1) {
-    return Invalid("virtual_stages: only the interleaved schedule hosts several chunks per stage");
+    return Invalid("virtual_stages: only the interleaved and zbv schedules host several chunks per stage");
   }
   if (GraphsAsked(spec)) {
     if (std::string why = GraphsCannotWork(spec); !why.empty()) return Invalid("cuda_graphs: " + why);
@@ -618,8 +625,9 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (const auto& g : spec.inject_inf_gradients())
     if (g.stage() >= spec.partition().stages())
       return Invalid("inject_inf_gradients: stage " + std::to_string(g.stage()) + " is not one of the job's stages");
-  if (GraphsAsked(spec) && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE)
-    return Invalid("cuda_graphs: cannot be combined with the zero-bubble schedule (its backward is split in two passes)");
+  if (GraphsAsked(spec) && SplitsBackward(spec.schedule()))
+    return Invalid("cuda_graphs: cannot be combined with the " + ScheduleName(spec.schedule()) +
+                   " schedule (its backward is split in two passes)");
   for (int s : spec.recompute_stages())
     if (s < 0 || s >= spec.partition().stages())
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
@@ -734,6 +742,7 @@ double TheoreticalIdleFraction(const v1::JobSpec& spec) {
   switch (spec.schedule()) {
     case v1::SCHEDULE_INTERLEAVED: return (p - 1) / (v * m + p - 1);
     case v1::SCHEDULE_ZERO_BUBBLE: return (p - 1) / (m + p - 1) / 3;
+    case v1::SCHEDULE_ZBV: return (p - 1) / (2 * m + p - 1) / 3;
     default: return (p - 1) / (m + p - 1);
   }
 }

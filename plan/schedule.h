@@ -2,9 +2,12 @@
 //
 // A stage runs its list in order; each action implies its transfers. With P
 // stages and v chunks per stage, the model is a chain of P*v chunks and chunk
-// c lives on stage c % P. A forward of chunk c > 0 first receives its input
-// from chunk c-1 (the stage before, wrapping from the first stage to the
-// last), and a forward of any chunk but the last sends its output on. A
+// c lives on stage StageOfChunk(c): c % P (interleaved: the stage before
+// chunk c is c - 1's, wrapping from the first stage to the last), or, under
+// zbv, in a V: chunks 0..P-1 down the stages and P..2P-1 back up, so that
+// stage s holds chunks s and 2P-1-s and the first stage the first and the
+// last. A forward of chunk c > 0 first receives its input from chunk c-1,
+// and a forward of any chunk but the last sends its output on. A
 // backward of a chunk but the last first receives the output gradient from
 // chunk c+1, and a backward of chunk c > 0 sends the input gradient back.
 // Sends never block (they are queued), so lists in which every receive's
@@ -29,7 +32,7 @@ enum class ActionType {
 struct Action {
   ActionType type;
   int micro_batch;
-  int chunk = 0;  // local chunk index on this stage (model chunk = chunk * P + stage)
+  int chunk = 0;  // local chunk index on this stage (its model chunk: ModelChunk)
   bool operator==(const Action& o) const {
     return type == o.type && micro_batch == o.micro_batch && chunk == o.chunk;
   }
@@ -46,6 +49,14 @@ struct Action {
 //              micro-batches, into what would be the cool-down bubble; the
 //              first stage warms up with one forward more, the last defers
 //              its last 3 weight passes past its last backward.
+// zbv:         ZB-V (Qi et al., "Pipeline Parallelism with Controllable
+//              Memory"): two chunks a stage placed in a V, backward split as
+//              under zero-bubble. Its lists come from a simulation of every
+//              stage in which each pass takes one unit: a free stage runs an
+//              input-gradient pass if one is due, else a forward, else the
+//              oldest due weight pass. It trades memory for the bubble: the
+//              first stage may hold every micro-batch, as under GPipe.
+//              Needs virtual_stages 2.
 // INVALID_ARGUMENT when the arguments do not fit the schedule.
 StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, int stages, int micro_batches,
                                             int virtual_stages = 1);
@@ -56,13 +67,23 @@ StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, in
 // server, running weight passes early while it waits, holds at most this and
 // at least 1F1B's.
 int MostHeld(v1::ScheduleKind kind, int stage, int stages, int micro_batches);
+
+// Where the chunks live: the stage of model chunk `chunk`, and the model
+// chunk of a stage's local chunk `local` (its chunks in increasing order).
+int StageOfChunk(v1::ScheduleKind kind, int chunk, int stages);
+int ModelChunk(v1::ScheduleKind kind, int stage, int local, int stages);
+// Whether the schedule's backward is two passes, input and weight gradient
+// (zero-bubble, zbv).
+bool SplitsBackward(v1::ScheduleKind kind);
+// Whether the last stage sends to the first (interleaved's chunks wrap).
+bool LinksInARing(v1::ScheduleKind kind, int chunks, int stages);
 // Eval: every micro-batch through every local chunk, in chain order.
 std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 
 // How long one step takes when each stage runs its list in order, an action
 // starts once its stage is free and its input has arrived (transfers take no
 // time), and every action of model chunk c costs forward[c] or backward[c].
-// Under zero-bubble the input-gradient and weight passes cost half of
+// Where backward is split the input-gradient and weight passes cost half of
 // backward[c] each (on chunk 0, nothing and all of it: the first chunk's
 // input needs no gradient), and a stage runs its next due weight passes
 // while the input of its next action has not arrived, as the stage server

@@ -312,7 +312,8 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   NamedTensors all_params;  // the trainable ones, named
   for (const v1::ChunkAssignment& ca : a.chunks()) {
     const std::string what = who + " chunk " + std::to_string(ca.index());
-    if (ca.index() < 0 || ca.index() >= a.num_chunks() || ca.index() % a.num_stages() != a.stage_index())
+    if (ca.index() < 0 || ca.index() >= a.num_chunks() ||
+        StageOfChunk(a.spec().schedule(), ca.index(), a.num_stages()) != a.stage_index())
       return absl::InvalidArgumentError(what + ": not a chunk of this stage");
     Chunk c;
     c.index = ca.index();
@@ -543,6 +544,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
   if (job_->transport) job_->transport->Shutdown();
+  job_->turn_link = std::make_unique<LoopbackTransport>(&inbox_);
   if (job_->assignment.num_stages() == 1) {  // its chunks pass tensors to themselves
     job_->transport = std::make_unique<LoopbackTransport>(&inbox_);
     reply.set_transport(v1::LINK_NONE);

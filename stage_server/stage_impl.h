@@ -190,11 +190,13 @@ class Stage::Impl {
   // Everything of the configured job; touched on the executor thread only.
   struct Job {
     v1::StageAssignment assignment;
-    std::vector<Chunk> chunks;  // local chunk i holds model chunk i * P + stage
+    std::vector<Chunk> chunks;  // local chunk i holds model chunk ModelChunk(schedule, stage, i, P)
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<Dataset> data;
     std::unique_ptr<BatchLoader> loader;  // over `data`
     std::shared_ptr<Transport> transport;  // shared with the end of a step in flight (StepEnd)
+    // zbv: the turn of the V on the last stage, its chunk P-1 feeding its chunk P.
+    std::unique_ptr<LoopbackTransport> turn_link;
     v1::LinkSetup downstream_link;  // made by PrepareLink
     std::shared_ptr<PreparedLink> prepared_link;  // made by PrepareLink, then the transport's
     bool recompute = false;
@@ -323,6 +325,12 @@ class Stage::Impl {
   StatusOr<Tensors> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
   // `ts[k]` as part `parts[k]`, each a frame of its own.
   Status Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const Tensors& ts, const std::vector<int>& parts);
+  // The link and neighbour a frame for model chunk `to_chunk` leaves by.
+  struct Route {
+    Transport* link;
+    Peer peer;
+  };
+  Route RouteTo(v1::FrameKind kind, int to_chunk) const;
   Status Forward(StepState& st, int local, int mb);
   // The chunk's layers over `x`, checked against what the probe found.
   StatusOr<Tensors> RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x);

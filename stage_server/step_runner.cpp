@@ -28,10 +28,25 @@ StatusOr<Tensors> Stage::Impl::Receive(StepState& st, v1::FrameKind kind, int lo
   return out;
 }
 
+// Down the chain activations go to the next stage and gradients to the one
+// before (interleaved's last stage feeding the first); under zbv the V's
+// second leg runs the other way and its turn stays on the last stage.
+Stage::Impl::Route Stage::Impl::RouteTo(v1::FrameKind kind, int to_chunk) const {
+  const v1::ScheduleKind schedule = job_->spec().schedule();
+  const int p = job_->assignment.num_stages(), me = job_->assignment.stage_index();
+  Route via{job_->transport.get(), kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream};
+  if (schedule != v1::SCHEDULE_ZBV || p == 1) return via;
+  const int to = StageOfChunk(schedule, to_chunk, p);
+  if (to == me) return {job_->turn_link.get(), Peer::kDownstream};
+  via.peer = to > me ? Peer::kDownstream : Peer::kUpstream;
+  return via;
+}
+
 Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb, const Tensors& ts,
                          const std::vector<int>& parts) {
   const int from_chunk = kind == v1::FRAME_ACTIVATION ? to_chunk - 1 : to_chunk + 1;
   Span span(st, v1::TraceEvent::SEND, from_chunk / job_->assignment.num_stages(), mb);
+  const Route via = RouteTo(kind, to_chunk);
   for (std::size_t k = 0; k < ts.size(); ++k) {
     const at::Tensor& t = ts[k];
     Frame frame;
@@ -49,8 +64,7 @@ Status Stage::Impl::Send(StepState& st, v1::FrameKind kind, int to_chunk, int mb
     for (int64_t d : t.sizes()) h.mutable_tensor()->add_shape(d);
     h.mutable_tensor()->set_channels_last(SendsChannelsLast(t));
     frame.payload = MakeTensorPayload(t);
-    const Peer peer = kind == v1::FRAME_ACTIVATION ? Peer::kDownstream : Peer::kUpstream;
-    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->Send(peer, std::move(frame)), Who()));
+    CONVEYOR_RETURN_IF_ERROR(Annotate(via.link->Send(via.peer, std::move(frame)), Who()));
   }
   return absl::OkStatus();
 }
@@ -278,7 +292,7 @@ Status Stage::Impl::RunActions(StepState& st) {
   } else {
     actions = ForwardOnly(m, local_chunks);
   }
-  const bool zero_bubble = st.train && spec.schedule() == v1::SCHEDULE_ZERO_BUBBLE;
+  const bool zero_bubble = st.train && SplitsBackward(spec.schedule());
   const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
   // replicas: each chunk's last backward (or weight) pass of the optimizer
   // step gives its final gradients, all-reduced bucket by bucket as they come.

@@ -12,6 +12,10 @@
 
 namespace conveyor {
 
+// A stage's two neighbours: the stage before it in the chain and the one
+// after it.
+enum class Peer { kUpstream, kDownstream };
+
 // The bytes of a frame's tensor. Torch-free code sees only their size; the
 // stage and the transports know the concrete kinds: HostPayload below, and
 // TensorPayload (tensor_payload.h), a LibTorch tensor, possibly on a GPU.

@@ -65,9 +65,9 @@ Status Inbox::FailStepOnMalformed(const v1::TensorFrame& header, Status st) {
   return st;
 }
 
-void Inbox::SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher) {
+void Inbox::SetFetcher(Peer from, PayloadFetcher* fetcher) {
   std::lock_guard<std::mutex> lock(mu_);
-  (kind == v1::FRAME_ACTIVATION ? activation_fetcher_ : gradient_fetcher_) = fetcher;
+  (from == Peer::kUpstream ? from_upstream_ : from_downstream_) = fetcher;
 }
 
 Status Inbox::Check(const v1::TensorFrame& f, int64_t payload_bytes) const {
@@ -148,9 +148,10 @@ Status Inbox::Deliver(Frame frame) {
                                     (h.part() != 0 ? " tensor " + std::to_string(h.part()) : "") + " arrived twice");
   }
   if (fetch) {
-    PayloadFetcher* fetcher = h.kind() == v1::FRAME_ACTIVATION ? activation_fetcher_ : gradient_fetcher_;
+    PayloadFetcher* fetcher = h.to_upstream() ? from_downstream_ : from_upstream_;
     if (!fetcher) {
-      return absl::FailedPreconditionError("stage " + std::to_string(expect_.stage_index) + " has no NCCL link for " +
+      return absl::FailedPreconditionError("stage " + std::to_string(expect_.stage_index) + " has no NCCL link from its " +
+                                           (h.to_upstream() ? "downstream" : "upstream") + " neighbour for " +
                                            KindName(h.kind()) + " tensors");
     }
     return fetcher->Fetch(std::move(frame.header));
@@ -159,7 +160,7 @@ Status Inbox::Deliver(Frame frame) {
                {{"job_id", expect_.job_id},
                 {"stage", std::to_string(expect_.stage_index)},
                 {"replica", std::to_string(expect_.replica)},
-                {"peer", h.kind() == v1::FRAME_ACTIVATION ? "upstream" : "downstream"},
+                {"peer", h.to_upstream() ? "downstream" : "upstream"},
                 {"transport", h.carrier() == v1::CARRIER_NCCL ? "nccl" : "grpc"}},
                static_cast<double>(frame.payload->bytes()));
   frames_.emplace(key, std::move(frame));

@@ -98,9 +98,10 @@ class Inbox {
   // in Deliver().
   Status CheckHeader(const v1::TensorFrame& header, int64_t payload_bytes);
 
-  // Where headers of `kind` that travel without their bytes go; nullptr
+  // Where headers that travel without their bytes from neighbour `from` go
+  // (a header's to_upstream: it came from the downstream one); nullptr
   // unregisters. Not owned; once unregistered, never called again.
-  void SetFetcher(v1::FrameKind kind, PayloadFetcher* fetcher);
+  void SetFetcher(Peer from, PayloadFetcher* fetcher);
 
   // Waits for the frame (kind, chunk, micro_batch, part) of the current step
   // until `deadline`. DEADLINE_EXCEEDED names what was awaited and from whom.
@@ -139,8 +140,8 @@ class Inbox {
   std::map<Key, Frame> frames_;
   std::chrono::microseconds spin_{0};
   std::atomic<uint64_t> changes_{0};  // bumped (under mu_) whenever a Take() may have more to see
-  PayloadFetcher* activation_fetcher_ = nullptr;
-  PayloadFetcher* gradient_fetcher_ = nullptr;
+  PayloadFetcher* from_upstream_ = nullptr;
+  PayloadFetcher* from_downstream_ = nullptr;
   conveyor::Clock* clock_ = nullptr;  // null: the steady clock
 };
 

@@ -15,6 +15,7 @@ class InProcTransport : public Transport {
     Inbox* to = peer == Peer::kUpstream ? up_ : down_;
     if (!to) return absl::FailedPreconditionError("no neighbour on that side");
     if (frame.payload) frame.payload = CopyPayload(*frame.payload);
+    frame.header.set_to_upstream(peer == Peer::kUpstream);
     return to->Deliver(std::move(frame));
   }
   v1::LinkKind Kind(Peer) const override { return v1::LINK_IN_PROCESS; }

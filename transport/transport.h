@@ -22,8 +22,6 @@ namespace conveyor {
 
 class Inbox;
 
-enum class Peer { kUpstream, kDownstream };
-
 // Thread-safe.
 class Transport {
  public:

@@ -17,6 +17,10 @@
 #   bench/gpu/pipeline.sh schedules  W2 on two GPUs: zero-bubble (split backward, weight passes while
 #                                    waiting) against 1F1B, interleaved and torch.distributed.pipelining's
 #                                    1F1B, with timelines; about 350 s                      $out/zb.tgz
+#   bench/gpu/pipeline.sh zbv        W2 over every GPU given: Conveyor's zbv (two chunks a GPU in a V) against
+#                                    its zero-bubble and torch.distributed.pipelining's ZB-V and DualPipeV, at
+#                                    ZBV_MBS micro-batches (4,8), rows picked by ZBV_ONLY, with timelines; about
+#                                    40 s a row                                  $out/zbv-N.{log,csv}, $out/zbv-N/
 #   bench/gpu/pipeline.sh compile    W2 on two GPUs: 1F1B and interleaved against PyTorch eager, torch.compile
 #                                    and torch.distributed.pipelining's 1F1B, with timelines     $out/w2/
 #   bench/gpu/pipeline.sh zb-outside W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from
@@ -72,6 +76,17 @@ best_four() {
     --outside-repeats 1 --only "${IL_2X2:-interleaved-m4-r2}"
   python3 bench/bench.py plot --csv "$d"/four.csv "$d"/zb2x2.csv "$d"/il2x2.csv --out "$d" > "$d/table.md" 2>&1
   cat "$d/table.md"
+}
+
+part_zbv() {
+  local g d
+  g=$(gpu_count)
+  d=$out/zbv-$g
+  timeout "${ZBV_TIMEOUT:-560}" python3 bench/bench.py w2 --bin "$bin" --ranks "$g" --steps 8 --timeout 120 \
+    --micro-batches "${ZBV_MBS:-4,8}" --outside-steps 0 --torch-schedules zbv,dualpipev --out "$d" --csv "$d.csv" \
+    --only "${ZBV_ONLY:-pytorch-1gpu,torch-pp-*,zero-bubble-m*,zbv-m*}" --trace-dir "$d/timelines" > "$d.log" 2>&1
+  sed -n '/^W2 (/,/^$/p' "$d.log"
+  grep -E 'not measured|failed|past' "$d.log"
 }
 
 part_schedules() {

@@ -200,11 +200,14 @@ TEST(JobSpec, BadValuesAreNamed) {
       {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
       {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
       {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "3 chunks need 2 boundaries"},
-      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b, interleaved, zero-bubble)"},
+      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b, interleaved, zero-bubble, zbv)"},
       {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nmicro_batches: 4\n", "needs 2 or more"},
       {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 3\n",
        "multiple of the stages (2), got 3"},
-      {"model: convnet\nvirtual_stages: 2\n", "only the interleaved schedule"},
+      {"model: convnet\nvirtual_stages: 2\n", "only the interleaved and zbv schedules"},
+      {"model: convnet\npartition: {stages: 2}\nschedule: zbv\nvirtual_stages: 3\n", "zbv schedule places two chunks"},
+      {"model: toy\npartition: {stages: 2}\nschedule: zbv\n", "2 stages of 2 chunks but the model has only 3 layers"},
+      {"model: toy\ncuda_graphs: true\nschedule: zbv\n", "cuda_graphs: cannot be combined with the zbv"},
       {"model: toy\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 2\n",
        "2 stages of 2 chunks but the model has only 3 layers"},
       {"model: toy\nrecompute: [3]\n", "recompute: stage 3 is not one of the job's stages"},
@@ -252,6 +255,11 @@ TEST(JobSpec, SchedulesAndRecompute) {
   auto ranges = PartitionLayers(*spec);
   ASSERT_TRUE(ranges.ok());
   EXPECT_EQ(ranges->size(), 6u);  // chunks: 2 stages x 3
+  spec = ParseJobYaml("model: convnet\npartition: {stages: 2}\nschedule: zbv\nmicro_batches: 3\n");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->virtual_stages(), 2);  // zbv's V: two chunks a stage, any micro-batch count
+  ASSERT_TRUE(PartitionLayers(*spec).ok());
+  EXPECT_EQ(PartitionLayers(*spec)->size(), 4u);
   spec = ParseJobYaml("model: toy\nschedule: zero-bubble\nrecompute: true\n");
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_TRUE(RecomputeOn(*spec, 0));

@@ -100,7 +100,7 @@ bool Simulate(v1::ScheduleKind kind, int p, int m, int v, std::vector<int>* peak
     for (int s = 0; s < p; ++s) {
       if (pc[s] == lists[s].size()) continue;
       const Action& a = lists[s][pc[s]];
-      const int c = a.chunk * p + s;
+      const int c = ModelChunk(kind, s, a.chunk, p);
       const auto key = std::make_pair(a.chunk, a.micro_batch);
       if (a.type == ActionType::kForward) {
         if (c > 0 && !forwarded[c - 1].count(a.micro_batch)) continue;
@@ -111,7 +111,7 @@ bool Simulate(v1::ScheduleKind kind, int p, int m, int v, std::vector<int>* peak
         if (c + 1 < chunks && !backwarded[c + 1].count(a.micro_batch)) continue;
         if (!held[s].count(key)) return false;  // backward before forward
         backwarded[c].insert(a.micro_batch);
-        if (kind != v1::SCHEDULE_ZERO_BUBBLE) held[s].erase(key);
+        if (!SplitsBackward(kind)) held[s].erase(key);
       } else {
         if (!backwarded[c].count(a.micro_batch)) return false;  // weight pass before backward
         held[s].erase(key);
@@ -144,6 +144,33 @@ TEST(Schedule, EveryScheduleIsDeadlockFreeAndBoundsMemory) {
       }
     }
   }
+}
+
+// ZB-V: chunk c on stage c for c < P, else 2P-1-c; every list holds each
+// of its chunks' passes once, in micro-batch order.
+TEST(Schedule, ZbvPlacesChunksInAVAndIsDeadlockFree) {
+  EXPECT_EQ(StageOfChunk(v1::SCHEDULE_ZBV, 0, 4), 0);
+  EXPECT_EQ(StageOfChunk(v1::SCHEDULE_ZBV, 3, 4), 3);
+  EXPECT_EQ(StageOfChunk(v1::SCHEDULE_ZBV, 4, 4), 3);
+  EXPECT_EQ(StageOfChunk(v1::SCHEDULE_ZBV, 7, 4), 0);
+  EXPECT_EQ(ModelChunk(v1::SCHEDULE_ZBV, 1, 1, 4), 6);
+  EXPECT_EQ(ModelChunk(v1::SCHEDULE_INTERLEAVED, 1, 1, 4), 5);
+  EXPECT_FALSE(LinksInARing(v1::SCHEDULE_ZBV, 8, 4));
+  EXPECT_TRUE(LinksInARing(v1::SCHEDULE_INTERLEAVED, 8, 4));
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 24; ++m) {
+      std::vector<int> peak;
+      ASSERT_TRUE(Simulate(v1::SCHEDULE_ZBV, p, m, 2, &peak)) << "P=" << p << " M=" << m;
+      for (int s = 0; s < p; ++s) {
+        auto list = BuildSchedule(v1::SCHEDULE_ZBV, s, p, m, 2);
+        ASSERT_TRUE(list.ok());
+        EXPECT_EQ(list->size(), static_cast<std::size_t>(6 * m));
+        std::vector<std::vector<int>> next(2, std::vector<int>(3, 0));  // [local chunk][pass]: next micro-batch
+        for (const Action& a : *list) EXPECT_EQ(a.micro_batch, next[a.chunk][static_cast<int>(a.type)]++);
+      }
+    }
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(BuildSchedule(v1::SCHEDULE_ZBV, 0, 4, 8, 1).status()));
 }
 
 TEST(Schedule, InterleavedIsDeadlockFree) {
@@ -202,6 +229,26 @@ TEST(Schedule, SimulatedStepsHaveTheTextbookBubbles) {
 // halves. Stage 0 computes 8 x 34.5 = 276: zero-bubble, its weight passes
 // run while waiting, comes within 7 of it (282.8; measured 299.5 with the
 // lists before, which it puts at about 295), 1F1B's bubble costs 33.7.
+// Equal chunks (forward 1, backward 2, a whole stage's worth split over its
+// two chunks): ZB-V's step comes within P - 1 chunk forwards of a stage's
+// work (24 + 1.5 for P=4, M=8), where 1F1B pays (P - 1)(f + b) and ZB-H1
+// (28) about a third of that.
+TEST(Schedule, SimulatedZbvHasAlmostNoBubble) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {4, 8, 16}) {
+      if (m < p) continue;
+      std::vector<double> f(2 * p, 0.5), b(2 * p, 1.0);
+      auto t = SimulateStep(v1::SCHEDULE_ZBV, p, m, 2, f, b);
+      ASSERT_TRUE(t.ok()) << t.status();
+      auto zb = SimulateStep(v1::SCHEDULE_ZERO_BUBBLE, p, m, 1, std::vector<double>(p, 1.0), std::vector<double>(p, 2.0));
+      ASSERT_TRUE(zb.ok());
+      EXPECT_GE(*t, m * 3.0);
+      EXPECT_LE(*t, m * 3.0 + (p - 1) * 0.5) << "P=" << p << " M=" << m;  // one chunk's forward a stage
+      EXPECT_LT(*t, *zb) << "P=" << p << " M=" << m;
+    }
+  }
+}
+
 TEST(Schedule, SimulatedZeroBubbleFillsItsWaitsWithWeightPasses) {
   const std::vector<double> f{10, 10}, b{24.5, 24.1};
   auto one_f_one_b = SimulateStep(v1::SCHEDULE_1F1B, 2, 8, 1, f, b);
@@ -215,3 +262,4 @@ TEST(Schedule, SimulatedZeroBubbleFillsItsWaitsWithWeightPasses) {
 
 }  // namespace
 }  // namespace conveyor
+

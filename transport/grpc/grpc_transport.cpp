@@ -248,13 +248,13 @@ class NcclFetcher final : public PayloadFetcher {
   // `rings`, `ring`: the link's shared memory and this direction's ring, or
   // null; whether headers come through them is decided once the
   // communicator is up (header_ring.h).
-  NcclFetcher(Inbox* inbox, v1::FrameKind kind, std::unique_ptr<NcclChannel> channel,
+  NcclFetcher(Inbox* inbox, Peer from, std::unique_ptr<NcclChannel> channel,
               std::chrono::duration<double> timeout, std::shared_ptr<LinkRings> rings, HeaderRing* ring)
-      : inbox_(inbox), kind_(kind), channel_(std::move(channel)),
+      : inbox_(inbox), from_(from), channel_(std::move(channel)),
         timeout_(std::chrono::duration_cast<Clock::duration>(timeout)), rings_(std::move(rings)), ring_(ring),
         queue_("the NCCL link") {
     thread_ = std::thread([this] { Loop(); });
-    inbox_->SetFetcher(kind_, this);
+    inbox_->SetFetcher(from_, this);
   }
   ~NcclFetcher() override { Shutdown(); }
 
@@ -267,7 +267,7 @@ class NcclFetcher final : public PayloadFetcher {
 
   void Shutdown() {
     if (!queue_.Close()) return;
-    inbox_->SetFetcher(kind_, nullptr);  // no Fetch() after this
+    inbox_->SetFetcher(from_, nullptr);  // no Fetch() after this
     channel_->Abort();
     if (thread_.joinable()) thread_.join();
   }
@@ -334,7 +334,7 @@ class NcclFetcher final : public PayloadFetcher {
   }
 
   Inbox* inbox_;
-  const v1::FrameKind kind_;
+  const Peer from_;
   std::unique_ptr<NcclChannel> channel_;
   const Clock::duration timeout_;
   std::shared_ptr<LinkRings> rings_;  // shared with this stage's link of the other direction
@@ -348,6 +348,7 @@ class GrpcTransport : public Transport {
   Status Send(Peer peer, Frame frame) override {
     Link* link = peer == Peer::kUpstream ? up_.get() : down_.get();
     if (!link) return absl::FailedPreconditionError("no neighbour on that side");
+    frame.header.set_to_upstream(peer == Peer::kUpstream);
     return link->Send(std::move(frame));
   }
   v1::LinkKind Kind(Peer peer) const override {
@@ -411,7 +412,7 @@ StatusOr<NcclEnd> JoinNccl(const v1::LinkSetup& setup, bool upstream_end, const 
       NcclChannel::Join(recv_id, 1, device, options.nccl.ctas,
                         std::string("NCCL link (") + (upstream_end ? "gradients from " : "activations from ") + peer + ")"));
   t->fetchers_.push_back(std::make_unique<NcclFetcher>(options.inbox,
-                                                       upstream_end ? v1::FRAME_GRADIENT : v1::FRAME_ACTIVATION,
+                                                       upstream_end ? Peer::kDownstream : Peer::kUpstream,
                                                        std::move(receive), options.timeout, rings, receive_ring));
   end.rings = std::move(rings);
   return end;

@@ -233,8 +233,8 @@ TEST(GrpcLink, FramesArriveInTheOrderSent) {
   ASSERT_TRUE(link.ok()) << link.status();
   receiver.Open("job-order", v1::DTYPE_FLOAT32, {7});
   RecordingFetcher fetcher;
-  receiver.inbox.SetFetcher(v1::FRAME_ACTIVATION, &fetcher);
-  receiver.inbox.SetFetcher(v1::FRAME_GRADIENT, &fetcher);
+  receiver.inbox.SetFetcher(Peer::kUpstream, &fetcher);
+  receiver.inbox.SetFetcher(Peer::kDownstream, &fetcher);
   const at::Tensor shape = at::zeros({2, 7});
   // An order that no sorting by kind or micro-batch reproduces.
   const std::vector<std::pair<v1::FrameKind, int>> order = {
@@ -243,8 +243,8 @@ TEST(GrpcLink, FramesArriveInTheOrderSent) {
   for (const auto& [kind, mb] : order)
     ASSERT_TRUE((*link)->Send(Peer::kDownstream, ApartHeader("job-order", kind, mb, shape)).ok());
   EXPECT_EQ(fetcher.WaitFor(order.size(), Clock::now() + kWait), order);
-  receiver.inbox.SetFetcher(v1::FRAME_ACTIVATION, nullptr);
-  receiver.inbox.SetFetcher(v1::FRAME_GRADIENT, nullptr);
+  receiver.inbox.SetFetcher(Peer::kUpstream, nullptr);
+  receiver.inbox.SetFetcher(Peer::kDownstream, nullptr);
 
   // Inline frames: a 3-chunk frame, then a small one for the same slot. The
   // first sent is held; the second is a duplicate, refused, and ends the stream.
