@@ -15,6 +15,7 @@
 #include "cli/job_checks.h"
 #include "cli/local_cluster.h"
 #include "cli/local_outputs.h"
+#include "cli/output.h"
 #include "cli/trace.h"
 #include "common/command_line.h"
 #include "common/files.h"
