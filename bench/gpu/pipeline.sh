@@ -20,7 +20,7 @@
 #   bench/gpu/pipeline.sh zbv        W2 over every GPU given: Conveyor's zbv (two chunks a GPU in a V) against
 #                                    its zero-bubble and torch.distributed.pipelining's ZB-V and DualPipeV, at
 #                                    ZBV_MBS micro-batches (4,8), rows picked by ZBV_ONLY, with timelines; about
-#                                    40 s a row                                  $out/zbv-N.{log,csv}, $out/zbv-N/
+#                                    40 s a row                                $out/zbv-N.{log,csv}, $out/zbv-N.tgz
 #   bench/gpu/pipeline.sh compile    W2 on two GPUs: 1F1B and interleaved against PyTorch eager, torch.compile
 #                                    and torch.distributed.pipelining's 1F1B, with timelines     $out/w2/
 #   bench/gpu/pipeline.sh zb-outside W2's zero-bubble row (ZB_ROWS, zero-bubble-m8) alone, checked from
@@ -87,6 +87,7 @@ part_zbv() {
     --only "${ZBV_ONLY:-pytorch-1gpu,torch-pp-*,zero-bubble-m*,zbv-m*}" --trace-dir "$d/timelines" > "$d.log" 2>&1
   sed -n '/^W2 (/,/^$/p' "$d.log"
   grep -E 'not measured|failed|past' "$d.log"
+  pack "zbv-$g"
 }
 
 part_schedules() {
