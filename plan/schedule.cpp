@@ -4,7 +4,6 @@
 #include <array>
 #include <map>
 #include <mutex>
-#include <set>
 
 #include "plan/job_spec.h"
 
@@ -326,17 +325,7 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
       run(s, i, free[s]);
     } else {
       std::size_t pull = lists[s].size();
-      if (kind == v1::SCHEDULE_ZBV) {  // any later pass whose input is there, each chunk's passes in order
-        std::set<std::pair<int, ActionType>> passed{{a.chunk, a.type}};
-        for (std::size_t j = i + 1; j < lists[s].size() && pull == lists[s].size(); ++j) {
-          const Action& b = lists[s][j];
-          if (done[s][j] || !passed.insert({b.chunk, b.type}).second) continue;
-          const int c = ModelChunk(kind, s, b.chunk, stages);
-          const double ready = b.type == ActionType::kWeight ? backwarded[c][b.micro_batch] : arrives(b, c);
-          if (ready != kNotYet && ready <= free[s]) pull = j;
-        }
-      }
-      for (std::size_t j = i + 1; split && kind != v1::SCHEDULE_ZBV && j < lists[s].size(); ++j) {
+      for (std::size_t j = i + 1; split && j < lists[s].size(); ++j) {
         const Action& w = lists[s][j];
         if (done[s][j] || w.type != ActionType::kWeight) continue;
         if (backwarded[ModelChunk(kind, s, w.chunk, stages)][w.micro_batch] == kNotYet) break;  // its backward has not run

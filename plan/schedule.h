@@ -56,11 +56,7 @@ struct Action {
 //              input-gradient pass if one is due, else a forward, else the
 //              oldest due weight pass. It trades memory for the bubble: the
 //              first stage may hold every micro-batch, as under GPipe.
-//              While the input of its next action has not come, a stage runs
-//              the first later action in its list whose input is there, each
-//              chunk's forwards, backwards and weight passes in micro-batch
-//              order (the stage server, and SimulateStep). Needs
-//              virtual_stages 2.
+//              Needs virtual_stages 2.
 // INVALID_ARGUMENT when the arguments do not fit the schedule.
 StatusOr<std::vector<Action>> BuildSchedule(v1::ScheduleKind kind, int stage, int stages, int micro_batches,
                                             int virtual_stages = 1);

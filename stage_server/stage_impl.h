@@ -331,11 +331,6 @@ class Stage::Impl {
     Peer peer;
   };
   Route RouteTo(v1::FrameKind kind, int to_chunk) const;
-  // zbv: the first action after `after` in the list that can run now and is
-  // the next of its chunk's forwards, backwards or weight passes; the list's
-  // size if none.
-  std::size_t NextReady(const StepState& st, const std::vector<Action>& actions, const std::vector<bool>& done,
-                        std::size_t after) const;
   Status Forward(StepState& st, int local, int mb);
   // The chunk's layers over `x`, checked against what the probe found.
   StatusOr<Tensors> RunLayers(StepState& st, Chunk& c, int mb, const Tensors& x);

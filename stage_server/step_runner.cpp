@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <set>
 #include <limits>
 
 namespace conveyor {
@@ -282,22 +281,6 @@ bool Stage::Impl::FrameReady(const Action& act) const {
   return true;
 }
 
-std::size_t Stage::Impl::NextReady(const StepState& st, const std::vector<Action>& actions,
-                                   const std::vector<bool>& done, std::size_t after) const {
-  std::set<std::pair<int, ActionType>> passed;  // (chunk, pass) seen not done: later ones of it must wait
-  passed.insert({actions[after].chunk, actions[after].type});
-  for (std::size_t j = after + 1; j < actions.size(); ++j) {
-    const Action& a = actions[j];
-    if (done[j] || !passed.insert({a.chunk, a.type}).second) continue;
-    auto held = st.held.find({a.chunk, a.micro_batch});
-    const bool ready = a.type == ActionType::kWeight ? held != st.held.end() && held->second.split
-                       : a.type == ActionType::kBackward ? held != st.held.end() && FrameReady(a)
-                                                         : FrameReady(a);
-    if (ready) return j;
-  }
-  return actions.size();
-}
-
 Status Stage::Impl::RunActions(StepState& st) {
   const v1::JobSpec& spec = job_->spec();
   const v1::StageAssignment& a = job_->assignment;
@@ -310,7 +293,6 @@ Status Stage::Impl::RunActions(StepState& st) {
     actions = ForwardOnly(m, local_chunks);
   }
   const bool zero_bubble = st.train && SplitsBackward(spec.schedule());
-  const bool any_ready = st.train && spec.schedule() == v1::SCHEDULE_ZBV;
   const bool last_batch = st.data_step % st.accumulate == st.accumulate - 1;  // of the optimizer step
   // replicas: each chunk's last backward (or weight) pass of the optimizer
   // step gives its final gradients, all-reduced bucket by bucket as they come.
@@ -351,19 +333,10 @@ Status Stage::Impl::RunActions(StepState& st) {
       // come, run the weight passes due later whose backward is done, in the
       // list's order (so the gradients add up in the same order, whatever the
       // timing): the wait is the bubble they fill.
-      for (std::size_t j = i + 1; zero_bubble && !any_ready && !FrameReady(actions[i]) && j < actions.size(); ++j) {
+      for (std::size_t j = i + 1; zero_bubble && !FrameReady(actions[i]) && j < actions.size(); ++j) {
         if (done[j] || actions[j].type != ActionType::kWeight) continue;
         auto held = st.held.find({actions[j].chunk, actions[j].micro_batch});
         if (held == st.held.end() || !held->second.split) break;  // its backward has not run
-        CONVEYOR_RETURN_IF_ERROR(run(j));
-      }
-      // zbv: any later pass that can run now, the first in the list, as long
-      // as each chunk's forwards, backwards and weight passes keep their
-      // micro-batch order (a chunk's passes touch its parameters alone, so
-      // the gradients add up as in the list's order, bit for bit).
-      while (any_ready && !FrameReady(actions[i])) {
-        const std::size_t j = NextReady(st, actions, done, i);
-        if (j == actions.size()) break;
         CONVEYOR_RETURN_IF_ERROR(run(j));
       }
       CONVEYOR_RETURN_IF_ERROR(run(i));
