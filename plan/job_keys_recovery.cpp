@@ -49,7 +49,7 @@ void AddRecoveryKeys(Table& add) {
       "checkpoint complete on every stage, read from the copies the other servers keep (`checkpoint_copies`); "
       "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Of two "
       "replicas, the one that lost a server is dropped and the other takes the global batch. Jobs with more replicas, "
-      "zero 1 or the interleaved schedule fail either way")
+      "zero 1, or the interleaved or zbv schedule fail either way")
       .Choices(Names<v1::LostServerAction>({{"replan", v1::LOST_SERVER_REPLAN}, {"fail", v1::LOST_SERVER_FAIL}}))
       .Expect("replan or fail")
       .Default("replan")
