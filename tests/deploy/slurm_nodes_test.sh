@@ -12,7 +12,12 @@
 #      server) killed mid-run, its slurmd started again; the script starts the
 #      stage server again on that node at its address, the job recovers and
 #      ends at the same digest;
-#   3. the ssh launch of docs/operations.md ("Several nodes"), read from the
+#   3. sbatch -N 3 again, node3 lost for good (its processes killed, its
+#      slurmd not started again until the job is over): Slurm marks it DOWN
+#      and, the script asking --no-kill, keeps the allocation; the script does
+#      not start the stage again, and the job folds the lost stage onto the
+#      other two (on_lost_server: replan) and ends at the same digest;
+#   4. the ssh launch of docs/operations.md ("Several nodes"), read from the
 #      document, with `ssh HOST` entering the node's namespaces: the same digest.
 # Stops everything it started and leaves nothing behind. Exit 77 (ctest:
 # skipped) where Slurm or namespaces cannot run here.
@@ -135,6 +140,7 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 SchedulerParameters=defer_batch=0
 MinJobAge=600
+SlurmdTimeout=10
 CONF
   for i in "${!nodes[@]}"; do
     echo "NodeName=${nodes[i]} NodeHostname=${nodes[i]} NodeAddr=${addr[i]} CPUs=2 RealMemory=2000 State=UNKNOWN"
@@ -190,6 +196,7 @@ JOB
 }
 job_yaml 4 1000 > "$tmp/job-4.yaml"
 job_yaml 3 50 > "$tmp/job-3.yaml"
+{ cat "$tmp/job-3.yaml"; echo "lost_after: 25"; echo "recovery_timeout: 60"; } > "$tmp/job-lost.yaml"
 digest() { sed -n 's/.*"param_digest":"\([0-9a-f]*\)".*/\1/p' | tail -1; }
 # One `conveyor local` run: how the layers are cut into stages, and
 # checkpoints, change no arithmetic (the equality tests hold every partition
@@ -321,7 +328,29 @@ restarted=$(grep -o "stage [0-9]* at [0-9.:]* does not answer; starting it again
 say "PASS: sbatch -N 3 (node3's processes killed at step $at, node3 back; restarted: ${restarted%,};" \
     "recoveries: ${recoveries:-0}) ended at conveyor local's param_digest $slurm_digest"
 
-# 3. Without Slurm: the ssh block of docs/operations.md ("Several nodes") as it
+# 3. Three nodes again, node3 lost for good mid-run.
+submit lost -N 3 --ntasks-per-node=1 --cpus-per-task=1
+wait_for_step 60  # past the checkpoint of step 50
+at=$(conveyor_step)
+kill_node 2
+say "killed every process of node3 (${ns[2]}) for good at conveyor step $at"
+wait_for_completion
+start_node 2
+grep -q "stage 2's node node3 is down; not starting it again" <<< "$out" ||
+  fail "the script did not say it leaves node3's stage down"
+grep -q "lost for good" <<< "$out" || fail "the job's events do not say it went on without the lost server"
+grep -q "\"lost_servers\":\[\"${addr[2]}:" <<< "$out" || fail "the job's status does not name node3's server as lost"
+slurm_digest=$(digest <<< "$out")
+[ "$slurm_digest" = "$local_digest" ] ||
+  fail "sbatch -N 3 without node3's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
+say "PASS: sbatch -N 3, node3 lost for good at step $at: the job folded its stage and ended at conveyor local's param_digest $slurm_digest"
+deadline=$((SECONDS + 60))
+until nodes_idle; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "node3 did not come back within 60 s: $(sinfo -h -N -o '%N %t' | tr '\n' ' ')"
+  sleep 0.5
+done
+
+# 4. Without Slurm: the ssh block of docs/operations.md ("Several nodes") as it
 #    stands, run from the bridge's side, `ssh HOST` entering that node's
 #    namespaces in the shared folder ($home, as ssh starts in the home folder)
 #    and the nodes' names resolved by an /etc/hosts of this test's own (bound
