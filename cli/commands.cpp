@@ -242,67 +242,81 @@ CLI::Validator NotNegative() {
       "N >= 0");
 }
 
-}  // namespace
-
-int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
-         const CheckpointExporter& export_checkpoints) {
-  CLI::App app{"conveyor: pipeline-parallel training as services"};
-  app.name("conveyor");
-  app.require_subcommand(1);
-  app.fallthrough();  // the options below also after the command: `conveyor local JOB --tls-cert ...`
+// What the command line gives: each command's arguments and options, bound
+// to CLI11 before the parse.
+struct CliArgs {
   Common common;
-  app.add_option("--coordinator", common.coordinator,
-                 "coordinator HOST:PORT (default: $CONVEYOR_COORDINATOR, else 127.0.0.1:50050)");
-  app.add_option("-v,--log-level", common.log_level, "trace, debug, info, warn, error, off")->capture_default_str();
-  AddTlsFlags(app, &common.tls, "CONVEYOR_");
-  app.add_option("--token-file", common.token_file,
-                 "file holding the coordinator's token, for submit, cancel and resume (default: $CONVEYOR_TOKEN)");
-
   std::string file, job_id, device = "cpu", address, trace_prefix, profile_dir = ".";
   bool wait = false, reference = false;
   int stages = 0, threads = 0;
-
-  auto* submit = app.add_subcommand("submit", "submit a job file to the coordinator");
-  submit->add_option("job", file, "job file (YAML)")->required();
-  submit->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
-  submit->add_flag("--json", common.json, "print the result as one JSON object on stdout");
-  // --set and --dry-run on every command that reads a job file.
-  auto add_overrides = [&common](CLI::App* cmd) {
-    cmd->add_option("--set", common.sets,
-                    "KEY=VALUE: set a job key (dotted, as `conveyor keys` lists them) over the job file's; repeatable, "
-                    "e.g. --set optimizer.lr=0.01 --set 'model.hidden=[64, 64]'");
-    cmd->add_flag("--dry-run", common.dry_run, "print the effective job file (the file with --set applied) and run nothing");
-  };
-  add_overrides(submit);
-
-  auto* status = app.add_subcommand("status", "show a job");
-  status->add_option("job_id", job_id, "job id")->required();
-  status->add_flag("--json", common.json, "print one JSON object");
-  status->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
   std::string metrics_csv, curves_out, local_curves = "auto";
-  status->add_option("--metrics-csv", metrics_csv,
-                     "also write the job's curves to FILE: one row per training step and per evaluation");
+  std::string local_device = "auto";
+  bool keep_logs = false;
+  int64_t step = -1;
+  double health_wait = 0;
+  CheckpointExportOptions from_files;
+};
 
+// The commands, each set once the command line names it.
+struct CliCommands {
+  CLI::App *submit = nullptr, *status = nullptr, *list = nullptr, *cancel = nullptr, *resume = nullptr;
+  CLI::App *train = nullptr, *local = nullptr, *trace = nullptr, *health = nullptr;
+  CLI::App *export_cmd = nullptr, *keys = nullptr, *plot = nullptr;
+};
 
-  auto* list = app.add_subcommand("list", "list the coordinator's jobs");
-  list->add_flag("--json", common.json, "print a JSON array");
+void AddCliGlobalOptions(CLI::App& app, Common* common) {
+  app.add_option("--coordinator", common->coordinator,
+                 "coordinator HOST:PORT (default: $CONVEYOR_COORDINATOR, else 127.0.0.1:50050)");
+  app.add_option("-v,--log-level", common->log_level, "trace, debug, info, warn, error, off")->capture_default_str();
+  AddTlsFlags(app, &common->tls, "CONVEYOR_");
+  app.add_option("--token-file", common->token_file,
+                 "file holding the coordinator's token, for submit, cancel and resume (default: $CONVEYOR_TOKEN)");
+}
 
-  auto* cancel = app.add_subcommand("cancel", "cancel a queued or running job");
-  cancel->add_option("job_id", job_id, "job id")->required();
+// --set and --dry-run on every command that reads a job file.
+void AddCliJobOverrides(CLI::App* cmd, Common* common) {
+  cmd->add_option("--set", common->sets,
+                  "KEY=VALUE: set a job key (dotted, as `conveyor keys` lists them) over the job file's; repeatable, "
+                  "e.g. --set optimizer.lr=0.01 --set 'model.hidden=[64, 64]'");
+  cmd->add_flag("--dry-run", common->dry_run, "print the effective job file (the file with --set applied) and run nothing");
+}
 
-  auto* resume = app.add_subcommand(
+// submit, status, list, cancel and resume: the coordinator's jobs.
+void AddCliServerCommands(CLI::App& app, CliArgs* a, CliCommands* cmd) {
+  cmd->submit = app.add_subcommand("submit", "submit a job file to the coordinator");
+  cmd->submit->add_option("job", a->file, "job file (YAML)")->required();
+  cmd->submit->add_flag("--wait", a->wait, "follow the job until it ends; exit 0 only if it succeeded");
+  cmd->submit->add_flag("--json", a->common.json, "print the result as one JSON object on stdout");
+  AddCliJobOverrides(cmd->submit, &a->common);
+
+  cmd->status = app.add_subcommand("status", "show a job");
+  cmd->status->add_option("job_id", a->job_id, "job id")->required();
+  cmd->status->add_flag("--json", a->common.json, "print one JSON object");
+  cmd->status->add_flag("--wait", a->wait, "follow the job until it ends; exit 0 only if it succeeded");
+  cmd->status->add_option("--metrics-csv", a->metrics_csv,
+                          "also write the job's curves to FILE: one row per training step and per evaluation");
+
+  cmd->list = app.add_subcommand("list", "list the coordinator's jobs");
+  cmd->list->add_flag("--json", a->common.json, "print a JSON array");
+
+  cmd->cancel = app.add_subcommand("cancel", "cancel a queued or running job");
+  cmd->cancel->add_option("job_id", a->job_id, "job id")->required();
+
+  cmd->resume = app.add_subcommand(
       "resume", "queue a failed or cancelled job again: it goes on from its last checkpoint, optimizer state and step");
-  resume->add_option("job_id", job_id, "job id")->required();
-  resume->add_flag("--wait", wait, "follow the job until it ends; exit 0 only if it succeeded");
-  resume->add_option("--set", common.sets,
-                     "KEY=VALUE: lay the job out anew where it resumes (partition.stages, partition.boundaries, "
-                     "schedule, ...; not what it trains): its checkpoint is loaded resharded; repeatable");
+  cmd->resume->add_option("job_id", a->job_id, "job id")->required();
+  cmd->resume->add_flag("--wait", a->wait, "follow the job until it ends; exit 0 only if it succeeded");
+  cmd->resume->add_option("--set", a->common.sets,
+                          "KEY=VALUE: lay the job out anew where it resumes (partition.stages, partition.boundaries, "
+                          "schedule, ...; not what it trains): its checkpoint is loaded resharded; repeatable");
+}
 
-  auto* train = app.add_subcommand("train", "train in this process: the correctness reference");
-  train->add_option("job", file, "job file (YAML)")->required();
-  train->add_flag("--reference", reference, "the whole model on one device, full batches, no pipeline");
-  train->add_flag("--json", common.json, "print the result as one JSON object on stdout");
-  train->add_option("--device", device, "cpu, cuda or cuda:N")
+void AddCliTrainCommand(CLI::App& app, CliArgs* a, CliCommands* cmd) {
+  CLI::App* train = cmd->train = app.add_subcommand("train", "train in this process: the correctness reference");
+  train->add_option("job", a->file, "job file (YAML)")->required();
+  train->add_flag("--reference", a->reference, "the whole model on one device, full batches, no pipeline");
+  train->add_flag("--json", a->common.json, "print the result as one JSON object on stdout");
+  train->add_option("--device", a->device, "cpu, cuda or cuda:N")
       ->check(CLI::Validator(
           [](std::string& d) {
             const bool ok = d == "cpu" || d == "cuda" ||
@@ -312,52 +326,57 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
           },
           "DEVICE"))
       ->capture_default_str();
-  train->add_option("--threads", threads, "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)")
+  train->add_option("--threads", a->threads,
+                    "LibTorch intra-op threads (0: 1 on a CUDA device, LibTorch's default on the CPU)")
       ->check(NotNegative());
-  train->add_option("--profile-dir", profile_dir, "where the job's profile_step writes its trace")->capture_default_str();
-  add_overrides(train);
+  train->add_option("--profile-dir", a->profile_dir, "where the job's profile_step writes its trace")
+      ->capture_default_str();
+  AddCliJobOverrides(train, &a->common);
+}
 
-  std::string local_device = "auto";
-  auto* local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
-  local->add_option("job", file, "job file (YAML)")->required();
-  local->add_option("--stages", stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)")
+void AddCliLocalCommand(CLI::App& app, CliArgs* a, CliCommands* cmd) {
+  CLI::App* local = cmd->local = app.add_subcommand("local", "start a local cluster, run one job on it, stop it");
+  local->add_option("job", a->file, "job file (YAML)")->required();
+  local->add_option("--stages", a->stages, "stage servers to start (default: one per stage and replica; on GPUs at most one per GPU, stages folded together where they outnumber the GPUs)")
       ->check(NotNegative());
-  local->add_option("--device", local_device, "auto (GPUs where present), cpu or cuda")
+  local->add_option("--device", a->local_device, "auto (GPUs where present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  local->add_flag("--json", common.json, "print the result as one JSON object on stdout");
-  bool keep_logs = false;
-  local->add_flag("--keep-logs", keep_logs, "keep the cluster's logs and state even when the job succeeds");
+  local->add_flag("--json", a->common.json, "print the result as one JSON object on stdout");
+  local->add_flag("--keep-logs", a->keep_logs, "keep the cluster's logs and state even when the job succeeds");
 
-  local->add_option("--trace", trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
-  local->add_option("--curves", local_curves,
+  local->add_option("--trace", a->trace_prefix, "write the last step's timeline to PREFIX.json and PREFIX.png");
+  local->add_option("--curves", a->local_curves,
                     "draw the job's training curves into this PNG at the end (default: beside save.path's weights as "
                     "NAME-curves.png, or NAME-curves-2.png and on where another run's is there; without save.path, "
                     "curves.png in the run's log folder, which keeps it; \"\" draws none)")
       ->capture_default_str();
-  local->add_option("--profile-dir", profile_dir, "where each stage writes its trace of the job's profile_step")
+  local->add_option("--profile-dir", a->profile_dir, "where each stage writes its trace of the job's profile_step")
       ->capture_default_str();
-  add_overrides(local);
+  AddCliJobOverrides(local, &a->common);
+}
 
-  int64_t step = -1;
-  auto* trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");
-  trace->add_option("job_id", job_id, "job id")->required();
-  trace->add_option("--step", step, "the step, from 1 as progress counts (default: the last one kept)");
-  trace->add_option("--out", trace_prefix, "file prefix (default JOB-stepN)");
+void AddCliTraceHealthCommands(CLI::App& app, CliArgs* a, CliCommands* cmd) {
+  cmd->trace = app.add_subcommand("trace", "write a step's timeline: Chrome/Perfetto JSON and a PNG");
+  cmd->trace->add_option("job_id", a->job_id, "job id")->required();
+  cmd->trace->add_option("--step", a->step, "the step, from 1 as progress counts (default: the last one kept)");
+  cmd->trace->add_option("--out", a->trace_prefix, "file prefix (default JOB-stepN)");
 
-  auto* health = app.add_subcommand("health", "probe a server with the standard gRPC health check");
-  health->add_option("address", address, "HOST:PORT")->required();
-  double health_wait = 0;
-  health->add_option("--wait", health_wait, "wait up to SECONDS for a server that is still starting")
+  cmd->health = app.add_subcommand("health", "probe a server with the standard gRPC health check");
+  cmd->health->add_option("address", a->address, "HOST:PORT")->required();
+  cmd->health->add_option("--wait", a->health_wait, "wait up to SECONDS for a server that is still starting")
       ->check(CLI::NonNegativeNumber);
+}
 
-  CheckpointExportOptions from_files;
-  auto* export_cmd = app.add_subcommand(
+// export, keys and plot: a job's weights, the job file's keys, a job's curves.
+void AddCliExportCommands(CLI::App& app, CliArgs* a, CliCommands* cmd) {
+  CheckpointExportOptions& from_files = a->from_files;
+  CLI::App* export_cmd = cmd->export_cmd = app.add_subcommand(
       "export", "write a job's weights to a file on this host: fetched from the job's stage servers, or read from "
                 "the checkpoint files of its stages (--checkpoint-dir) without a running cluster; a job that "
                 "succeeded keeps its weights on the stages until the next job runs");
-  export_cmd->add_option("job_id", job_id, "job id (with --checkpoint-dir: the job whose checkpoints to read, "
-                                           "needed only when the folders hold several)");
+  export_cmd->add_option("job_id", a->job_id, "job id (with --checkpoint-dir: the job whose checkpoints to read, "
+                                              "needed only when the folders hold several)");
   export_cmd->add_option("--out", from_files.out,
                          "the file to write: a state_dict (torch.load(FILE, weights_only=True)) or a TorchScript "
                          "archive (torch.jit.load(FILE))")
@@ -374,56 +393,91 @@ int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
                          "with --checkpoint-dir: the checkpoint's step (default: the newest one every stage has)")
       ->check(CLI::PositiveNumber);
 
-  auto* keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
+  cmd->keys = app.add_subcommand("keys", "print every job file key: type, default, meaning (docs/jobs.md's table)");
 
-  auto* plot = app.add_subcommand("plot", "draw a job's training curves into a PNG (loss, throughput, accuracy)");
-  plot->add_option("job_id", job_id, "job id")->required();
-  plot->add_option("--out", curves_out, "the PNG to write (default JOB-curves.png)");
+  cmd->plot = app.add_subcommand("plot", "draw a job's training curves into a PNG (loss, throughput, accuracy)");
+  cmd->plot->add_option("job_id", a->job_id, "job id")->required();
+  cmd->plot->add_option("--out", a->curves_out, "the PNG to write (default JOB-curves.png)");
+}
 
-  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
-  if (*keys) {
-    std::fputs(JobKeysMarkdown().c_str(), stdout);
-    return kExitOk;
-  }
-  if (*health) {
-    if (Status st = CheckAddress(address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
-  } else if (*export_cmd && !from_files.dirs.empty()) {
-    from_files.job_id = job_id;
-  } else if (*export_cmd && (job_id.empty() || from_files.step != 0)) {
-    return UsageError(app, job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
-                                          : "export --step: only with --checkpoint-dir");
-  } else if (*submit || *status || *list || *cancel || *resume || *trace || *export_cmd || *plot) {
+// The rules between the parsed options that CLI11 cannot say: -1 where the
+// command line holds, else the exit code of its usage error.
+int CheckCliArguments(CLI::App& app, const CliCommands& cmd, CliArgs* a) {
+  if (*cmd.health) {
+    if (Status st = CheckAddress(a->address, "health"); !st.ok()) return UsageError(app, std::string(st.message()));
+  } else if (*cmd.export_cmd && !a->from_files.dirs.empty()) {
+    a->from_files.job_id = a->job_id;
+  } else if (*cmd.export_cmd && (a->job_id.empty() || a->from_files.step != 0)) {
+    return UsageError(app, a->job_id.empty() ? "export: give a job id, or --checkpoint-dir to read checkpoint files"
+                                             : "export --step: only with --checkpoint-dir");
+  } else if (*cmd.submit || *cmd.status || *cmd.list || *cmd.cancel || *cmd.resume || *cmd.trace || *cmd.export_cmd ||
+             *cmd.plot) {
+    const Common& common = a->common;
     if (Status st = CheckAddress(CoordinatorAddress(common), common.coordinator.empty() ? "$CONVEYOR_COORDINATOR"
                                                                                          : "--coordinator");
         !st.ok())
       return UsageError(app, std::string(st.message()));
   }
-  if (*trace && step == 0) return UsageError(app, "trace --step: steps count from 1");
-  if (*train && !reference)
+  if (*cmd.trace && a->step == 0) return UsageError(app, "trace --step: steps count from 1");
+  if (*cmd.train && !a->reference)
     return UsageError(app, "train: `conveyor train` runs the single-process reference: add --reference (pipelines "
                            "run with `local` or `submit`)");
   // A --set that names no key, or one no job has, is the command line's
   // mistake whatever the job file holds: checked on an empty job.
-  if (auto sets = ApplyJobOverrides("", common.sets); !sets.ok()) return UsageError(app, std::string(sets.status().message()));
-  if (!ConfigureLogging(common.log_level, "conveyor")) return kExitUsage;
-  if (!ConfigureTls(common.tls, "conveyor")) return kExitUsage;
-  auto token = ResolveToken(common);
+  if (auto sets = ApplyJobOverrides("", a->common.sets); !sets.ok())
+    return UsageError(app, std::string(sets.status().message()));
+  return -1;
+}
+
+int RunCliCommand(const CliCommands& cmd, const CliArgs& a, const ReferenceTrainer& train_reference,
+                  const CheckpointExporter& export_checkpoints) {
+  const Common& common = a.common;
+  if (*cmd.submit) return CmdSubmit(common, a.file, a.wait);
+  if (*cmd.status) return CmdStatus(common, a.job_id, a.wait, a.metrics_csv);
+  if (*cmd.plot) return CmdPlot(common, a.job_id, a.curves_out);
+  if (*cmd.list) return CmdList(common);
+  if (*cmd.cancel) return CmdCancel(common, a.job_id);
+  if (*cmd.resume) return CmdResume(common, a.job_id, a.wait);
+  if (*cmd.train) return CmdTrain(common, a.file, a.device, a.threads, a.profile_dir, train_reference);
+  if (*cmd.local)
+    return CmdLocal(common, a.file, a.stages, a.local_device, a.trace_prefix, a.profile_dir, a.keep_logs,
+                    a.local_curves);
+  if (*cmd.trace) return CmdTrace(common, a.job_id, a.step, a.trace_prefix);
+  if (*cmd.health) return CmdHealth(a.address, a.health_wait);
+  if (*cmd.export_cmd && !a.from_files.dirs.empty()) return CmdExportCheckpoints(a.from_files, export_checkpoints);
+  if (*cmd.export_cmd) return CmdExport(common, a.job_id, a.from_files.out, a.from_files.format);
+  return kExitUsage;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv, const ReferenceTrainer& train_reference,
+         const CheckpointExporter& export_checkpoints) {
+  CLI::App app{"conveyor: pipeline-parallel training as services"};
+  app.name("conveyor");
+  app.require_subcommand(1);
+  app.fallthrough();  // the options below also after the command: `conveyor local JOB --tls-cert ...`
+  CliArgs a;
+  CliCommands cmd;
+  AddCliGlobalOptions(app, &a.common);
+  AddCliServerCommands(app, &a, &cmd);
+  AddCliTrainCommand(app, &a, &cmd);
+  AddCliLocalCommand(app, &a, &cmd);
+  AddCliTraceHealthCommands(app, &a, &cmd);
+  AddCliExportCommands(app, &a, &cmd);
+
+  if (int rc = ParseCommandLine(app, argc, argv); rc >= 0) return rc;
+  if (*cmd.keys) {
+    std::fputs(JobKeysMarkdown().c_str(), stdout);
+    return kExitOk;
+  }
+  if (int rc = CheckCliArguments(app, cmd, &a); rc >= 0) return rc;
+  if (!ConfigureLogging(a.common.log_level, "conveyor")) return kExitUsage;
+  if (!ConfigureTls(a.common.tls, "conveyor")) return kExitUsage;
+  auto token = ResolveToken(a.common);
   if (!token.ok()) return UsageError(app, std::string(token.status().message()));
   BearerToken() = std::move(*token);
-
-  if (*submit) return CmdSubmit(common, file, wait);
-  if (*status) return CmdStatus(common, job_id, wait, metrics_csv);
-  if (*plot) return CmdPlot(common, job_id, curves_out);
-  if (*list) return CmdList(common);
-  if (*cancel) return CmdCancel(common, job_id);
-  if (*resume) return CmdResume(common, job_id, wait);
-  if (*train) return CmdTrain(common, file, device, threads, profile_dir, train_reference);
-  if (*local) return CmdLocal(common, file, stages, local_device, trace_prefix, profile_dir, keep_logs, local_curves);
-  if (*trace) return CmdTrace(common, job_id, step, trace_prefix);
-  if (*health) return CmdHealth(address, health_wait);
-  if (*export_cmd && !from_files.dirs.empty()) return CmdExportCheckpoints(from_files, export_checkpoints);
-  if (*export_cmd) return CmdExport(common, job_id, from_files.out, from_files.format);
-  return kExitUsage;
+  return RunCliCommand(cmd, a, train_reference, export_checkpoints);
 }
 
 }  // namespace conveyor::cli

@@ -193,52 +193,39 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   return j;
 }
 
-std::string Summary(const v1::JobStatus& s) {
-  std::ostringstream out;
-  out << "job " << s.job_id() << " (" << s.name() << "): " << JobStateName(s.state());
-  if (s.elapsed_seconds() > 0) out << " after " << FormatDuration(s.elapsed_seconds()) << " of training";
+namespace {
+
+// The summary's lines below write into one stream: each keeps the number
+// format (fixed, precision) the lines before it left.
+
+// Loss and throughput; with enough steady steps, their median and slowest.
+void SummaryProgressLines(const v1::JobStatus& s, std::ostream& out) {
+  // A job still going has a latest loss, not a final one.
+  out << "  " << (IsTerminal(s.state()) ? "final loss " : "loss ") << std::fixed << std::setprecision(4)
+      << (s.losses_size() > 0 ? s.losses(s.losses_size() - 1) : s.loss()) << ", " << std::setprecision(0)
+      << s.samples_per_second() << " samples/s";
+  if (s.steady_samples_per_second() > 0)
+    out << " (" << std::setprecision(1) << s.steady_samples_per_second() << " after the first " << kWarmupSteps
+        << " steps)";
   out << "\n";
-  if (!s.error().empty())
-    out << "  error" << (s.error_code().empty() ? "" : " (" + s.error_code() + ")") << ": " << s.error() << "\n";
-  if (s.total_steps() > 0) {
-    out << "  steps " << s.step() << "/" << s.total_steps() << " (" << Plural(s.total_epochs(), "epoch")
-        << "), batch " << s.batch_size() << " in " << Plural(s.micro_batches(), "micro-batch")
-        << ", schedule " << ScheduleName(s.schedule());
-    if (s.virtual_stages() > 1) out << " with " << s.virtual_stages() << " chunks per stage";
-    out << "\n";
+  // The steady steps' times: a median far under the mean (the rate) says
+  // that a few slow steps, not every step, make the difference.
+  const int n = s.step_seconds_size() - static_cast<int>(kWarmupSteps);
+  if (n >= 3) {
+    std::vector<double> t(s.step_seconds().begin() + kWarmupSteps, s.step_seconds().end());
+    const auto slowest = std::max_element(t.begin(), t.end());
+    const int slowest_step = static_cast<int>(kWarmupSteps) + static_cast<int>(slowest - t.begin()) + 1;
+    const double slowest_ms = 1e3 * *slowest;
+    std::nth_element(t.begin(), t.begin() + n / 2, t.end());
+    out << "  step time after the first " << kWarmupSteps << " steps: median " << std::setprecision(2)
+        << 1e3 * t[static_cast<std::size_t>(n / 2)] << " ms, slowest " << slowest_ms << " ms (step " << slowest_step
+        << ")\n";
   }
-  if (s.step() > 0) {
-    // A job still going has a latest loss, not a final one.
-    out << "  " << (IsTerminal(s.state()) ? "final loss " : "loss ") << std::fixed << std::setprecision(4)
-        << (s.losses_size() > 0 ? s.losses(s.losses_size() - 1) : s.loss()) << ", " << std::setprecision(0)
-        << s.samples_per_second() << " samples/s";
-    if (s.steady_samples_per_second() > 0)
-      out << " (" << std::setprecision(1) << s.steady_samples_per_second() << " after the first " << kWarmupSteps
-          << " steps)";
-    out << "\n";
-    // The steady steps' times: a median far under the mean (the rate) says
-    // that a few slow steps, not every step, make the difference.
-    const int n = s.step_seconds_size() - static_cast<int>(kWarmupSteps);
-    if (n >= 3) {
-      std::vector<double> t(s.step_seconds().begin() + kWarmupSteps, s.step_seconds().end());
-      const auto slowest = std::max_element(t.begin(), t.end());
-      const int slowest_step = static_cast<int>(kWarmupSteps) + static_cast<int>(slowest - t.begin()) + 1;
-      const double slowest_ms = 1e3 * *slowest;
-      std::nth_element(t.begin(), t.begin() + n / 2, t.end());
-      out << "  step time after the first " << kWarmupSteps << " steps: median " << std::setprecision(2)
-          << 1e3 * t[static_cast<std::size_t>(n / 2)] << " ms, slowest " << slowest_ms << " ms (step " << slowest_step
-          << ")\n";
-    }
-  }
-  if (s.has_eval()) {
-    out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "
-        << std::setprecision(4) << s.eval_loss();
-    // A language model's perplexity (its loss is per token); a classifier has none.
-    if (s.tokens()) out << " (perplexity " << std::defaultfloat << std::setprecision(4) << std::exp(s.eval_loss()) << ")";
-    out << "\n";
-  }
-  for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
-  // With replicas, the grid: replica x stage -> server.
+}
+
+// A line for each stage (with replicas, the grid: replica x stage -> server)
+// and, where measured, its memory.
+void SummaryStageLines(const v1::JobStatus& s, std::ostream& out) {
   const bool replicated = std::any_of(s.stages().begin(), s.stages().end(), [](const auto& st) { return st.replica() > 0; });
   for (const auto& st : s.stages()) {
     out << "  " << (replicated ? "replica " + std::to_string(st.replica()) + " " : "") << "stage " << st.index() << " "
@@ -260,15 +247,10 @@ std::string Summary(const v1::JobStatus& s) {
       out << "\n";
     }
   }
-  if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
-  if (s.checkpoint_step() > 0 || s.recoveries() > 0)
-    out << "  last complete checkpoint: step " << s.checkpoint_step() << ", recoveries " << s.recoveries() << "\n";
-  if (s.lost_servers_size() > 0) {
-    out << "  lost for good:";
-    for (const std::string& a : s.lost_servers()) out << " " << a;
-    out << "; went on over " << s.stages_size() << " stage server(s)\n";
-  }
-  // What happened beyond the plain start and end: failures, recoveries, resumes.
+}
+
+// What happened beyond the plain start and end: failures, recoveries, resumes.
+void SummaryEventLines(const v1::JobStatus& s, std::ostream& out) {
   bool heading = false;
   for (const auto& e : s.events()) {
     if (!heading) out << "  events:\n";
@@ -278,6 +260,43 @@ std::string Summary(const v1::JobStatus& s) {
     std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&t));
     out << "    " << when << "  " << e.text() << "\n";
   }
+}
+
+}  // namespace
+
+std::string Summary(const v1::JobStatus& s) {
+  std::ostringstream out;
+  out << "job " << s.job_id() << " (" << s.name() << "): " << JobStateName(s.state());
+  if (s.elapsed_seconds() > 0) out << " after " << FormatDuration(s.elapsed_seconds()) << " of training";
+  out << "\n";
+  if (!s.error().empty())
+    out << "  error" << (s.error_code().empty() ? "" : " (" + s.error_code() + ")") << ": " << s.error() << "\n";
+  if (s.total_steps() > 0) {
+    out << "  steps " << s.step() << "/" << s.total_steps() << " (" << Plural(s.total_epochs(), "epoch")
+        << "), batch " << s.batch_size() << " in " << Plural(s.micro_batches(), "micro-batch")
+        << ", schedule " << ScheduleName(s.schedule());
+    if (s.virtual_stages() > 1) out << " with " << s.virtual_stages() << " chunks per stage";
+    out << "\n";
+  }
+  if (s.step() > 0) SummaryProgressLines(s, out);
+  if (s.has_eval()) {
+    out << "  test accuracy " << std::fixed << std::setprecision(2) << 100 * s.eval_accuracy() << "%, test loss "
+        << std::setprecision(4) << s.eval_loss();
+    // A language model's perplexity (its loss is per token); a classifier has none.
+    if (s.tokens()) out << " (perplexity " << std::defaultfloat << std::setprecision(4) << std::exp(s.eval_loss()) << ")";
+    out << "\n";
+  }
+  for (const auto& e : s.epochs()) out << "  " << EpochLine(e, s.total_epochs()) << "\n";
+  SummaryStageLines(s, out);
+  if (!s.param_digest().empty()) out << "  param digest " << s.param_digest() << "\n";
+  if (s.checkpoint_step() > 0 || s.recoveries() > 0)
+    out << "  last complete checkpoint: step " << s.checkpoint_step() << ", recoveries " << s.recoveries() << "\n";
+  if (s.lost_servers_size() > 0) {
+    out << "  lost for good:";
+    for (const std::string& a : s.lost_servers()) out << " " << a;
+    out << "; went on over " << s.stages_size() << " stage server(s)\n";
+  }
+  SummaryEventLines(s, out);
   return out.str();
 }
 

@@ -197,33 +197,123 @@ StatusOr<int64_t> IdxItemCount(const std::string& path) {
   return h.dims[0];
 }
 
+namespace {
+
+// A split's sample count and tensors, where the Dataset being opened keeps
+// them: the readers below fill them in place.
+struct DatasetSplitSlots {
+  int64_t* size;
+  at::Tensor* x;
+  at::Tensor* y;
+};
+
+// Debian's dataset-fashion-mnist folder: the counts from the label files,
+// then the images and labels asked for.
+Status DatasetReadFashionMnist(const std::string& dir, bool inputs, bool labels, DatasetSplitSlots train,
+                               DatasetSplitSlots test) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return absl::NotFoundError("data.path " + dir + " is not a directory (install Debian's dataset-fashion-mnist)");
+  auto file = [&](const char* name) { return dir + "/" + name; };
+  CONVEYOR_ASSIGN_OR_RETURN(*train.size, IdxItemCount(file("train-labels-idx1-ubyte.gz")));
+  CONVEYOR_ASSIGN_OR_RETURN(*test.size, IdxItemCount(file("t10k-labels-idx1-ubyte.gz")));
+  if (inputs) {
+    CONVEYOR_ASSIGN_OR_RETURN(*train.x, ReadIdx(file("train-images-idx3-ubyte.gz"), {28, 28}));
+    CONVEYOR_ASSIGN_OR_RETURN(*test.x, ReadIdx(file("t10k-images-idx3-ubyte.gz"), {28, 28}));
+    *train.x = train.x->unsqueeze(1);
+    *test.x = test.x->unsqueeze(1);
+  }
+  if (labels) {
+    CONVEYOR_ASSIGN_OR_RETURN(*train.y, ReadIdx(file("train-labels-idx1-ubyte.gz"), {}));
+    CONVEYOR_ASSIGN_OR_RETURN(*test.y, ReadIdx(file("t10k-labels-idx1-ubyte.gz"), {}));
+    *train.y = train.y->to(at::kLong);
+    *test.y = test.y->to(at::kLong);
+  }
+  if ((inputs && train.x->size(0) != *train.size) || (inputs && test.x->size(0) != *test.size))
+    return absl::InvalidArgumentError(dir + ": image and label files disagree on the count");
+  return absl::OkStatus();
+}
+
+// A tensors file's "inputs" and "targets", as many of each.
+Status DatasetLoadTensorFile(const std::string& key, const std::string& path, at::Tensor* x, at::Tensor* y) {
+  CONVEYOR_ASSIGN_OR_RETURN(auto dict, ReadTensorDict(path));
+  auto in = dict.find("inputs"), out = dict.find("targets");
+  if (in == dict.end() || out == dict.end())
+    return absl::InvalidArgumentError(key + ": " + path + " has no \"inputs\" and \"targets\" (a file written by "
+                                      "torch.save({\"inputs\": X, \"targets\": Y}, PATH))");
+  if (in->second.dim() == 0 || out->second.dim() == 0 || in->second.size(0) != out->second.size(0)) {
+    return absl::InvalidArgumentError(key + ": " + path + " has " + std::to_string(in->second.dim() ? in->second.size(0) : 0) +
+                                      " inputs and " + std::to_string(out->second.dim() ? out->second.size(0) : 0) +
+                                      " targets (the first dimension is the sample)");
+  }
+  *x = in->second;
+  *y = out->second;
+  return absl::OkStatus();
+}
+
+// Each of data.train's shards, whose samples must be alike (dtype and shape)
+// across shards; `rows` gets each shard's first row, counted over them all,
+// and the total.
+Status DatasetLoadTensorShards(const v1::DataSpec& data, std::vector<at::Tensor>* shard_x,
+                               std::vector<at::Tensor>* shard_y, std::vector<int64_t>* rows) {
+  *rows = {0};
+  auto alike = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.scalar_type() == b.scalar_type() && a.sizes().slice(1) == b.sizes().slice(1);
+  };
+  auto describe = [](const at::Tensor& t) {
+    return std::string(c10::toString(t.scalar_type())) + " samples of shape " + c10::str(t.sizes().slice(1));
+  };
+  for (const std::string& path : data.train_shards()) {
+    at::Tensor x, y;
+    CONVEYOR_RETURN_IF_ERROR(DatasetLoadTensorFile("data.train", path, &x, &y));
+    if (!shard_x->empty()) {
+      for (const auto& [name, mine, first] : {std::make_tuple("inputs", x, (*shard_x)[0]),
+                                              std::make_tuple("targets", y, (*shard_y)[0])}) {
+        if (alike(mine, first)) continue;
+        return absl::InvalidArgumentError("data.train: the shard " + path + " holds " + name + " of " +
+                                          describe(mine) + ", the first shard " + data.train_shards(0) + " " +
+                                          describe(first) + ": every shard's samples must be alike");
+      }
+    }
+    shard_x->push_back(x);
+    shard_y->push_back(y);
+    rows->push_back(rows->back() + x.size(0));
+  }
+  return absl::OkStatus();
+}
+
+// Random samples for data: synthetic, each split's inputs and labels from
+// generators seeded by the job's seed.
+void DatasetDrawSynthetic(const v1::JobSpec& spec, bool inputs, bool labels, DatasetSplitSlots train,
+                          DatasetSplitSlots test) {
+  std::vector<int64_t> shape = InputSampleShape(spec);
+  std::vector<int64_t> label_shape = LabelSampleShape(spec);
+  const int64_t classes = NumClasses(spec.model());
+  const bool tokens = InputDType(spec) == v1::DTYPE_INT64;
+  auto make = [&](int64_t n, uint64_t salt, at::Tensor* x, at::Tensor* y) {
+    at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt));
+    at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt + 1));
+    std::vector<int64_t> full{n}, full_labels{n};
+    full.insert(full.end(), shape.begin(), shape.end());
+    full_labels.insert(full_labels.end(), label_shape.begin(), label_shape.end());
+    // Each is drawn only when asked for, from its own generator.
+    if (inputs) *x = tokens ? at::randint(classes, full, gx, at::kLong) : at::randn(full, gx, at::kFloat);
+    if (labels) *y = at::randint(classes, full_labels, gy, at::kLong);
+  };
+  make(*train.size, 100, train.x, train.y);
+  make(*test.size, 200, test.x, test.y);
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool inputs, bool labels) {
   std::unique_ptr<Dataset> d(new Dataset());
   d->spec_ = spec;
   const v1::DataSpec& data = spec.data();
+  const DatasetSplitSlots train{&d->train_size_, &d->train_x_, &d->train_y_};
+  const DatasetSplitSlots test{&d->test_size_, &d->test_x_, &d->test_y_};
   if (data.kind() == v1::DATA_FASHION_MNIST) {
-    const std::string dir = data.path();
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec))
-      return absl::NotFoundError("data.path " + dir + " is not a directory (install Debian's dataset-fashion-mnist)");
-    auto file = [&](const char* name) { return dir + "/" + name; };
-    CONVEYOR_ASSIGN_OR_RETURN(d->train_size_, IdxItemCount(file("train-labels-idx1-ubyte.gz")));
-    CONVEYOR_ASSIGN_OR_RETURN(d->test_size_, IdxItemCount(file("t10k-labels-idx1-ubyte.gz")));
-    if (inputs) {
-      CONVEYOR_ASSIGN_OR_RETURN(d->train_x_, ReadIdx(file("train-images-idx3-ubyte.gz"), {28, 28}));
-      CONVEYOR_ASSIGN_OR_RETURN(d->test_x_, ReadIdx(file("t10k-images-idx3-ubyte.gz"), {28, 28}));
-      d->train_x_ = d->train_x_.unsqueeze(1);
-      d->test_x_ = d->test_x_.unsqueeze(1);
-    }
-    if (labels) {
-      CONVEYOR_ASSIGN_OR_RETURN(d->train_y_, ReadIdx(file("train-labels-idx1-ubyte.gz"), {}));
-      CONVEYOR_ASSIGN_OR_RETURN(d->test_y_, ReadIdx(file("t10k-labels-idx1-ubyte.gz"), {}));
-      d->train_y_ = d->train_y_.to(at::kLong);
-      d->test_y_ = d->test_y_.to(at::kLong);
-    }
-    if ((inputs && d->train_x_.size(0) != d->train_size_) ||
-        (inputs && d->test_x_.size(0) != d->test_size_))
-      return absl::InvalidArgumentError(dir + ": image and label files disagree on the count");
+    CONVEYOR_RETURN_IF_ERROR(DatasetReadFashionMnist(data.path(), inputs, labels, train, test));
   } else if (data.kind() == v1::DATA_TOKENS) {
     d->scale_bytes_ = false;
     CONVEYOR_ASSIGN_OR_RETURN(d->train_tokens_, TokenFile::Open(data, "data.train", data.train()));
@@ -234,54 +324,17 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
     }
   } else if (data.kind() == v1::DATA_TENSORS) {
     d->scale_bytes_ = false;
-    auto load = [&](const std::string& key, const std::string& path, at::Tensor* x, at::Tensor* y) -> Status {
-      CONVEYOR_ASSIGN_OR_RETURN(auto dict, ReadTensorDict(path));
-      auto in = dict.find("inputs"), out = dict.find("targets");
-      if (in == dict.end() || out == dict.end())
-        return absl::InvalidArgumentError(key + ": " + path + " has no \"inputs\" and \"targets\" (a file written by "
-                                          "torch.save({\"inputs\": X, \"targets\": Y}, PATH))");
-      if (in->second.dim() == 0 || out->second.dim() == 0 || in->second.size(0) != out->second.size(0)) {
-        return absl::InvalidArgumentError(key + ": " + path + " has " + std::to_string(in->second.dim() ? in->second.size(0) : 0) +
-                                          " inputs and " + std::to_string(out->second.dim() ? out->second.size(0) : 0) +
-                                          " targets (the first dimension is the sample)");
-      }
-      *x = in->second;
-      *y = out->second;
-      return absl::OkStatus();
-    };
     if (data.train_shards_size() == 0) {
-      CONVEYOR_RETURN_IF_ERROR(load("data.train", data.train(), &d->train_x_, &d->train_y_));
+      CONVEYOR_RETURN_IF_ERROR(DatasetLoadTensorFile("data.train", data.train(), &d->train_x_, &d->train_y_));
       d->train_size_ = d->train_x_.size(0);
     } else {
-      d->shard_rows_ = {0};
-      auto alike = [](const at::Tensor& a, const at::Tensor& b) {
-        return a.scalar_type() == b.scalar_type() && a.sizes().slice(1) == b.sizes().slice(1);
-      };
-      auto describe = [](const at::Tensor& t) {
-        return std::string(c10::toString(t.scalar_type())) + " samples of shape " + c10::str(t.sizes().slice(1));
-      };
-      for (const std::string& path : data.train_shards()) {
-        at::Tensor x, y;
-        CONVEYOR_RETURN_IF_ERROR(load("data.train", path, &x, &y));
-        if (!d->shard_x_.empty()) {
-          for (const auto& [name, mine, first] : {std::make_tuple("inputs", x, d->shard_x_[0]),
-                                                  std::make_tuple("targets", y, d->shard_y_[0])}) {
-            if (alike(mine, first)) continue;
-            return absl::InvalidArgumentError("data.train: the shard " + path + " holds " + name + " of " +
-                                              describe(mine) + ", the first shard " + data.train_shards(0) + " " +
-                                              describe(first) + ": every shard's samples must be alike");
-          }
-        }
-        d->shard_x_.push_back(x);
-        d->shard_y_.push_back(y);
-        d->shard_rows_.push_back(d->shard_rows_.back() + x.size(0));
-      }
+      CONVEYOR_RETURN_IF_ERROR(DatasetLoadTensorShards(data, &d->shard_x_, &d->shard_y_, &d->shard_rows_));
       d->train_x_ = d->shard_x_.front();
       d->train_y_ = d->shard_y_.front();
       d->train_size_ = d->shard_rows_.back();
     }
     if (!data.test().empty()) {
-      CONVEYOR_RETURN_IF_ERROR(load("data.test", data.test(), &d->test_x_, &d->test_y_));
+      CONVEYOR_RETURN_IF_ERROR(DatasetLoadTensorFile("data.test", data.test(), &d->test_x_, &d->test_y_));
       d->test_size_ = d->test_x_.size(0);
     }
     if (!inputs) {
@@ -295,22 +348,7 @@ StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const v1::JobSpec& spec, bool i
   } else {
     d->train_size_ = data.train_samples();
     d->test_size_ = data.test_samples();
-    std::vector<int64_t> shape = InputSampleShape(spec);
-    std::vector<int64_t> label_shape = LabelSampleShape(spec);
-    const int64_t classes = NumClasses(spec.model());
-    const bool tokens = InputDType(spec) == v1::DTYPE_INT64;
-    auto make = [&](int64_t n, uint64_t salt, at::Tensor* x, at::Tensor* y) {
-      at::Generator gx = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt));
-      at::Generator gy = at::make_generator<at::CPUGeneratorImpl>(MixSeed(spec.seed(), salt + 1));
-      std::vector<int64_t> full{n}, full_labels{n};
-      full.insert(full.end(), shape.begin(), shape.end());
-      full_labels.insert(full_labels.end(), label_shape.begin(), label_shape.end());
-      // Each is drawn only when asked for, from its own generator.
-      if (inputs) *x = tokens ? at::randint(classes, full, gx, at::kLong) : at::randn(full, gx, at::kFloat);
-      if (labels) *y = at::randint(classes, full_labels, gy, at::kLong);
-    };
-    make(d->train_size_, 100, &d->train_x_, &d->train_y_);
-    make(d->test_size_, 200, &d->test_x_, &d->test_y_);
+    DatasetDrawSynthetic(spec, inputs, labels, train, test);
   }
   if (d->train_size_ < spec.batch_size())
     return absl::InvalidArgumentError("batch_size " + std::to_string(spec.batch_size()) +

@@ -353,64 +353,68 @@ bool Under(const std::string& path, const std::string& root) {
                           path[root.size()] == '/');
 }
 
-}  // namespace
-
-Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots) {
-  std::vector<std::string> real_roots;
-  for (const auto& r : roots) {
-    bool exists = false;
-    std::string real = RealPath(r, &exists);
-    if (exists) real_roots.push_back(real);
+// Resolves a job's paths against the data roots: each made real (symbolic
+// links and `..` resolved), relative ones taken under the first root, and
+// every one confined to the roots where there are any.
+class JobPathResolver {
+ public:
+  explicit JobPathResolver(const std::vector<std::string>& roots) : roots_(roots) {
+    for (const auto& r : roots) {
+      bool exists = false;
+      std::string real = RealPath(r, &exists);
+      if (exists) real_roots_.push_back(real);
+    }
+    for (const auto& r : roots) listed_ += (listed_.empty() ? "" : ", ") + r;
   }
-  std::string listed;
-  for (const auto& r : roots) listed += (listed.empty() ? "" : ", ") + r;
-  auto resolve = [&](const char* key, std::string* path, bool must_exist) -> Status {
+
+  // `*path` (key `key`; "" stays "") made real; a file to write
+  // (`must_exist` false) may be in folders made when it is written.
+  Status Resolve(const char* key, std::string* path, bool must_exist) const {
     if (path->empty()) return absl::OkStatus();
     std::string joined = *path;
-    if (joined[0] != '/' && !roots.empty()) joined = roots.front() + "/" + joined;
+    if (joined[0] != '/' && !roots_.empty()) joined = roots_.front() + "/" + joined;
     bool exists = false;
-    // A file to write may be in folders made when it is written.
     const std::string real = RealPath(joined, &exists, /*missing_folders=*/!must_exist);
     if (real.empty() || (must_exist && !exists)) {
       // Say which rule made the path, so that the user can give the right one.
-      const bool relative = (*path)[0] != '/' && !roots.empty();
+      const bool relative = (*path)[0] != '/' && !roots_.empty();
       return absl::NotFoundError(std::string(key) + ": " + joined + " does not exist" +
                                  (relative ? " (" + *path + " is relative: it is taken under the first data root, " +
-                                                 roots.front() + "; give it relative to that folder, or absolute "
-                                                 "under one of the data roots: " + listed + ")"
+                                                 roots_.front() + "; give it relative to that folder, or absolute "
+                                                 "under one of the data roots: " + listed_ + ")"
                                            : ""));
     }
-    if (!roots.empty()) {
+    if (!roots_.empty()) {
       bool inside = false;
-      for (const auto& r : real_roots) inside |= Under(real, r);
+      for (const auto& r : real_roots_) inside |= Under(real, r);
       if (!inside) {
         return absl::PermissionDeniedError(std::string(key) + ": " + *path + " (" + real +
-                                           ") is outside the data roots (" + listed +
+                                           ") is outside the data roots (" + listed_ +
                                            "); a server reads and writes only under its --data-root folders");
       }
     }
     *path = real;
     return absl::OkStatus();
-  };
-  std::string p = spec->model().torchscript();
-  CONVEYOR_RETURN_IF_ERROR(resolve("model.torchscript", &p, true));
-  spec->mutable_model()->set_torchscript(p);
-  p = spec->model().exported();
-  CONVEYOR_RETURN_IF_ERROR(resolve("model.exported", &p, true));
-  spec->mutable_model()->set_exported(p);
-  p = spec->data().path();
-  if (spec->data().kind() == v1::DATA_FASHION_MNIST) {
-    CONVEYOR_RETURN_IF_ERROR(resolve("data.path", &p, true));
-    spec->mutable_data()->set_path(p);
   }
-  p = spec->data().train();
+
+ private:
+  const std::vector<std::string>& roots_;
+  std::vector<std::string> real_roots_;
+  std::string listed_;  // the roots as given, for messages
+};
+
+// data.train: one file, a list of shards, or a pattern whose matches become
+// the shards.
+Status ResolveJobTrainPaths(const std::vector<std::string>& roots, const JobPathResolver& resolver,
+                            v1::JobSpec* spec) {
+  std::string p = spec->data().train();
   // A list of shards (data.train: [a.pt, b.pt]) keeps `train` empty; a
   // pattern's shards are found again from it.
   const bool shard_list = p.empty() && spec->data().train_shards_size() > 0;
   if (!shard_list) spec->mutable_data()->clear_train_shards();
   if (shard_list) {  // each resolved in place, in the list's order (ValidateJobSpec refused one for tokens)
     for (std::string& f : *spec->mutable_data()->mutable_train_shards())
-      CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &f, true));
+      CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("data.train", &f, true));
   } else if (p.find_first_of("*?[") != std::string::npos) {
     // Shards: the files the pattern matches, in name order, each resolved
     // (and confined to the roots) as one path would be.
@@ -429,25 +433,44 @@ Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots)
                                                                 : ""));
     }
     for (std::string& f : files) {
-      CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &f, true));
+      CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("data.train", &f, true));
       spec->mutable_data()->add_train_shards(f);
     }
     spec->mutable_data()->set_train(pattern);
   } else {
-    CONVEYOR_RETURN_IF_ERROR(resolve("data.train", &p, true));
+    CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("data.train", &p, true));
     spec->mutable_data()->set_train(p);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Status ResolveJobPaths(v1::JobSpec* spec, const std::vector<std::string>& roots) {
+  const JobPathResolver resolver(roots);
+  std::string p = spec->model().torchscript();
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("model.torchscript", &p, true));
+  spec->mutable_model()->set_torchscript(p);
+  p = spec->model().exported();
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("model.exported", &p, true));
+  spec->mutable_model()->set_exported(p);
+  p = spec->data().path();
+  if (spec->data().kind() == v1::DATA_FASHION_MNIST) {
+    CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("data.path", &p, true));
+    spec->mutable_data()->set_path(p);
+  }
+  CONVEYOR_RETURN_IF_ERROR(ResolveJobTrainPaths(roots, resolver, spec));
   p = spec->data().test();
-  CONVEYOR_RETURN_IF_ERROR(resolve("data.test", &p, true));
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("data.test", &p, true));
   spec->mutable_data()->set_test(p);
   p = spec->loss_torchscript();
-  CONVEYOR_RETURN_IF_ERROR(resolve("loss.torchscript", &p, true));
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("loss.torchscript", &p, true));
   spec->set_loss_torchscript(p);
   p = spec->init_from();
-  CONVEYOR_RETURN_IF_ERROR(resolve("init_from", &p, true));
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("init_from", &p, true));
   spec->set_init_from(p);
   p = spec->save_path();
-  CONVEYOR_RETURN_IF_ERROR(resolve("save.path", &p, false));
+  CONVEYOR_RETURN_IF_ERROR(resolver.Resolve("save.path", &p, false));
   spec->set_save_path(p);
   return CheckJobFiles(*spec);
 }
@@ -515,11 +538,14 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
   return {true, ""};
 }
 
-Status ValidateJobSpec(const v1::JobSpec& spec) {
+namespace {
+
+// The rules between a job's checks below run in this order: the first a job
+// breaks is the one it is told.
+
+// The model's keys against its kind.
+Status ValidateJobModelKeys(const v1::JobSpec& spec) {
   const auto& m = spec.model();
-  if (m.kind() == v1::MODEL_UNSPECIFIED) return Invalid("model.name: missing");
-  // Each number within its key's range (job_keys.h); the rules between keys follow.
-  CONVEYOR_RETURN_IF_ERROR(CheckKeyRanges(spec));
   if (m.kind() == v1::MODEL_TOY && m.num_classes() != 0 && m.num_classes() != 5)
     return Invalid("model.num_classes: the toy model has 5 outputs");
   const bool gpt = m.kind() == v1::MODEL_GPT;
@@ -548,18 +574,26 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
     return Invalid("model: input_dim and hidden are for the mlp model only");
   }
   if (spec.loss() == v1::LOSS_MSE && gpt) return Invalid("loss: mse is not for the gpt model (its targets are tokens)");
+  return absl::OkStatus();
+}
+
+// fashion-mnist's folder, and a model that takes its images and classes.
+Status ValidateJobFashionMnist(const v1::JobSpec& spec) {
+  const auto& m = spec.model();
   const auto& d = spec.data();
-  if (d.kind() == v1::DATA_UNSPECIFIED) return Invalid("data.name: missing");
-  if (spec.precision() == v1::PRECISION_UNSPECIFIED) return Invalid("precision: missing");
-  if (d.kind() == v1::DATA_FASHION_MNIST) {
-    if (d.path().empty()) return Invalid("data.path: missing");
-    bool image_model = ModelFromFile(m) || m.kind() == v1::MODEL_CONVNET ||
-                       (m.kind() == v1::MODEL_MLP && (m.input_dim() == 0 || m.input_dim() == 784));
-    if (!image_model)
-      return Invalid("data: fashion-mnist gives 1x28x28 images; use convnet or mlp (input_dim 784)");
-    if (m.num_classes() != 0 && m.num_classes() != 10)
-      return Invalid("model.num_classes: fashion-mnist has 10 classes");
-  }
+  if (d.kind() != v1::DATA_FASHION_MNIST) return absl::OkStatus();
+  if (d.path().empty()) return Invalid("data.path: missing");
+  bool image_model = ModelFromFile(m) || m.kind() == v1::MODEL_CONVNET ||
+                     (m.kind() == v1::MODEL_MLP && (m.input_dim() == 0 || m.input_dim() == 784));
+  if (!image_model)
+    return Invalid("data: fashion-mnist gives 1x28x28 images; use convnet or mlp (input_dim 784)");
+  if (m.num_classes() != 0 && m.num_classes() != 10)
+    return Invalid("model.num_classes: fashion-mnist has 10 classes");
+  return absl::OkStatus();
+}
+
+// How a batch splits into micro-batches, and over replicas.
+Status ValidateJobBatchSplit(const v1::JobSpec& spec) {
   if (spec.micro_batches() != 0 && spec.split_size() != 0)
     return Invalid("micro_batches and split_size: give one or the other, not both");
   if (spec.micro_batches() == 0 && spec.split_size() == 0)
@@ -584,7 +618,12 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
                      (spec.micro_batches() > 0 ? "micro_batches " + std::to_string(spec.micro_batches())
                                                : "split_size " + std::to_string(spec.split_size())));
   }
-  if (spec.schedule() == v1::SCHEDULE_UNSPECIFIED) return Invalid("schedule: missing");
+  return absl::OkStatus();
+}
+
+// The optimizer, the learning rate's schedule, the loss and how long the
+// job trains.
+Status ValidateJobTraining(const v1::JobSpec& spec) {
   const auto& o = spec.optimizer();
   if (o.kind() == v1::OPTIMIZER_UNSPECIFIED) return Invalid("optimizer.name: missing");
   if (o.kind() != v1::OPTIMIZER_SGD && (o.beta1() < 0 || o.beta1() >= 1 || o.beta2() < 0 || o.beta2() >= 1))
@@ -605,6 +644,11 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.steps() > 0 && spec.profile_step() > spec.steps())
     return Invalid("profile_step: " + std::to_string(spec.profile_step()) + " is past the job's last step (" +
                    std::to_string(spec.steps()) + ")");
+  return absl::OkStatus();
+}
+
+// The schedule's chunks, cuda_graphs, and the keys that name stages.
+Status ValidateJobStageKeys(const v1::JobSpec& spec) {
   if (spec.schedule() == v1::SCHEDULE_INTERLEAVED) {
     if (spec.virtual_stages() < 2) return Invalid("virtual_stages: the interleaved schedule needs 2 or more");
     const int64_t m = static_cast<int64_t>(MicroBatchSizes(spec, spec.batch_size()).size());
@@ -631,6 +675,14 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (int s : spec.recompute_stages())
     if (s < 0 || s >= spec.partition().stages())
       return Invalid("recompute: stage " + std::to_string(s) + " is not one of the job's stages");
+  return absl::OkStatus();
+}
+
+// The data files, the test split an evaluation needs, and token data's keys.
+Status ValidateJobDataFiles(const v1::JobSpec& spec) {
+  const auto& m = spec.model();
+  const auto& d = spec.data();
+  const bool gpt = m.kind() == v1::MODEL_GPT;
   if ((d.kind() == v1::DATA_TENSORS || d.kind() == v1::DATA_TOKENS) && d.train().empty() && d.train_shards().empty())
     return Invalid("data.train: missing");
   if (d.kind() == v1::DATA_TOKENS && !d.train_shards().empty())
@@ -652,8 +704,14 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
   } else if (d.token_dtype() != v1::TOKEN_DTYPE_UNSPECIFIED || d.seq_len() != 0) {
     return Invalid("data: dtype and seq_len are for format: tokens only");
   }
+  return absl::OkStatus();
+}
+
+// save's keys, a model file's precision, and the layers the stages split.
+Status ValidateJobSaveAndLayers(const v1::JobSpec& spec) {
+  const auto& m = spec.model();
   if (spec.save_format() != v1::SAVE_FORMAT_UNSPECIFIED && spec.save_path().empty()) return Invalid("save.path: missing");
-  if (spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT && !script)
+  if (spec.save_format() == v1::SAVE_FORMAT_TORCHSCRIPT && m.kind() != v1::MODEL_TORCHSCRIPT)
     return Invalid("save.format: torchscript needs a model from a TorchScript archive (model: {torchscript: PATH}); "
                    "the zoo's " + ModelName(m.kind()) + " saves as state_dict only");
   if (ModelFromFile(m) && spec.precision() != v1::PRECISION_FP32 && spec.precision() != v1::PRECISION_BF16 &&
@@ -670,6 +728,24 @@ Status ValidateJobSpec(const v1::JobSpec& spec) {
     return absl::OkStatus();
   }
   return PartitionLayers(spec).status();
+}
+
+}  // namespace
+
+Status ValidateJobSpec(const v1::JobSpec& spec) {
+  if (spec.model().kind() == v1::MODEL_UNSPECIFIED) return Invalid("model.name: missing");
+  // Each number within its key's range (job_keys.h); the rules between keys follow.
+  CONVEYOR_RETURN_IF_ERROR(CheckKeyRanges(spec));
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobModelKeys(spec));
+  if (spec.data().kind() == v1::DATA_UNSPECIFIED) return Invalid("data.name: missing");
+  if (spec.precision() == v1::PRECISION_UNSPECIFIED) return Invalid("precision: missing");
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobFashionMnist(spec));
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobBatchSplit(spec));
+  if (spec.schedule() == v1::SCHEDULE_UNSPECIFIED) return Invalid("schedule: missing");
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobTraining(spec));
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobStageKeys(spec));
+  CONVEYOR_RETURN_IF_ERROR(ValidateJobDataFiles(spec));
+  return ValidateJobSaveAndLayers(spec);
 }
 
 std::string ScheduleName(v1::ScheduleKind kind) {

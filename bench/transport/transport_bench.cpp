@@ -315,71 +315,81 @@ std::string SizeName(int64_t b) {
   return std::to_string(b) + " B";
 }
 
-}  // namespace
-}  // namespace conveyor
-
-int main(int argc, char** argv) {
-  using namespace conveyor;
-  CLI::App app{"Conveyor transport benchmark: GB/s and latency per transport and tensor size, two processes"};
+// The benchmark's command line.
+struct BenchFlags {
   std::string sizes = "1K,16K,256K,1M,4M,16M,64M,256M", transports = "proto,grpc,nccl", device = "auto", csv;
   int rounds = 5;
-  app.add_option("--sizes", sizes, "tensor sizes (K, M, G suffixes)")->capture_default_str();
-  app.add_option("--transports", transports, "proto (baseline), grpc, nccl, nccl-grpc (headers on the gRPC stream)")
-      ->capture_default_str();
-  app.add_option("--device", device, "auto, cpu or cuda (two GPUs, see --gpus)")->capture_default_str();
   std::string pair = "0,1";
-  app.add_option("--gpus", pair, "with cuda: the sender's and the receiver's GPU")->capture_default_str();
-  app.add_option("--rounds", rounds, "timed rounds per measurement")->capture_default_str();
-  app.add_option("--csv", csv, "also write the table here");
+  std::string log_level = "warn";
+};
+
+void AddBenchFlags(CLI::App& app, BenchFlags* f) {
+  app.add_option("--sizes", f->sizes, "tensor sizes (K, M, G suffixes)")->capture_default_str();
+  app.add_option("--transports", f->transports, "proto (baseline), grpc, nccl, nccl-grpc (headers on the gRPC stream)")
+      ->capture_default_str();
+  app.add_option("--device", f->device, "auto, cpu or cuda (two GPUs, see --gpus)")->capture_default_str();
+  app.add_option("--gpus", f->pair, "with cuda: the sender's and the receiver's GPU")->capture_default_str();
+  app.add_option("--rounds", f->rounds, "timed rounds per measurement")->capture_default_str();
+  app.add_option("--csv", f->csv, "also write the table here");
   app.add_option("--nccl-ctas", nccl_ctas, "thread blocks per NCCL communicator (a job's nccl_ctas; 0: NCCL's default)")
       ->capture_default_str();
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "the processes' log level")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  ConfigureLogging(log_level, "bench");
+  app.add_option("--log-level", f->log_level, "the processes' log level")->capture_default_str();
+}
 
-  // Count GPUs in a child: no CUDA before the fork.
-  int gpus = 0;
-  if (device != "cpu") {
-    int p[2];
-    if (pipe(p) != 0) return 1;
-    pid_t c = fork();
-    if (c == 0) {
-      int n = CudaDeviceCount();
-      WriteAll(p[1], &n, sizeof n);
-      std::_Exit(0);
-    }
-    ReadAll(p[0], &gpus, sizeof gpus);
-    waitpid(c, nullptr, 0);
+// Counts the GPUs in a child: no CUDA before the fork. False where no pipe
+// could be made.
+bool BenchCountGpus(int* gpus) {
+  int p[2];
+  if (pipe(p) != 0) return false;
+  pid_t c = fork();
+  if (c == 0) {
+    int n = CudaDeviceCount();
+    WriteAll(p[1], &n, sizeof n);
+    std::_Exit(0);
   }
-  const bool cuda = device == "cuda" || (device == "auto" && gpus >= 2);
-  if (cuda && gpus < 2) {
+  ReadAll(p[0], gpus, sizeof *gpus);
+  waitpid(c, nullptr, 0);
+  return true;
+}
+
+// Where the two processes run.
+struct BenchDevices {
+  bool cuda = false;
+  std::string sender, receiver;
+};
+
+// The devices --device and --gpus name among the `gpus` here; false, said
+// on stderr, where they are not there.
+bool BenchPickDevices(const BenchFlags& f, int gpus, BenchDevices* d) {
+  d->cuda = f.device == "cuda" || (f.device == "auto" && gpus >= 2);
+  if (d->cuda && gpus < 2) {
     std::cerr << "--device cuda needs 2 GPUs, found " << gpus << std::endl;
-    return 1;
+    return false;
   }
   int send_gpu = 0, recv_gpu = 1;
-  if (std::sscanf(pair.c_str(), "%d,%d", &send_gpu, &recv_gpu) != 2 || send_gpu < 0 || recv_gpu < 0 ||
-      send_gpu == recv_gpu || (cuda && std::max(send_gpu, recv_gpu) >= gpus)) {
+  if (std::sscanf(f.pair.c_str(), "%d,%d", &send_gpu, &recv_gpu) != 2 || send_gpu < 0 || recv_gpu < 0 ||
+      send_gpu == recv_gpu || (d->cuda && std::max(send_gpu, recv_gpu) >= gpus)) {
     std::cerr << "--gpus wants two different GPUs of the " << gpus << " here, like 0,1" << std::endl;
-    return 1;
+    return false;
   }
-  const std::string sender_device = cuda ? "cuda:" + std::to_string(send_gpu) : "cpu";
-  const std::string receiver_device = cuda ? "cuda:" + std::to_string(recv_gpu) : "cpu";
-  std::vector<std::string> names;
-  std::stringstream ts(transports);
-  for (std::string t; std::getline(ts, t, ',');)
-    if (t.rfind("nccl", 0) != 0 || (cuda && NcclBuilt())) names.push_back(t);
+  d->sender = d->cuda ? "cuda:" + std::to_string(send_gpu) : "cpu";
+  d->receiver = d->cuda ? "cuda:" + std::to_string(recv_gpu) : "cpu";
+  return true;
+}
 
+// Forks the receiver, then measures each transport in `names` at each of
+// `sizes`, printing the table as it goes. False where no pipe could be made.
+bool BenchMeasureAll(const std::vector<std::string>& names, const std::string& sizes, const BenchDevices& d,
+                     int rounds, std::vector<Row>* rows) {
   int cmd[2], ack[2];
-  if (pipe(cmd) != 0 || pipe(ack) != 0) return 1;
+  if (pipe(cmd) != 0 || pipe(ack) != 0) return false;
   pid_t child = fork();
-  if (child == 0) Receiver(cmd[0], ack[1], receiver_device);
+  if (child == 0) Receiver(cmd[0], ack[1], d.receiver);
 
-  std::vector<Row> rows;
   {
-    Sender sender(cmd[1], ack[0], sender_device, rounds);
-    std::printf("%s -> %s, two processes on loopback, median of %d rounds\n", sender_device.c_str(),
-                receiver_device.c_str(), rounds);
+    Sender sender(cmd[1], ack[0], d.sender, rounds);
+    std::printf("%s -> %s, two processes on loopback, median of %d rounds\n", d.sender.c_str(), d.receiver.c_str(),
+                rounds);
     std::printf("%-6s %10s %7s %12s %14s\n", "link", "size", "frames", "GB/s", "latency (us)");
     for (const std::string& name : names) {
       sender.Connect(name);
@@ -389,18 +399,45 @@ int main(int argc, char** argv) {
         std::printf("%-6s %10s %7d %12.3f %14.1f\n", r.transport.c_str(), SizeName(r.bytes).c_str(), r.frames, r.gbps,
                     r.latency_us);
         std::fflush(stdout);
-        rows.push_back(r);
+        rows->push_back(r);
       }
     }
   }
   waitpid(child, nullptr, 0);
-  if (!csv.empty()) {
-    std::ofstream out(csv);
-    out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device,nccl_ctas,sender,receiver\n";
-    for (const Row& r : rows)
-      out << r.transport << "," << r.bytes << "," << r.frames << "," << r.gbps << "," << r.latency_us << ","
-          << (cuda ? "cuda" : "cpu") << "," << nccl_ctas << "," << sender_device << "," << receiver_device << "\n";
-  }
+  return true;
+}
+
+void BenchWriteCsv(const std::string& csv, const std::vector<Row>& rows, const BenchDevices& d) {
+  std::ofstream out(csv);
+  out << "transport,bytes,frames_per_round,gb_per_s,latency_us,device,nccl_ctas,sender,receiver\n";
+  for (const Row& r : rows)
+    out << r.transport << "," << r.bytes << "," << r.frames << "," << r.gbps << "," << r.latency_us << ","
+        << (d.cuda ? "cuda" : "cpu") << "," << nccl_ctas << "," << d.sender << "," << d.receiver << "\n";
+}
+
+}  // namespace
+}  // namespace conveyor
+
+int main(int argc, char** argv) {
+  using namespace conveyor;
+  CLI::App app{"Conveyor transport benchmark: GB/s and latency per transport and tensor size, two processes"};
+  BenchFlags flags;
+  AddBenchFlags(app, &flags);
+  CLI11_PARSE(app, argc, argv);
+  ConfigureLogging(flags.log_level, "bench");
+
+  int gpus = 0;
+  if (flags.device != "cpu" && !BenchCountGpus(&gpus)) return 1;
+  BenchDevices devices;
+  if (!BenchPickDevices(flags, gpus, &devices)) return 1;
+  std::vector<std::string> names;
+  std::stringstream ts(flags.transports);
+  for (std::string t; std::getline(ts, t, ',');)
+    if (t.rfind("nccl", 0) != 0 || (devices.cuda && NcclBuilt())) names.push_back(t);
+
+  std::vector<Row> rows;
+  if (!BenchMeasureAll(names, flags.sizes, devices, flags.rounds, &rows)) return 1;
+  if (!flags.csv.empty()) BenchWriteCsv(flags.csv, rows, devices);
   // Skip static destructors (see cli/conveyor_main.cpp).
   std::fflush(nullptr);
   std::_Exit(0);
