@@ -111,6 +111,43 @@ void ProgressPrinter::Finish() {
   line_open_ = false;
 }
 
+namespace {
+
+nlohmann::json EpochJson(const v1::EpochReport& e) {
+  nlohmann::json je = {{"epoch", e.epoch()},
+                       {"mean_loss", e.mean_loss()},
+                       {"train_seconds", e.train_seconds()},
+                       {"samples_per_second", e.samples_per_second()}};
+  je["eval_accuracy"] = e.has_eval() ? nlohmann::json(e.eval_accuracy()) : nlohmann::json(nullptr);
+  je["eval_loss"] = e.has_eval() ? nlohmann::json(e.eval_loss()) : nlohmann::json(nullptr);
+  return je;
+}
+
+nlohmann::json StageJson(const v1::StageReport& st) {
+  return {{"index", st.index()},
+          {"replica", st.replica()},
+          {"address", st.address()},
+          {"layers", {st.layer_begin(), st.layer_end()}},
+          {"device", st.device()},
+          {"transport", LinkName(st.transport())},
+          {"collectives", CollectiveName(st.collectives())},
+          {"num_parameters", st.num_parameters()},
+          {"peak_activations", st.peak_activations()},
+          {"peak_activation_bytes", st.peak_activation_bytes()},
+          {"memory",
+           {{"parameter_bytes", st.parameter_bytes()},
+            {"gradient_bytes", st.gradient_bytes()},
+            {"optimizer_state_bytes", st.optimizer_state_bytes()},
+            {"activation_bytes", st.peak_activation_bytes()},
+            {"device_peak_bytes", st.device_peak_bytes()}}},
+          {"busy_fraction", st.busy_fraction()},
+          {"idle_fraction", st.idle_fraction()},
+          {"graphed_steps", st.graphed_steps()},
+          {"chunks", std::vector<int>(st.chunks().begin(), st.chunks().end())}};
+}
+
+}  // namespace
+
 nlohmann::json ToJson(const v1::JobStatus& s) {
   nlohmann::json j;
   j["job_id"] = s.job_id();
@@ -144,43 +181,14 @@ nlohmann::json ToJson(const v1::JobStatus& s) {
   // exp of the mean loss: a language model's perplexity (per token).
   j["eval_perplexity"] = s.has_eval() && s.tokens() ? nlohmann::json(std::exp(s.eval_loss())) : nlohmann::json(nullptr);
   nlohmann::json epochs = nlohmann::json::array();
-  for (const auto& e : s.epochs()) {
-    nlohmann::json je = {{"epoch", e.epoch()},
-                         {"mean_loss", e.mean_loss()},
-                         {"train_seconds", e.train_seconds()},
-                         {"samples_per_second", e.samples_per_second()}};
-    je["eval_accuracy"] = e.has_eval() ? nlohmann::json(e.eval_accuracy()) : nlohmann::json(nullptr);
-    je["eval_loss"] = e.has_eval() ? nlohmann::json(e.eval_loss()) : nlohmann::json(nullptr);
-    epochs.push_back(je);
-  }
+  for (const auto& e : s.epochs()) epochs.push_back(EpochJson(e));
   j["epochs"] = epochs;
   j["param_digest"] = s.param_digest();
   j["schedule"] = ScheduleName(s.schedule());
   j["micro_batches"] = s.micro_batches();
   j["batch_size"] = s.batch_size();
   nlohmann::json stages = nlohmann::json::array();
-  for (const auto& st : s.stages()) {
-    stages.push_back({{"index", st.index()},
-                      {"replica", st.replica()},
-                      {"address", st.address()},
-                      {"layers", {st.layer_begin(), st.layer_end()}},
-                      {"device", st.device()},
-                      {"transport", LinkName(st.transport())},
-                      {"collectives", CollectiveName(st.collectives())},
-                      {"num_parameters", st.num_parameters()},
-                      {"peak_activations", st.peak_activations()},
-                      {"peak_activation_bytes", st.peak_activation_bytes()},
-                      {"memory",
-                       {{"parameter_bytes", st.parameter_bytes()},
-                        {"gradient_bytes", st.gradient_bytes()},
-                        {"optimizer_state_bytes", st.optimizer_state_bytes()},
-                        {"activation_bytes", st.peak_activation_bytes()},
-                        {"device_peak_bytes", st.device_peak_bytes()}}},
-                      {"busy_fraction", st.busy_fraction()},
-                      {"idle_fraction", st.idle_fraction()},
-                      {"graphed_steps", st.graphed_steps()},
-                      {"chunks", std::vector<int>(st.chunks().begin(), st.chunks().end())}});
-  }
+  for (const auto& st : s.stages()) stages.push_back(StageJson(st));
   j["stages"] = stages;
   j["theoretical_idle_fraction"] = s.theoretical_idle_fraction();
   j["virtual_stages"] = s.virtual_stages();

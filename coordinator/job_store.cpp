@@ -114,7 +114,73 @@ class Stmt {
   int rc_;
 };
 
+// The tables, made where missing.
+constexpr char kJobStoreSchema[] =
+    "PRAGMA journal_mode=WAL;"
+    "PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE IF NOT EXISTS jobs ("
+    "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  id TEXT UNIQUE,"
+    "  name TEXT NOT NULL,"
+    "  spec_yaml TEXT NOT NULL,"
+    "  spec BLOB NOT NULL,"
+    "  state INTEGER NOT NULL,"
+    "  status BLOB NOT NULL,"
+    "  submitted_ms INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS traces ("
+    "  job_id TEXT NOT NULL,"
+    "  step INTEGER NOT NULL,"
+    "  trace BLOB NOT NULL,"
+    "  PRIMARY KEY (job_id, step));"
+    "CREATE TABLE IF NOT EXISTS checkpoints ("
+    "  job_id TEXT NOT NULL,"
+    "  step INTEGER NOT NULL,"
+    "  stage INTEGER NOT NULL,"
+    "  path TEXT NOT NULL,"
+    "  bytes INTEGER NOT NULL,"
+    "  sha256 TEXT NOT NULL,"
+    "  at_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, step, stage));"
+    "CREATE TABLE IF NOT EXISTS job_events ("
+    "  job_id TEXT NOT NULL,"
+    "  at_ms INTEGER NOT NULL,"
+    "  event TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS curve_steps ("
+    "  job_id TEXT NOT NULL,"
+    "  step INTEGER NOT NULL,"
+    "  loss REAL NOT NULL,"
+    "  lr REAL NOT NULL,"
+    "  grad_norm REAL,"  // NULL: the job has none
+    "  step_seconds REAL NOT NULL,"
+    "  samples_per_second REAL NOT NULL,"
+    "  tokens_per_second REAL NOT NULL,"
+    "  at_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, step));"
+    "CREATE TABLE IF NOT EXISTS curve_evals ("
+    "  job_id TEXT NOT NULL,"
+    "  step INTEGER NOT NULL,"
+    "  loss REAL NOT NULL,"
+    "  accuracy REAL NOT NULL,"
+    "  at_ms INTEGER NOT NULL,"
+    "  PRIMARY KEY (job_id, step));"
+    // The scheduler's queue (InState) and the jobs' counts by state read it.
+    "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);";
+
 }  // namespace
+
+// Columns that came later: a database made before gets them, NULL in its
+// old rows (whose status blobs still hold the series; whose checkpoints'
+// cut is the job's planned one).
+Status JobStore::AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& type) {
+  bool has = false;
+  {
+    Stmt q(db_, ("SELECT name FROM pragma_table_info('" + table + "');").c_str());
+    while (q.Step()) has = has || q.Text(0) == column;
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+  }
+  return has ? absl::OkStatus() : Exec("ALTER TABLE " + table + " ADD COLUMN " + column + " " + type + ";");
+}
 
 StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   sqlite3* db = nullptr;
@@ -125,76 +191,12 @@ StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
   }
   sqlite3_busy_timeout(db, 5000);
   std::unique_ptr<JobStore> store(new JobStore(db));
-  CONVEYOR_RETURN_IF_ERROR(store->Exec(
-      "PRAGMA journal_mode=WAL;"
-      "PRAGMA synchronous=NORMAL;"
-      "CREATE TABLE IF NOT EXISTS jobs ("
-      "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
-      "  id TEXT UNIQUE,"
-      "  name TEXT NOT NULL,"
-      "  spec_yaml TEXT NOT NULL,"
-      "  spec BLOB NOT NULL,"
-      "  state INTEGER NOT NULL,"
-      "  status BLOB NOT NULL,"
-      "  submitted_ms INTEGER NOT NULL,"
-      "  updated_ms INTEGER NOT NULL);"
-      "CREATE TABLE IF NOT EXISTS traces ("
-      "  job_id TEXT NOT NULL,"
-      "  step INTEGER NOT NULL,"
-      "  trace BLOB NOT NULL,"
-      "  PRIMARY KEY (job_id, step));"
-      "CREATE TABLE IF NOT EXISTS checkpoints ("
-      "  job_id TEXT NOT NULL,"
-      "  step INTEGER NOT NULL,"
-      "  stage INTEGER NOT NULL,"
-      "  path TEXT NOT NULL,"
-      "  bytes INTEGER NOT NULL,"
-      "  sha256 TEXT NOT NULL,"
-      "  at_ms INTEGER NOT NULL,"
-      "  PRIMARY KEY (job_id, step, stage));"
-      "CREATE TABLE IF NOT EXISTS job_events ("
-      "  job_id TEXT NOT NULL,"
-      "  at_ms INTEGER NOT NULL,"
-      "  event TEXT NOT NULL);"
-      "CREATE TABLE IF NOT EXISTS curve_steps ("
-      "  job_id TEXT NOT NULL,"
-      "  step INTEGER NOT NULL,"
-      "  loss REAL NOT NULL,"
-      "  lr REAL NOT NULL,"
-      "  grad_norm REAL,"  // NULL: the job has none
-      "  step_seconds REAL NOT NULL,"
-      "  samples_per_second REAL NOT NULL,"
-      "  tokens_per_second REAL NOT NULL,"
-      "  at_ms INTEGER NOT NULL,"
-      "  PRIMARY KEY (job_id, step));"
-      "CREATE TABLE IF NOT EXISTS curve_evals ("
-      "  job_id TEXT NOT NULL,"
-      "  step INTEGER NOT NULL,"
-      "  loss REAL NOT NULL,"
-      "  accuracy REAL NOT NULL,"
-      "  at_ms INTEGER NOT NULL,"
-      "  PRIMARY KEY (job_id, step));"
-      // The scheduler's queue (InState) and the jobs' counts by state read it.
-      "CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, seq);"));
-  // The series column (a JobStatus holding only the per-step series) came
-  // later: a database made before gets it, NULL in its rows, whose status
-  // blobs still hold their series.
-  bool has_series = false;
-  {
-    Stmt q(db, "SELECT name FROM pragma_table_info('jobs');");
-    while (q.Step()) has_series = has_series || q.Text(0) == "series";
-    CONVEYOR_RETURN_IF_ERROR(q.status());
-  }
-  if (!has_series) CONVEYOR_RETURN_IF_ERROR(store->Exec("ALTER TABLE jobs ADD COLUMN series BLOB;"));
-  // So did the checkpoints' cut (how many stages wrote the step's files: a
-  // job that lost a server goes on under another): NULL in older rows.
-  bool has_cut = false;
-  {
-    Stmt q(db, "SELECT name FROM pragma_table_info('checkpoints');");
-    while (q.Step()) has_cut = has_cut || q.Text(0) == "cut_stages";
-    CONVEYOR_RETURN_IF_ERROR(q.status());
-  }
-  if (!has_cut) CONVEYOR_RETURN_IF_ERROR(store->Exec("ALTER TABLE checkpoints ADD COLUMN cut_stages INTEGER;"));
+  CONVEYOR_RETURN_IF_ERROR(store->Exec(kJobStoreSchema));
+  // series: a JobStatus holding only the per-step series; cut_stages: how
+  // many stages wrote a checkpoint's files (a job that lost a server goes on
+  // under another cut).
+  CONVEYOR_RETURN_IF_ERROR(store->AddColumnIfMissing("jobs", "series", "BLOB"));
+  CONVEYOR_RETURN_IF_ERROR(store->AddColumnIfMissing("checkpoints", "cut_stages", "INTEGER"));
   return store;
 }
 

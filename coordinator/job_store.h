@@ -119,6 +119,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}
   Status Exec(const std::string& sql);
+  // A column that came after the table: added where missing, NULL in old rows.
+  Status AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& type);
   Status UpdateLocked(const v1::JobStatus& status, bool with_series);  // REQUIRES: mu_ held
 
   std::mutex mu_;  // serialises every use of db_
