@@ -261,6 +261,13 @@ check_stages() {  # $1: stages per node; $2..: the nodes' indices
     fail "expected stages at $(IFS=,; echo "${want[*]}"), the script said: $(grep -o 'stages: .*' <<< "$out" | head -1)"
 }
 
+# The job's param_digest, from the batch output, must be conveyor local's.
+expect_digest() {  # $1: the run, as the failure names it
+  slurm_digest=$(digest <<< "$out")
+  [ "$slurm_digest" = "$local_digest" ] ||
+    fail "$1's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
+}
+
 # 1. Two nodes, two stages on each (links within a node and between nodes),
 #    preempted once.
 submit 4 -N 2 --ntasks-per-node=2 --cpus-per-task=1
@@ -289,9 +296,7 @@ taken=$(sed -n 's/.*checkpoint of step \([0-9]*\) complete; requeueing.*/\1/p' <
 grep -q "following job" <<< "$out" || fail "the requeued script did not follow the job it submitted"
 grep -q "restored every stage from the checkpoint of step $taken\"" <<< "$out" ||
   fail "the requeued job did not resume from the checkpoint of step $taken"
-slurm_digest=$(digest <<< "$out")
-[ "$slurm_digest" = "$local_digest" ] ||
-  fail "sbatch -N 2's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
+expect_digest "sbatch -N 2"
 say "PASS: sbatch -N 2 (4 stages; preempted at step $taken, requeued) ended at conveyor local's param_digest $slurm_digest"
 
 # 2. Three nodes, one stage on each, with mutual TLS between every two
@@ -318,9 +323,7 @@ grep -q "stage 2 at ${addr[2]}:[0-9]* does not answer; starting it again on node
   fail "the script did not start stage 2 again on node3"
 grep -q "): recovering\"" <<< "$out" || fail "the job's events do not say it recovered from a failed stage"
 grep -q "recovered: training goes on from step" <<< "$out" || fail "the job's events do not say it went on"
-slurm_digest=$(digest <<< "$out")
-[ "$slurm_digest" = "$local_digest" ] ||
-  fail "sbatch -N 3's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
+expect_digest "sbatch -N 3"
 grep -q "mutual TLS as /CN=node" "$run/logs/coordinator.log" || fail "the coordinator did not run with TLS"
 recoveries=$(sed -n 's/.*"recoveries":\([0-9]*\).*/\1/p' <<< "$out" | tail -1)
 restarted=$(grep -o "stage [0-9]* at [0-9.:]* does not answer; starting it again on node[0-9]" <<< "$out" |
@@ -340,9 +343,7 @@ grep -q "stage 2's node node3 is down; not starting it again" <<< "$out" ||
   fail "the script did not say it leaves node3's stage down"
 grep -q "lost for good" <<< "$out" || fail "the job's events do not say it went on without the lost server"
 grep -q "\"lost_servers\":\[\"${addr[2]}:" <<< "$out" || fail "the job's status does not name node3's server as lost"
-slurm_digest=$(digest <<< "$out")
-[ "$slurm_digest" = "$local_digest" ] ||
-  fail "sbatch -N 3 without node3's param_digest '$slurm_digest' differs from conveyor local's $local_digest"
+expect_digest "sbatch -N 3 without node3"
 say "PASS: sbatch -N 3, node3 lost for good at step $at: the job folded its stage and ended at conveyor local's param_digest $slurm_digest"
 deadline=$((SECONDS + 60))
 until nodes_idle; do
