@@ -443,7 +443,9 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
     const double loss = (*replies)[i].loss_sum();
     if (!std::isfinite(loss)) {
       return absl::FailedPreconditionError("step " + std::to_string(step) + ": the loss is " + show(loss) + " on " +
-                                           StageName(i) + " (the model's last chunk); " + outcome(i));
+                                           StageName(i) +
+                                           (LossStage() + 1 == p ? " (the last); " : " (it holds the model's last chunk); ") +
+                                           outcome(i));
     }
   }
   // Replica 0's stages hold one copy of every gradient (the replicas' are
