@@ -298,6 +298,21 @@ class Stage::Impl {
   };
 
   Status CheckJob(const std::string& job_id) const;
+  // Configure, in its order: the assignment checked (`who` names the stage
+  // in errors); one chunk built, initialised, moved to the device and probed;
+  // the data and loss of the chunks that read them; CUDA graphs when they
+  // apply; the optimizer over every parameter or this replica's slices; the
+  // inbox told what frames to expect; the reply and the log lines.
+  Status CheckAssignment(const v1::StageAssignment& a, const std::string& who) const;
+  StatusOr<Chunk> ConfigureChunk(const Job& job, const v1::ChunkAssignment& ca, const std::string& who,
+                                 const NamedTensors& init_from);
+  Status OpenJobData(Job& job, const std::string& who);
+  void ChooseGraphs(Job& job, const std::string& who);
+  Status MakeJobOptimizer(Job& job, const NamedTensors& all_params, int64_t num_params, const std::string& who,
+                          ParameterGroups* groups);
+  void OpenInbox(const Job& job);
+  v1::ConfigureReply ConfigureReplyFor(const Job& job, int64_t num_params) const;
+  void LogConfigured(const Job& job, int64_t num_params, const ParameterGroups& groups, const std::string& who) const;
   // replicas: R > 1: serves (replica 0) or finds the store of this stage's
   // group, and makes the group that joins at the first all-reduce.
   Status JoinReplicas(Job& job);
