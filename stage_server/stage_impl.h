@@ -353,6 +353,13 @@ class Stage::Impl {
   // scale (RunStepRequest.loss_scale) when the job scales its loss.
   at::Tensor ScaledLoss(const StepState& st, const at::Tensor& loss) const;
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
+  // Backward's parts: the forward again, with autograd, where recompute
+  // dropped its outputs; the pass itself, from `h`'s outputs that require
+  // grad (with `grads`, theirs, off the last chunk), returning the gradients
+  // of the inputs `input_parts` (undefined where none reached them).
+  Status RecomputeForward(StepState& st, int local, int mb, Held& h);
+  StatusOr<Tensors> BackwardPass(StepState& st, int local, int mb, Held& h, const Tensors& grads,
+                                 const std::vector<int>& input_parts, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
   // Whether the frame `act` starts from is here (zero-bubble runs weight passes meanwhile).
   bool FrameReady(const Action& act) const;

@@ -175,70 +175,13 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
   Held& h = it->second;
   Tensors grads;  // of the outputs that require grad, in order
-  const std::vector<int> grad_parts = last ? std::vector<int>{0} : PartsOf(c.outputs, /*all=*/false);
   if (!last) {
     CONVEYOR_ASSIGN_OR_RETURN(grads, Receive(st, v1::FRAME_GRADIENT, local, mb));
   }
-  if (h.outputs.empty()) {  // recompute the forward, this time with autograd
-    Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
-    // The first forward updated the buffers (BatchNorm's running statistics
-    // and count); the recomputed one leaves them as they were, so that they
-    // are updated once per micro-batch, as without recompute.
-    const std::vector<at::Tensor> buffers = c.layers->Buffers();
-    std::vector<at::Tensor> kept;
-    {
-      at::NoGradGuard no_grad;
-      for (const at::Tensor& b : buffers) kept.push_back(b.clone());
-    }
-    Tensors out;
-    {
-      ForwardPrecision precision(job_->spec(), device_);
-      CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
-    }
-    {
-      // Through .data(), which autograd does not version: BatchNorm's
-      // backward keeps the buffers as inputs (it does not read them in training).
-      at::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(kept[i]);
-    }
-    h.outputs = last ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))} : std::move(out);
-  }
-  // What backward starts from: the outputs that require grad, with theirs.
-  Tensors roots, root_grads;
-  for (std::size_t k = 0; k < grad_parts.size(); ++k) {
-    const at::Tensor& o = h.outputs[static_cast<std::size_t>(grad_parts[k])];
-    if (!o.requires_grad()) continue;
-    roots.push_back(o);
-    if (!last) root_grads.push_back(grads[k]);
-  }
+  if (h.outputs.empty()) CONVEYOR_RETURN_IF_ERROR(RecomputeForward(st, local, mb, h));
   // The inputs that send a gradient back.
   const std::vector<int> input_parts = first ? std::vector<int>{} : PartsOf(c.inputs, /*all=*/false);
-  Tensors input_grads(input_parts.size());
-  {
-    Span span(st, v1::TraceEvent::BACKWARD, local, mb);
-    if (!roots.empty() && st.graphed) {
-      auto g = job_->graphs->Backward(local, mb, last ? at::Tensor() : root_grads.front(), c.params);
-      if (!g.ok()) return Annotate(g.status(), Who());
-      if (!input_grads.empty()) input_grads.front() = *g;
-    } else if (!roots.empty()) {
-      if (input_grad_only) {
-        // Zero-bubble: the input gradients now, the weights' in WeightPass
-        // from the gradients kept where the two paths part (split_backward.h).
-        Tensors wanted, params;
-        for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
-        for (const auto& p : c.params)
-          if (p.requires_grad()) params.push_back(p);
-        input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
-        h.outputs.clear();
-      } else {
-        torch::autograd::backward(roots, root_grads);
-        for (std::size_t k = 0; k < input_parts.size(); ++k)
-          input_grads[k] = h.inputs[static_cast<std::size_t>(input_parts[k])].grad();
-      }
-    } else if (input_grad_only) {
-      h.outputs.clear();  // nothing for the weight pass
-    }
-  }
+  CONVEYOR_ASSIGN_OR_RETURN(Tensors input_grads, BackwardPass(st, local, mb, h, grads, input_parts, input_grad_only));
   if (!input_parts.empty()) {
     for (std::size_t k = 0; k < input_parts.size(); ++k)
       if (!input_grads[k].defined()) input_grads[k] = at::zeros_like(h.inputs[static_cast<std::size_t>(input_parts[k])]);
@@ -253,6 +196,74 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     Release(st, it);
   }
   return absl::OkStatus();
+}
+
+Status Stage::Impl::RecomputeForward(StepState& st, int local, int mb, Held& h) {
+  Chunk& c = job_->chunks[local];
+  Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
+  // The first forward updated the buffers (BatchNorm's running statistics
+  // and count); the recomputed one leaves them as they were, so that they
+  // are updated once per micro-batch, as without recompute.
+  const std::vector<at::Tensor> buffers = c.layers->Buffers();
+  std::vector<at::Tensor> kept;
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& b : buffers) kept.push_back(b.clone());
+  }
+  Tensors out;
+  {
+    ForwardPrecision precision(job_->spec(), device_);
+    CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
+  }
+  {
+    // Through .data(), which autograd does not version: BatchNorm's
+    // backward keeps the buffers as inputs (it does not read them in training).
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(kept[i]);
+  }
+  h.outputs = job_->IsLast(c) ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))}
+                              : std::move(out);
+  return absl::OkStatus();
+}
+
+StatusOr<Tensors> Stage::Impl::BackwardPass(StepState& st, int local, int mb, Held& h, const Tensors& grads,
+                                            const std::vector<int>& input_parts, bool input_grad_only) {
+  Chunk& c = job_->chunks[local];
+  const bool last = job_->IsLast(c);
+  const std::vector<int> grad_parts = last ? std::vector<int>{0} : PartsOf(c.outputs, /*all=*/false);
+  // What backward starts from: the outputs that require grad, with theirs.
+  Tensors roots, root_grads;
+  for (std::size_t k = 0; k < grad_parts.size(); ++k) {
+    const at::Tensor& o = h.outputs[static_cast<std::size_t>(grad_parts[k])];
+    if (!o.requires_grad()) continue;
+    roots.push_back(o);
+    if (!last) root_grads.push_back(grads[k]);
+  }
+  Tensors input_grads(input_parts.size());
+  Span span(st, v1::TraceEvent::BACKWARD, local, mb);
+  if (!roots.empty() && st.graphed) {
+    auto g = job_->graphs->Backward(local, mb, last ? at::Tensor() : root_grads.front(), c.params);
+    if (!g.ok()) return Annotate(g.status(), Who());
+    if (!input_grads.empty()) input_grads.front() = *g;
+  } else if (!roots.empty()) {
+    if (input_grad_only) {
+      // Zero-bubble: the input gradients now, the weights' in WeightPass
+      // from the gradients kept where the two paths part (split_backward.h).
+      Tensors wanted, params;
+      for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
+      for (const auto& p : c.params)
+        if (p.requires_grad()) params.push_back(p);
+      input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
+      h.outputs.clear();
+    } else {
+      torch::autograd::backward(roots, root_grads);
+      for (std::size_t k = 0; k < input_parts.size(); ++k)
+        input_grads[k] = h.inputs[static_cast<std::size_t>(input_parts[k])].grad();
+    }
+  } else if (input_grad_only) {
+    h.outputs.clear();  // nothing for the weight pass
+  }
+  return input_grads;
 }
 
 Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
