@@ -367,6 +367,23 @@ class Stage::Impl {
   // The inputs and labels of batch st.data_step, as this stage reads them.
   Status LoadBatch(StepState& st);
   Status RunActions(StepState& st);
+  // LaunchRunStep, in its order: the request checked against the job; the
+  // step begun (AwaitTurn's turn passed on, the inbox told, a deferred
+  // update dropped); the step's state; its batches, then its figures (loss
+  // sum, squared gradient norm): copied behind the step's work when it
+  // ends off the executor (`detach`), else read once the device is done; the
+  // reply, or for a detached step the StepEnd that FinishRunStep completes.
+  Status CheckRunStep(const v1::RunStepRequest& req) const;
+  Status BeginRunStep(const v1::RunStepRequest& req, int accumulate);
+  void PrepareStepState(StepState& st, const v1::RunStepRequest& req, v1::RunStepReply* reply, int accumulate);
+  // `profile` is the caller's, so that it outlives an exception out of here.
+  Status RunStepBatches(StepState& st, StepEnd& end, std::unique_ptr<OpProfile>& profile, bool* detach);
+  void ZeroStepGradients();
+  // Whether this step ends off the executor (FinishRunStep) while the next one launches.
+  bool DetachesStep(const StepState& st, bool profiled) const;
+  void CopyStepFigures(StepState& st, StepEnd& end);
+  void ReadStepFigures(StepState& st);
+  StatusOr<StepEnd> EndRunStep(StepState& st, StepEnd& end, bool detach);
   // After the backward passes: lr, gradient norm share, the optimizer step.
   Status PrepareUpdate(StepState& st);
   // Writes the checkpoint of the state after `step` (0-based) was applied.
