@@ -709,18 +709,7 @@ Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* l
 }
 
 v1::JobStatus JobRunner::Run() {
-  status_.set_state(v1::JOB_STATE_RUNNING);
-  status_.set_started_unix_ms(NowUnixMs());
-  status_.set_schedule(spec_.schedule());
-  status_.set_batch_size(spec_.batch_size());
-  status_.set_tokens(TokensPerSample(spec_) > 0);
-  status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
-  status_.set_virtual_stages(spec_.virtual_stages());
-  status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
-  Publish();
-  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages",
-           Replicas(spec_) > 1 ? " x " + std::to_string(Replicas(spec_)) + " replicas" : "");
-
+  AnnounceStart();
   // A job that resumes after a coordinator restart recovers from the start.
   started_ = status_.step() > 0 || status_.checkpoint_step() > 0;
   bool assigned = false;
@@ -754,32 +743,55 @@ v1::JobStatus JobRunner::Run() {
         continue;
       }
     }
-    // Jobs given in epochs were evaluated after each (the last included).
-    if (st.ok() && spec_.eval() && !ByEpochs()) st = Evaluate();
-    if (st.ok()) st = CollectDigest();
-    if (st.ok()) {
-      // Trained: a failure to write the file fails the job, but the weights
-      // stay on the stages for `conveyor export` (no recovery trains again).
-      st = SaveWeights();
-      if (!st.ok()) {
-        weights_kept = true;
-        st = Status(st.code(), std::string(st.message()) +
-                                   "; the job trained to its end and its weights stay on the stage servers until "
-                                   "their next job: `conveyor export " + status_.job_id() + " --out FILE` writes them");
-        break;
-      }
-    }
+    if (st.ok()) st = FinishTrained(&weights_kept);
+    if (weights_kept) break;
     if (st.ok() || cancelled_ || !started_ || !Recoverable(st)) break;
-    std::vector<std::size_t> lost;
-    st = AwaitStages(st, &lost);
+    st = RecoverFrom(st, &assigned);
     if (!st.ok()) break;
-    if (!lost.empty()) {
-      st = Replan(lost);
-      if (!st.ok()) break;
-      assigned = false;  // planned anew over the servers left
-    }
   }
+  EndJob(st, weights_kept);
+  return status_;
+}
 
+void JobRunner::AnnounceStart() {
+  status_.set_state(v1::JOB_STATE_RUNNING);
+  status_.set_started_unix_ms(NowUnixMs());
+  status_.set_schedule(spec_.schedule());
+  status_.set_batch_size(spec_.batch_size());
+  status_.set_tokens(TokensPerSample(spec_) > 0);
+  status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
+  status_.set_virtual_stages(spec_.virtual_stages());
+  status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
+  Publish();
+  LOG_INFO("job ", status_.job_id(), " (", spec_.name(), ") starts on ", spec_.partition().stages(), " stages",
+           Replicas(spec_) > 1 ? " x " + std::to_string(Replicas(spec_)) + " replicas" : "");
+}
+
+Status JobRunner::FinishTrained(bool* weights_kept) {
+  // Jobs given in epochs were evaluated after each (the last included).
+  if (spec_.eval() && !ByEpochs()) CONVEYOR_RETURN_IF_ERROR(Evaluate());
+  CONVEYOR_RETURN_IF_ERROR(CollectDigest());
+  // Trained: a failure to write the file fails the job, but the weights
+  // stay on the stages for `conveyor export` (no recovery trains again).
+  Status st = SaveWeights();
+  if (st.ok()) return st;
+  *weights_kept = true;
+  return Status(st.code(), std::string(st.message()) +
+                               "; the job trained to its end and its weights stay on the stage servers until "
+                               "their next job: `conveyor export " + status_.job_id() + " --out FILE` writes them");
+}
+
+Status JobRunner::RecoverFrom(const Status& failure, bool* assigned) {
+  std::vector<std::size_t> lost;
+  CONVEYOR_RETURN_IF_ERROR(AwaitStages(failure, &lost));
+  if (!lost.empty()) {
+    CONVEYOR_RETURN_IF_ERROR(Replan(lost));
+    *assigned = false;  // planned anew over the servers left
+  }
+  return absl::OkStatus();
+}
+
+void JobRunner::EndJob(const Status& st, bool weights_kept) {
   v1::JobRef ref = Ref();
   if (cancelled_) {
     status_.set_state(v1::JOB_STATE_CANCELLED);
@@ -803,7 +815,6 @@ v1::JobStatus JobRunner::Run() {
   LOG_INFO("job ", status_.job_id(), " ", JobStateName(status_.state()),
            status_.error().empty() ? "" : ": " + status_.error());
   Publish();
-  return status_;
 }
 
 }  // namespace conveyor

@@ -118,6 +118,16 @@ class JobRunner {
   void Event(const std::string& text);
   v1::JobRef Ref() const;  // this job's id, as stage calls take it
   Status Train();
+  // Run, in its order: the job's status RUNNING and its figures published;
+  // after training, the evaluation, the digest and the saved weights (a save
+  // that fails sets `weights_kept`: the stages keep the job); a recovery
+  // from `failure` (re-planned without the servers lost, `assigned` then
+  // cleared); the job's final state, its stages released unless it
+  // succeeded or kept its weights.
+  void AnnounceStart();
+  Status FinishTrained(bool* weights_kept);
+  Status RecoverFrom(const Status& failure, bool* assigned);
+  void EndJob(const Status& st, bool weights_kept);
   // After training step `done`: the checkpoint just taken is complete on
   // every stage.
   void RecordCheckpoint(int64_t done, const std::vector<v1::RunStepReply>& replies);

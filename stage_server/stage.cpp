@@ -269,6 +269,53 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
 StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a) {
   const std::string who = "stage " + std::to_string(a.stage_index()) +
                           (a.num_replicas() > 1 ? " of replica " + std::to_string(a.replica()) : "");
+  CONVEYOR_RETURN_IF_ERROR(CheckAssignment(a, who));
+  NamedTensors init_from;
+  if (!a.spec().init_from().empty()) {
+    CONVEYOR_ASSIGN_OR_RETURN(init_from, ReadStateDict(a.spec().init_from()));
+    CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
+  }
+  DropJob();
+  if (device_.is_cuda()) ResetCudaPeak(device_.str());  // the job's own peak (ReportMemory)
+  if (device_.is_cuda()) SetCudnnBenchmark(a.spec().cudnn_benchmark());
+
+  auto job = std::make_unique<Job>();
+  job->assignment = a;
+  job->recompute = RecomputeOn(a.spec(), a.stage_index());
+  int64_t num_params = 0;
+  NamedTensors all_params;  // the trainable ones, named
+  for (const v1::ChunkAssignment& ca : a.chunks()) {
+    CONVEYOR_ASSIGN_OR_RETURN(Chunk c, ConfigureChunk(*job, ca, who, init_from));
+    for (const auto& [name, p] : c.layers->NamedParameters()) {
+      num_params += p.numel();
+      if (!p.requires_grad()) continue;
+      c.params.push_back(p);
+      all_params.emplace_back(name, p);
+    }
+    job->chunks.push_back(std::move(c));
+  }
+  CONVEYOR_RETURN_IF_ERROR(OpenJobData(*job, who));
+  ChooseGraphs(*job, who);
+  // After the graphs: a stage that replays them keeps no hooks on its gradients.
+  CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
+  ParameterGroups groups;
+  CONVEYOR_RETURN_IF_ERROR(MakeJobOptimizer(*job, all_params, num_params, who, &groups));
+  OpenInbox(*job);
+
+  v1::ConfigureReply reply = ConfigureReplyFor(*job, num_params);
+  LogConfigured(*job, num_params, groups, who);
+  job_ = std::move(job);
+  std::lock_guard<std::mutex> lock(info_mu_);
+  job_id_ = a.job_id();
+  stage_index_ = a.stage_index();
+  replica_ = a.replica();
+  next_train_step_ = 0;
+  stage_timeout_s_ = a.spec().stage_timeout_s();
+  turn_cv_.notify_all();
+  return reply;
+}
+
+Status Stage::Impl::CheckAssignment(const v1::StageAssignment& a, const std::string& who) const {
   if (a.job_id().empty()) return absl::InvalidArgumentError(who + ": job_id is empty");
   CONVEYOR_RETURN_IF_ERROR(Annotate(ValidateJobSpec(a.spec()), who));
   if (a.num_stages() < 1 || a.stage_index() < 0 || a.stage_index() >= a.num_stages()) {
@@ -289,132 +336,140 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
     return absl::InvalidArgumentError(who + " is on " + device_.str() +
                                       ": precision fp16-mixed needs a CUDA device (float16 autocast); use bf16-mixed");
   }
-  {
-    // The coordinator resolved the job's paths under its roots; this stage
-    // reads them only under its own.
-    v1::JobSpec checked = a.spec();
-    CONVEYOR_RETURN_IF_ERROR(ResolveJobPaths(&checked, options_.data_roots));
-  }
-  NamedTensors init_from;
-  if (!a.spec().init_from().empty()) {
-    CONVEYOR_ASSIGN_OR_RETURN(init_from, ReadStateDict(a.spec().init_from()));
-    CONVEYOR_RETURN_IF_ERROR(CheckInitialWeightNames(a.spec(), init_from));
-  }
-  DropJob();
-  if (device_.is_cuda()) ResetCudaPeak(device_.str());  // the job's own peak (ReportMemory)
-  if (device_.is_cuda()) SetCudnnBenchmark(a.spec().cudnn_benchmark());
+  // The coordinator resolved the job's paths under its roots; this stage
+  // reads them only under its own.
+  v1::JobSpec checked = a.spec();
+  return ResolveJobPaths(&checked, options_.data_roots);
+}
 
-  auto job = std::make_unique<Job>();
-  job->assignment = a;
-  job->recompute = RecomputeOn(a.spec(), a.stage_index());
+namespace {
+
+// A chunk's outputs against what its assignment promised (when it says).
+Status CheckPromisedChunkOutputs(const v1::ChunkAssignment& ca, const std::vector<v1::SampleSpec>& outputs,
+                                 const std::string& what) {
+  const std::vector<int64_t> made(outputs.front().shape().begin(), outputs.front().shape().end());
+  std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());
+  if (!promised.empty() && promised != made) {
+    return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(made) +
+                                      ", the assignment says " + ShapeString(promised));
+  }
+  if (!ca.outputs().empty()) {
+    const std::vector<v1::SampleSpec> said(ca.outputs().begin(), ca.outputs().end());
+    if (SpecsString(said) != SpecsString(outputs)) {
+      return absl::InvalidArgumentError(what + ": outputs samples of " + SpecsString(outputs) +
+                                        ", the assignment says " + SpecsString(said));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StatusOr<Stage::Impl::Chunk> Stage::Impl::ConfigureChunk(const Job& job, const v1::ChunkAssignment& ca,
+                                                         const std::string& who, const NamedTensors& init_from) {
+  const v1::StageAssignment& a = job.assignment;
+  const std::string what = who + " chunk " + std::to_string(ca.index());
+  if (ca.index() < 0 || ca.index() >= a.num_chunks() ||
+      StageOfChunk(a.spec().schedule(), ca.index(), a.num_stages()) != a.stage_index())
+    return absl::InvalidArgumentError(what + ": not a chunk of this stage");
+  Chunk c;
+  c.index = ca.index();
+  if (ca.inputs().empty()) CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
+  c.inputs = InputSpecs(ca.inputs(), ca.input_sample_shape(), a.spec(), c.index == 0);
+  CONVEYOR_RETURN_IF_ERROR(CheckSampleSpecs(c.inputs, what));
+  // Built and initialised on the host with every core (one thread trains on CUDA).
+  AllCoresWhileBuilding all_cores(device_.is_cuda() && options_.threads == 0);
+  CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildPartition(a.spec(), ca.layer_begin(), ca.layer_end()));
+  const std::string cannot = what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
+                             std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
+                             SpecsString(c.inputs);
+  try {
+    if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
+    c.layers->To(device_);
+    if (UsesChannelsLast(a.spec(), device_)) ToChannelsLast(*c.layers);
+    auto specs = ProbeSpecs(*c.layers, c.inputs, device_);
+    if (!specs.ok()) return Annotate(specs.status(), cannot);
+    c.outputs = std::move(*specs);
+    if (job.IsLast(c) && c.outputs.size() != 1) {
+      return absl::InvalidArgumentError(what + ": the model's last layer returns " +
+                                        std::to_string(c.outputs.size()) + " tensors; the loss takes one");
+    }
+  } catch (const std::exception& e) {
+    return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
+  }
+  CONVEYOR_RETURN_IF_ERROR(CheckPromisedChunkOutputs(ca, c.outputs, what));
+  return std::move(c);
+}
+
+Status Stage::Impl::OpenJobData(Job& job, const std::string& who) {
+  const v1::StageAssignment& a = job.assignment;
   bool reads_inputs = false, reads_labels = false;
-  int64_t num_params = 0;
-  NamedTensors all_params;  // the trainable ones, named
-  for (const v1::ChunkAssignment& ca : a.chunks()) {
-    const std::string what = who + " chunk " + std::to_string(ca.index());
-    if (ca.index() < 0 || ca.index() >= a.num_chunks() ||
-        StageOfChunk(a.spec().schedule(), ca.index(), a.num_stages()) != a.stage_index())
-      return absl::InvalidArgumentError(what + ": not a chunk of this stage");
-    Chunk c;
-    c.index = ca.index();
-    if (ca.inputs().empty()) CONVEYOR_RETURN_IF_ERROR(CheckSampleShape(ca.input_sample_shape(), what));
-    c.inputs = InputSpecs(ca.inputs(), ca.input_sample_shape(), a.spec(), c.index == 0);
-    CONVEYOR_RETURN_IF_ERROR(CheckSampleSpecs(c.inputs, what));
-    // Built and initialised on the host with every core (one thread trains on CUDA).
-    AllCoresWhileBuilding all_cores(device_.is_cuda() && options_.threads == 0);
-    CONVEYOR_ASSIGN_OR_RETURN(c.layers, BuildPartition(a.spec(), ca.layer_begin(), ca.layer_end()));
-    const std::string cannot = what + ": layers [" + std::to_string(ca.layer_begin()) + ", " +
-                               std::to_string(ca.layer_end()) + ") cannot take samples of shape " +
-                               SpecsString(c.inputs);
-    try {
-      if (!init_from.empty()) CONVEYOR_RETURN_IF_ERROR(LoadInitialWeights(a.spec(), init_from, *c.layers));
-      c.layers->To(device_);
-      if (UsesChannelsLast(a.spec(), device_)) ToChannelsLast(*c.layers);
-      auto specs = ProbeSpecs(*c.layers, c.inputs, device_);
-      if (!specs.ok()) return Annotate(specs.status(), cannot);
-      c.outputs = std::move(*specs);
-      if (job->IsLast(c) && c.outputs.size() != 1) {
-        return absl::InvalidArgumentError(what + ": the model's last layer returns " +
-                                          std::to_string(c.outputs.size()) + " tensors; the loss takes one");
-      }
-    } catch (const std::exception& e) {
-      return TorchFailure(e, absl::StatusCode::kInvalidArgument, cannot);
-    }
-    const std::vector<int64_t> made(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
-    std::vector<int64_t> promised(ca.output_sample_shape().begin(), ca.output_sample_shape().end());
-    if (!promised.empty() && promised != made) {
-      return absl::InvalidArgumentError(what + ": outputs samples of shape " + ShapeString(made) +
-                                        ", the assignment says " + ShapeString(promised));
-    }
-    if (!ca.outputs().empty()) {
-      const std::vector<v1::SampleSpec> said(ca.outputs().begin(), ca.outputs().end());
-      if (SpecsString(said) != SpecsString(c.outputs)) {
-        return absl::InvalidArgumentError(what + ": outputs samples of " + SpecsString(c.outputs) +
-                                          ", the assignment says " + SpecsString(said));
-      }
-    }
-    for (const auto& [name, p] : c.layers->NamedParameters()) {
-      num_params += p.numel();
-      if (!p.requires_grad()) continue;
-      c.params.push_back(p);
-      all_params.emplace_back(name, p);
-    }
-    reads_inputs |= job->IsFirst(c);
-    reads_labels |= job->IsLast(c);
-    job->chunks.push_back(std::move(c));
+  for (const Chunk& c : job.chunks) {
+    reads_inputs |= job.IsFirst(c);
+    reads_labels |= job.IsLast(c);
   }
   if (reads_inputs || reads_labels) {
     auto data = Dataset::Open(a.spec(), reads_inputs, reads_labels);
     if (!data.ok()) return Annotate(data.status(), who);
-    job->data = std::move(*data);
-    if (a.num_replicas() > 1) job->data->ReadShare(a.replica());
-    job->loader = std::make_unique<BatchLoader>(job->assignment.spec(), job->data.get(), device_, reads_inputs,
-                                                reads_labels);
+    job.data = std::move(*data);
+    if (a.num_replicas() > 1) job.data->ReadShare(a.replica());
+    job.loader = std::make_unique<BatchLoader>(job.assignment.spec(), job.data.get(), device_, reads_inputs,
+                                               reads_labels);
   }
-  for (const Chunk& c : job->chunks) {  // loss: {torchscript}, checked before the first step
-    if (!job->IsLast(c) || c.outputs.empty()) continue;
+  for (const Chunk& c : job.chunks) {  // loss: {torchscript}, checked before the first step
+    if (!job.IsLast(c) || c.outputs.empty()) continue;
     const auto& shape = c.outputs.front().shape();
     const std::vector<int64_t> output(shape.begin(), shape.end());
     CONVEYOR_RETURN_IF_ERROR(Annotate(CheckLoss(a.spec(), output), who));
     // Bad targets named now, not as an INTERNAL error at the first step.
-    if (job->data) CONVEYOR_RETURN_IF_ERROR(Annotate(job->data->CheckTargets(output), who));
+    if (job.data) CONVEYOR_RETURN_IF_ERROR(Annotate(job.data->CheckTargets(output), who));
   }
-  const bool one_tensor = std::all_of(job->chunks.begin(), job->chunks.end(), [](const Chunk& c) {
+  return absl::OkStatus();
+}
+
+void Stage::Impl::ChooseGraphs(Job& job, const std::string& who) {
+  const v1::StageAssignment& a = job.assignment;
+  const bool one_tensor = std::all_of(job.chunks.begin(), job.chunks.end(), [](const Chunk& c) {
     return c.inputs.size() == 1 && c.outputs.size() == 1;
   });
   const GraphsChoice graphs = CudaGraphsFor(a.spec(), /*reference=*/false);
   if (device_.is_cuda() && !graphs.on && !a.spec().has_cuda_graphs()) {
     LOG_INFO("job ", a.job_id(), " ", who, ": ", graphs.why_off);
   }
-  if (graphs.on) {
-    if (!one_tensor) {
-      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
-    } else if (GraphedPasses::Available(device_)) {
-      job->graphs = std::make_unique<GraphedPasses>(device_);
-    } else if (a.spec().has_cuda_graphs()) {
-      LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
-    }
+  if (!graphs.on) return;
+  if (!one_tensor) {
+    LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored: tuples cross this stage's boundaries");
+  } else if (GraphedPasses::Available(device_)) {
+    job.graphs = std::make_unique<GraphedPasses>(device_);
+  } else if (a.spec().has_cuda_graphs()) {
+    LOG_INFO("job ", a.job_id(), " ", who, ": cuda_graphs ignored on ", device_.str());
   }
+}
 
-  // After the graphs: a stage that replays them keeps no hooks on its gradients.
-  CONVEYOR_RETURN_IF_ERROR(JoinReplicas(*job));
-  ParameterGroups groups;
+Status Stage::Impl::MakeJobOptimizer(Job& job, const NamedTensors& all_params, int64_t num_params,
+                                     const std::string& who, ParameterGroups* groups) {
+  const v1::StageAssignment& a = job.assignment;
   NamedTensors updated = all_params;  // by this stage's optimizer
-  if (job->reducer && a.spec().zero_stage() >= 1 && !all_params.empty()) {
+  if (job.reducer && a.spec().zero_stage() >= 1 && !all_params.empty()) {
     at::NoGradGuard no_grad;  // before any graph records the parameters' addresses
     updated.clear();
-    for (GradientReducer::Part& part : job->reducer->SliceParameters()) {
+    for (GradientReducer::Part& part : job.reducer->SliceParameters()) {
       updated.emplace_back(all_params[part.param].first, part.tensor);
-      job->updated.push_back(std::move(part.tensor));
+      job.updated.push_back(std::move(part.tensor));
     }
-    job->sliced = true;
+    job.sliced = true;
     if (updated.empty()) {
       return absl::FailedPreconditionError(who + ": zero 1 slices this stage's " + std::to_string(num_params) +
                                            " parameter elements over " + std::to_string(a.num_replicas()) +
                                            " replicas, and none fall in this replica's slices");
     }
   }
-  if (!updated.empty()) job->optimizer = MakeOptimizer(a.spec().optimizer(), updated, &groups);
+  if (!updated.empty()) job.optimizer = MakeOptimizer(a.spec().optimizer(), updated, groups);
+  return absl::OkStatus();
+}
+
+void Stage::Impl::OpenInbox(const Job& job) {
+  const v1::StageAssignment& a = job.assignment;
   const v1::JobSpec& spec = a.spec();
   std::vector<int64_t> train_mbs = MicroBatchSizes(spec, spec.batch_size());
   std::vector<int64_t> eval_mbs = MicroBatchSizes(spec, spec.eval_batch_size());
@@ -428,16 +483,16 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   if (spec.precision() == v1::PRECISION_FP16_MIXED) expect.other_dtype = v1::DTYPE_FLOAT16;
   expect.batches_per_step = AccumulateSteps(spec);
   expect.steps_in_flight = StepsInFlight(spec);
-  for (const Chunk& c : job->chunks) {
+  for (const Chunk& c : job.chunks) {
     // By part: each tensor of a tuple is a frame with its own dtype and shape.
-    if (!job->IsFirst(c)) {
+    if (!job.IsFirst(c)) {
       expect.activation_shapes[c.index].assign(c.inputs.front().shape().begin(), c.inputs.front().shape().end());
       for (int i : PartsOf(c.inputs, /*all=*/true)) {
         const v1::SampleSpec& in = c.inputs[static_cast<std::size_t>(i)];
         expect.activation_parts[c.index][i] = {in.dtype(), {in.shape().begin(), in.shape().end()}};
       }
     }
-    if (!job->IsLast(c)) {
+    if (!job.IsLast(c)) {
       expect.gradient_shapes[c.index].assign(c.outputs.front().shape().begin(), c.outputs.front().shape().end());
       auto& parts = expect.gradient_parts[c.index];
       for (int i : PartsOf(c.outputs, /*all=*/false)) {
@@ -450,33 +505,32 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   expect.max_micro_batch_size = std::max(train_mbs.front(), eval_mbs.front());
   inbox_.Open(std::move(expect));
   inbox_.SetSpin(device_.is_cuda() ? kGpuInboxSpin : std::chrono::microseconds(0));
+}
 
+v1::ConfigureReply Stage::Impl::ConfigureReplyFor(const Job& job, int64_t num_params) const {
   v1::ConfigureReply reply;
-  for (int64_t d : job->chunks.back().outputs.front().shape()) reply.add_output_sample_shape(d);
+  for (int64_t d : job.chunks.back().outputs.front().shape()) reply.add_output_sample_shape(d);
   reply.set_num_parameters(num_params);
   reply.set_device(device_.str());
-  if (job->replica_store) reply.set_replica_store_port(job->replica_store->port());
-  if (job->data) {
-    reply.set_train_samples(job->data->train_size());
-    reply.set_test_samples(job->data->test_size());
+  if (job.replica_store) reply.set_replica_store_port(job.replica_store->port());
+  if (job.data) {
+    reply.set_train_samples(job.data->train_size());
+    reply.set_test_samples(job.data->test_size());
   }
+  return reply;
+}
+
+void Stage::Impl::LogConfigured(const Job& job, int64_t num_params, const ParameterGroups& groups,
+                                const std::string& who) const {
+  const v1::StageAssignment& a = job.assignment;
   std::string ranges;
   for (const auto& ca : a.chunks())
     ranges += (ranges.empty() ? "" : ", ") + std::string("[") + std::to_string(ca.layer_begin()) + ", " +
               std::to_string(ca.layer_end()) + ")";
   LOG_INFO("job ", a.job_id(), " ", who, ": layers ", ranges, ", ", num_params, " parameters on ", device_.str(),
-           job->recompute ? ", recomputing forwards" : "", job->graphs ? ", as CUDA graphs from the second step" : "");
-  if (job->optimizer)
+           job.recompute ? ", recomputing forwards" : "", job.graphs ? ", as CUDA graphs from the second step" : "");
+  if (job.optimizer)
     LOG_INFO("job ", a.job_id(), " ", who, ": parameter groups: ", groups.Describe(a.spec().optimizer().weight_decay()));
-  job_ = std::move(job);
-  std::lock_guard<std::mutex> lock(info_mu_);
-  job_id_ = a.job_id();
-  stage_index_ = a.stage_index();
-  replica_ = a.replica();
-  next_train_step_ = 0;
-  stage_timeout_s_ = a.spec().stage_timeout_s();
-  turn_cv_.notify_all();
-  return reply;
 }
 
 Status Stage::Impl::JoinReplicas(Job& job) {

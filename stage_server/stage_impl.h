@@ -298,6 +298,21 @@ class Stage::Impl {
   };
 
   Status CheckJob(const std::string& job_id) const;
+  // Configure, in its order: the assignment checked (`who` names the stage
+  // in errors); one chunk built, initialised, moved to the device and probed;
+  // the data and loss of the chunks that read them; CUDA graphs when they
+  // apply; the optimizer over every parameter or this replica's slices; the
+  // inbox told what frames to expect; the reply and the log lines.
+  Status CheckAssignment(const v1::StageAssignment& a, const std::string& who) const;
+  StatusOr<Chunk> ConfigureChunk(const Job& job, const v1::ChunkAssignment& ca, const std::string& who,
+                                 const NamedTensors& init_from);
+  Status OpenJobData(Job& job, const std::string& who);
+  void ChooseGraphs(Job& job, const std::string& who);
+  Status MakeJobOptimizer(Job& job, const NamedTensors& all_params, int64_t num_params, const std::string& who,
+                          ParameterGroups* groups);
+  void OpenInbox(const Job& job);
+  v1::ConfigureReply ConfigureReplyFor(const Job& job, int64_t num_params) const;
+  void LogConfigured(const Job& job, int64_t num_params, const ParameterGroups& groups, const std::string& who) const;
   // replicas: R > 1: serves (replica 0) or finds the store of this stage's
   // group, and makes the group that joins at the first all-reduce.
   Status JoinReplicas(Job& job);
@@ -338,6 +353,13 @@ class Stage::Impl {
   // scale (RunStepRequest.loss_scale) when the job scales its loss.
   at::Tensor ScaledLoss(const StepState& st, const at::Tensor& loss) const;
   Status Backward(StepState& st, int local, int mb, bool input_grad_only);
+  // Backward's parts: the forward again, with autograd, where recompute
+  // dropped its outputs; the pass itself, from `h`'s outputs that require
+  // grad (with `grads`, theirs, off the last chunk), returning the gradients
+  // of the inputs `input_parts` (undefined where none reached them).
+  Status RecomputeForward(StepState& st, int local, int mb, Held& h);
+  StatusOr<Tensors> BackwardPass(StepState& st, int local, int mb, Held& h, const Tensors& grads,
+                                 const std::vector<int>& input_parts, bool input_grad_only);
   Status WeightPass(StepState& st, int local, int mb);
   // Whether the frame `act` starts from is here (zero-bubble runs weight passes meanwhile).
   bool FrameReady(const Action& act) const;
@@ -345,6 +367,23 @@ class Stage::Impl {
   // The inputs and labels of batch st.data_step, as this stage reads them.
   Status LoadBatch(StepState& st);
   Status RunActions(StepState& st);
+  // LaunchRunStep, in its order: the request checked against the job; the
+  // step begun (AwaitTurn's turn passed on, the inbox told, a deferred
+  // update dropped); the step's state; its batches, then its figures (loss
+  // sum, squared gradient norm): copied behind the step's work when it
+  // ends off the executor (`detach`), else read once the device is done; the
+  // reply, or for a detached step the StepEnd that FinishRunStep completes.
+  Status CheckRunStep(const v1::RunStepRequest& req) const;
+  Status BeginRunStep(const v1::RunStepRequest& req, int accumulate);
+  void PrepareStepState(StepState& st, const v1::RunStepRequest& req, v1::RunStepReply* reply, int accumulate);
+  // `profile` is the caller's, so that it outlives an exception out of here.
+  Status RunStepBatches(StepState& st, StepEnd& end, std::unique_ptr<OpProfile>& profile, bool* detach);
+  void ZeroStepGradients();
+  // Whether this step ends off the executor (FinishRunStep) while the next one launches.
+  bool DetachesStep(const StepState& st, bool profiled) const;
+  void CopyStepFigures(StepState& st, StepEnd& end);
+  void ReadStepFigures(StepState& st);
+  StatusOr<StepEnd> EndRunStep(StepState& st, StepEnd& end, bool detach);
   // After the backward passes: lr, gradient norm share, the optimizer step.
   Status PrepareUpdate(StepState& st);
   // Writes the checkpoint of the state after `step` (0-based) was applied.

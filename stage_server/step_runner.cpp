@@ -175,70 +175,13 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     return absl::InternalError(Who() + ": backward before forward of micro-batch " + std::to_string(mb));
   Held& h = it->second;
   Tensors grads;  // of the outputs that require grad, in order
-  const std::vector<int> grad_parts = last ? std::vector<int>{0} : PartsOf(c.outputs, /*all=*/false);
   if (!last) {
     CONVEYOR_ASSIGN_OR_RETURN(grads, Receive(st, v1::FRAME_GRADIENT, local, mb));
   }
-  if (h.outputs.empty()) {  // recompute the forward, this time with autograd
-    Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
-    // The first forward updated the buffers (BatchNorm's running statistics
-    // and count); the recomputed one leaves them as they were, so that they
-    // are updated once per micro-batch, as without recompute.
-    const std::vector<at::Tensor> buffers = c.layers->Buffers();
-    std::vector<at::Tensor> kept;
-    {
-      at::NoGradGuard no_grad;
-      for (const at::Tensor& b : buffers) kept.push_back(b.clone());
-    }
-    Tensors out;
-    {
-      ForwardPrecision precision(job_->spec(), device_);
-      CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
-    }
-    {
-      // Through .data(), which autograd does not version: BatchNorm's
-      // backward keeps the buffers as inputs (it does not read them in training).
-      at::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(kept[i]);
-    }
-    h.outputs = last ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))} : std::move(out);
-  }
-  // What backward starts from: the outputs that require grad, with theirs.
-  Tensors roots, root_grads;
-  for (std::size_t k = 0; k < grad_parts.size(); ++k) {
-    const at::Tensor& o = h.outputs[static_cast<std::size_t>(grad_parts[k])];
-    if (!o.requires_grad()) continue;
-    roots.push_back(o);
-    if (!last) root_grads.push_back(grads[k]);
-  }
+  if (h.outputs.empty()) CONVEYOR_RETURN_IF_ERROR(RecomputeForward(st, local, mb, h));
   // The inputs that send a gradient back.
   const std::vector<int> input_parts = first ? std::vector<int>{} : PartsOf(c.inputs, /*all=*/false);
-  Tensors input_grads(input_parts.size());
-  {
-    Span span(st, v1::TraceEvent::BACKWARD, local, mb);
-    if (!roots.empty() && st.graphed) {
-      auto g = job_->graphs->Backward(local, mb, last ? at::Tensor() : root_grads.front(), c.params);
-      if (!g.ok()) return Annotate(g.status(), Who());
-      if (!input_grads.empty()) input_grads.front() = *g;
-    } else if (!roots.empty()) {
-      if (input_grad_only) {
-        // Zero-bubble: the input gradients now, the weights' in WeightPass
-        // from the gradients kept where the two paths part (split_backward.h).
-        Tensors wanted, params;
-        for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
-        for (const auto& p : c.params)
-          if (p.requires_grad()) params.push_back(p);
-        input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
-        h.outputs.clear();
-      } else {
-        torch::autograd::backward(roots, root_grads);
-        for (std::size_t k = 0; k < input_parts.size(); ++k)
-          input_grads[k] = h.inputs[static_cast<std::size_t>(input_parts[k])].grad();
-      }
-    } else if (input_grad_only) {
-      h.outputs.clear();  // nothing for the weight pass
-    }
-  }
+  CONVEYOR_ASSIGN_OR_RETURN(Tensors input_grads, BackwardPass(st, local, mb, h, grads, input_parts, input_grad_only));
   if (!input_parts.empty()) {
     for (std::size_t k = 0; k < input_parts.size(); ++k)
       if (!input_grads[k].defined()) input_grads[k] = at::zeros_like(h.inputs[static_cast<std::size_t>(input_parts[k])]);
@@ -253,6 +196,74 @@ Status Stage::Impl::Backward(StepState& st, int local, int mb, bool input_grad_o
     Release(st, it);
   }
   return absl::OkStatus();
+}
+
+Status Stage::Impl::RecomputeForward(StepState& st, int local, int mb, Held& h) {
+  Chunk& c = job_->chunks[local];
+  Span span(st, v1::TraceEvent::RECOMPUTE, local, mb);
+  // The first forward updated the buffers (BatchNorm's running statistics
+  // and count); the recomputed one leaves them as they were, so that they
+  // are updated once per micro-batch, as without recompute.
+  const std::vector<at::Tensor> buffers = c.layers->Buffers();
+  std::vector<at::Tensor> kept;
+  {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& b : buffers) kept.push_back(b.clone());
+  }
+  Tensors out;
+  {
+    ForwardPrecision precision(job_->spec(), device_);
+    CONVEYOR_ASSIGN_OR_RETURN(out, RunLayers(st, c, mb, h.inputs));
+  }
+  {
+    // Through .data(), which autograd does not version: BatchNorm's
+    // backward keeps the buffers as inputs (it does not read them in training).
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < buffers.size(); ++i) buffers[i].data().copy_(kept[i]);
+  }
+  h.outputs = job_->IsLast(c) ? Tensors{ScaledLoss(st, ComputeLoss(job_->spec(), out.front(), h.labels, h.scale))}
+                              : std::move(out);
+  return absl::OkStatus();
+}
+
+StatusOr<Tensors> Stage::Impl::BackwardPass(StepState& st, int local, int mb, Held& h, const Tensors& grads,
+                                            const std::vector<int>& input_parts, bool input_grad_only) {
+  Chunk& c = job_->chunks[local];
+  const bool last = job_->IsLast(c);
+  const std::vector<int> grad_parts = last ? std::vector<int>{0} : PartsOf(c.outputs, /*all=*/false);
+  // What backward starts from: the outputs that require grad, with theirs.
+  Tensors roots, root_grads;
+  for (std::size_t k = 0; k < grad_parts.size(); ++k) {
+    const at::Tensor& o = h.outputs[static_cast<std::size_t>(grad_parts[k])];
+    if (!o.requires_grad()) continue;
+    roots.push_back(o);
+    if (!last) root_grads.push_back(grads[k]);
+  }
+  Tensors input_grads(input_parts.size());
+  Span span(st, v1::TraceEvent::BACKWARD, local, mb);
+  if (!roots.empty() && st.graphed) {
+    auto g = job_->graphs->Backward(local, mb, last ? at::Tensor() : root_grads.front(), c.params);
+    if (!g.ok()) return Annotate(g.status(), Who());
+    if (!input_grads.empty()) input_grads.front() = *g;
+  } else if (!roots.empty()) {
+    if (input_grad_only) {
+      // Zero-bubble: the input gradients now, the weights' in WeightPass
+      // from the gradients kept where the two paths part (split_backward.h).
+      Tensors wanted, params;
+      for (int i : input_parts) wanted.push_back(h.inputs[static_cast<std::size_t>(i)]);
+      for (const auto& p : c.params)
+        if (p.requires_grad()) params.push_back(p);
+      input_grads = SplitBackward::InputPass(roots, root_grads, wanted, params, &h.split);
+      h.outputs.clear();
+    } else {
+      torch::autograd::backward(roots, root_grads);
+      for (std::size_t k = 0; k < input_parts.size(); ++k)
+        input_grads[k] = h.inputs[static_cast<std::size_t>(input_parts[k])].grad();
+    }
+  } else if (input_grad_only) {
+    h.outputs.clear();  // nothing for the weight pass
+  }
+  return input_grads;
 }
 
 Status Stage::Impl::WeightPass(StepState& st, int local, int mb) {
@@ -683,6 +694,33 @@ Status Stage::Impl::AwaitTurn(const v1::RunStepRequest& req) {
 }
 
 StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepRequest& req) {
+  CONVEYOR_RETURN_IF_ERROR(CheckRunStep(req));
+  const bool train = req.phase() == v1::PHASE_TRAIN;
+  const int accumulate = train ? AccumulateSteps(job_->spec()) : 1;
+  CONVEYOR_RETURN_IF_ERROR(BeginRunStep(req, accumulate));
+  StepEnd end;
+  end.start = SteadyClock::now();
+  end.who = Who();
+  end.step = req.step();
+  StepState st;
+  PrepareStepState(st, req, &end.reply, accumulate);
+  std::unique_ptr<OpProfile> profile;
+  bool detach = false;
+  Status status;
+  try {
+    status = RunStepBatches(st, end, profile, &detach);
+  } catch (const std::exception& e) {
+    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
+  }
+  if (status.code() == absl::StatusCode::kResourceExhausted) FreeStep(st);
+  if (!status.ok()) {
+    LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
+    return status;
+  }
+  return EndRunStep(st, end, detach);
+}
+
+Status Stage::Impl::CheckRunStep(const v1::RunStepRequest& req) const {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
   const v1::JobSpec& spec = job_->spec();
   if (req.phase() != v1::PHASE_TRAIN && req.phase() != v1::PHASE_EVAL)
@@ -698,14 +736,15 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     return absl::InvalidArgumentError(Who() + ": eval batch " + std::to_string(req.step()) + " is past the test split");
   if (!job_->transport && job_->assignment.num_stages() > 1)
     return absl::FailedPreconditionError(Who() + ": not connected to its neighbours (call Connect first)");
+  return absl::OkStatus();
+}
 
-  const bool train = req.phase() == v1::PHASE_TRAIN;
-  if (train) {  // the next step may launch once this one has begun (AwaitTurn)
+Status Stage::Impl::BeginRunStep(const v1::RunStepRequest& req, int accumulate) {
+  if (req.phase() == v1::PHASE_TRAIN) {  // the next step may launch once this one has begun (AwaitTurn)
     std::lock_guard<std::mutex> lock(info_mu_);
     next_train_step_ = std::max(next_train_step_, req.step() + 1);
     turn_cv_.notify_all();
   }
-  const int accumulate = train ? AccumulateSteps(spec) : 1;
   inbox_.BeginStep(req.phase(), req.step() * accumulate);
   {
     // An Abort that came before this step began (BeginStep forgot it).
@@ -714,15 +753,15 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   }
   job_->pending_step = -1;  // a deferred update not applied is dropped
   if (job_->transport) CONVEYOR_RETURN_IF_ERROR(Annotate(job_->transport->status(), Who()));
-  StepEnd end;
-  end.start = SteadyClock::now();
-  end.who = Who();
-  end.step = req.step();
-  v1::RunStepReply& reply = end.reply;
-  StepState st;
+  return absl::OkStatus();
+}
+
+void Stage::Impl::PrepareStepState(StepState& st, const v1::RunStepRequest& req, v1::RunStepReply* reply,
+                                   int accumulate) {
+  const v1::JobSpec& spec = job_->spec();
   st.req = &req;
-  st.reply = &reply;
-  st.train = train;
+  st.reply = reply;
+  st.train = req.phase() == v1::PHASE_TRAIN;
   st.accumulate = accumulate;
   // A replica trains on its share of the batch; the losses stay scaled by
   // the whole batch (Forward), so the all-reduced sum is its gradient.
@@ -744,112 +783,127 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     st.marks = clock_->Begin(/*device_idle=*/steps_in_flight_.load() == 0);
     st.clock = st.marks.get();
   }
-  std::unique_ptr<OpProfile> profile;
-  // Ends off the executor (FinishRunStep), while the next step launches:
+}
+
+void Stage::Impl::ZeroStepGradients() {
+  // Recorded graphs accumulate into the gradients they saw: zeroed in place.
+  if (job_->reducer) {
+    job_->reducer->ZeroGrads();  // the gradients are views of its buckets: in place
+  } else if (job_->graphs) {
+    for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
+  } else if (job_->optimizer) {
+    job_->optimizer->zero_grad();
+  }
+}
+
+bool Stage::Impl::DetachesStep(const StepState& st, bool profiled) const {
+  const v1::RunStepRequest& req = *st.req;
+  // It ends off the executor (FinishRunStep), while the next step launches:
   // with steps_in_flight 2, a training step that writes no checkpoint, is not
   // profiled, and whose update the coordinator does not decide (ApplyStep,
   // loss scaling). With replicas, where their sums run on the device (NCCL)
   // or not at all: the thread that waits for the step's end watches the
   // collectives (ReplicaGroup::Watcher), and none of the step waits for them
   // on the host.
-  bool detach = false;
+  // Under cuda_graphs only a replay: the steps before the recording one,
+  // and the recording one, end on the executor, so that nothing of another
+  // step runs on the device while graphs are captured. Nor a stage with
+  // NCCL links: W1 over two H200s (1f1b and gpipe, 4 micro-batches of 15
+  // MB, graphs) hung with the next step launched behind a replayed one, its
+  // transfers never matched; the cause is not found (bench/RESULTS.md).
+  // Such a stage still has the next request queued when its step ends.
+  const bool replay = !job_->graphs || (st.graphed && job_->graphs_recorded);
+  const bool collectives_on_device =
+      job_->assignment.num_replicas() <= 1 ||
+      (device_.is_cuda() && job_->replica_group && job_->replica_group->on_device());
+  return st.train && StepsInFlight(job_->spec()) > 1 && replay && NcclLinks() == 0 && !profiled &&
+         !req.checkpoint() && !req.defer_update() && !(req.loss_scale() > 0) && collectives_on_device;
+}
+
+Status Stage::Impl::RunStepBatches(StepState& st, StepEnd& end, std::unique_ptr<OpProfile>& profile,
+                                   bool* detach) {
+  const v1::RunStepRequest& req = *st.req;
+  std::optional<at::NoGradGuard> no_grad;
+  for (Chunk& c : job_->chunks) c.layers->Train(st.train);
+  if (st.train) {
+    ZeroStepGradients();
+    st.graphed = UseGraphs(req);
+  } else {
+    no_grad.emplace();
+  }
+  profile = MaybeStartProfile(req);
+  *detach = DetachesStep(st, profile != nullptr);
+  if (job_->replica_group) job_->replica_group->DeferConfirm(*detach);
+  struct Undefer {
+    ReplicaGroup* group;
+    ~Undefer() {
+      if (group) group->DeferConfirm(false);
+    }
+  } undefer{job_->replica_group.get()};
+  // accumulate_steps: the action list once per batch, gradients summed; the
+  // optimizer step after the last one (RunActions).
   Status status;
-  try {
-    std::optional<at::NoGradGuard> no_grad;
-    for (Chunk& c : job_->chunks) c.layers->Train(st.train);
-    if (st.train) {
-      // Recorded graphs accumulate into the gradients they saw: zeroed in place.
-      if (job_->reducer) {
-        job_->reducer->ZeroGrads();  // the gradients are views of its buckets: in place
-      } else if (job_->graphs) {
-        for (const Chunk& c : job_->chunks) GraphedPasses::ZeroGrads(c.params);
-      } else if (job_->optimizer) {
-        job_->optimizer->zero_grad();
-      }
-      st.graphed = UseGraphs(req);
+  for (int k = 0; k < st.accumulate && status.ok(); ++k) {
+    st.data_step = req.step() * st.accumulate + k;
+    if (k > 0) inbox_.BeginStep(req.phase(), st.data_step);
+    status = LoadBatch(st);
+    if (status.ok()) status = RunActions(st);
+  }
+  if (status.ok() && st.train) {
+    if (st.graphed) {
+      job_->graphs_recorded = true;
     } else {
-      no_grad.emplace();
+      job_->trained_eagerly = true;
     }
-    profile = MaybeStartProfile(req);
-    // Under cuda_graphs only a replay: the steps before the recording one,
-    // and the recording one, end on the executor, so that nothing of another
-    // step runs on the device while graphs are captured. Nor a stage with
-    // NCCL links: W1 over two H200s (1f1b and gpipe, 4 micro-batches of 15
-    // MB, graphs) hung with the next step launched behind a replayed one, its
-    // transfers never matched; the cause is not found (bench/RESULTS.md).
-    // Such a stage still has the next request queued when its step ends.
-    const bool replay = !job_->graphs || (st.graphed && job_->graphs_recorded);
-    const bool collectives_on_device =
-        job_->assignment.num_replicas() <= 1 ||
-        (device_.is_cuda() && job_->replica_group && job_->replica_group->on_device());
-    detach = st.train && StepsInFlight(spec) > 1 && replay && NcclLinks() == 0 && !profile && !req.checkpoint() &&
-             !req.defer_update() && !(req.loss_scale() > 0) && collectives_on_device;
-    if (job_->replica_group) job_->replica_group->DeferConfirm(detach);
-    struct Undefer {
-      ReplicaGroup* group;
-      ~Undefer() {
-        if (group) group->DeferConfirm(false);
-      }
-    } undefer{job_->replica_group.get()};
-    // accumulate_steps: the action list once per batch, gradients summed; the
-    // optimizer step after the last one (RunActions).
-    for (int k = 0; k < accumulate && status.ok(); ++k) {
-      st.data_step = req.step() * accumulate + k;
-      if (k > 0) inbox_.BeginStep(req.phase(), st.data_step);
-      status = LoadBatch(st);
-      if (status.ok()) status = RunActions(st);
-    }
-    if (status.ok() && st.train) {
-      if (st.graphed) {
-        job_->graphs_recorded = true;
-      } else {
-        job_->trained_eagerly = true;
-      }
-      reply.set_graphed(st.graphed);
-    }
-    if (status.ok() && detach) {
-      // The figures the reply needs, copied to the host behind the step's
-      // work (a graph's loss buffer is the next replay's), and an event
-      // after them: FinishRunStep waits for it.
-      at::Tensor loss = st.loss_total.defined() ? st.loss_total.reshape({1}).to(at::kDouble)
-                                                : at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
-      at::Tensor sq;
-      if (st.sq.defined()) {
-        sq = st.sq.reshape({1}).to(at::kDouble);
-      } else {
-        sq = at::full({1}, reply.grad_sq_norm(), at::TensorOptions(at::kDouble).device(device_));
-      }
-      at::Tensor both = at::cat({loss, sq});
-      if (device_.is_cuda()) {
-        end.figures = at::empty({2}, at::TensorOptions(at::kDouble).pinned_memory(true));
-        end.figures.copy_(both, /*non_blocking=*/true);
-        end.done = std::make_unique<c10::Event>(device_.type());
-        end.done->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
-      } else {
-        end.figures = both.clone();
-      }
-    } else if (status.ok()) {
-      status = FinishOnDevice(st);
-    }
-    if (profile) FinishProfile(std::move(profile), req.step() + 1);
-    if (status.ok() && !detach) {
-      if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
-      if (st.sq.defined()) {
-        const double sq = st.sq.item<double>();
-        reply.set_grad_sq_norm(sq);
-        // Found after the update: no checkpoint of it (the coordinator fails the job).
-        if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) st.skipped = true;
-      }
-      if (st.clock) st.busy += DeviceTimes(*st.clock, st.device_spans, &reply);
-    }
-  } catch (const std::exception& e) {
-    status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
+    st.reply->set_graphed(st.graphed);
   }
-  if (status.code() == absl::StatusCode::kResourceExhausted) FreeStep(st);
-  if (!status.ok()) {
-    LOG_WARN("job ", req.job_id(), " ", Who(), " step ", req.step(), " failed: ", status.message());
-    return status;
+  if (status.ok() && *detach) {
+    CopyStepFigures(st, end);
+  } else if (status.ok()) {
+    status = FinishOnDevice(st);
   }
+  if (profile) FinishProfile(std::move(profile), req.step() + 1);
+  if (status.ok() && !*detach) ReadStepFigures(st);
+  return status;
+}
+
+void Stage::Impl::CopyStepFigures(StepState& st, StepEnd& end) {
+  // The figures the reply needs, copied to the host behind the step's
+  // work (a graph's loss buffer is the next replay's), and an event
+  // after them: FinishRunStep waits for it.
+  at::Tensor loss = st.loss_total.defined() ? st.loss_total.reshape({1}).to(at::kDouble)
+                                            : at::zeros({1}, at::TensorOptions(at::kDouble).device(device_));
+  at::Tensor sq;
+  if (st.sq.defined()) {
+    sq = st.sq.reshape({1}).to(at::kDouble);
+  } else {
+    sq = at::full({1}, st.reply->grad_sq_norm(), at::TensorOptions(at::kDouble).device(device_));
+  }
+  at::Tensor both = at::cat({loss, sq});
+  if (device_.is_cuda()) {
+    end.figures = at::empty({2}, at::TensorOptions(at::kDouble).pinned_memory(true));
+    end.figures.copy_(both, /*non_blocking=*/true);
+    end.done = std::make_unique<c10::Event>(device_.type());
+    end.done->record(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
+  } else {
+    end.figures = both.clone();
+  }
+}
+
+void Stage::Impl::ReadStepFigures(StepState& st) {
+  if (st.loss_total.defined()) st.loss_sum = st.loss_total.item<double>();
+  if (st.sq.defined()) {
+    const double sq = st.sq.item<double>();
+    st.reply->set_grad_sq_norm(sq);
+    // Found after the update: no checkpoint of it (the coordinator fails the job).
+    if (!std::isfinite(sq) || !std::isfinite(st.loss_sum)) st.skipped = true;
+  }
+  if (st.clock) st.busy += DeviceTimes(*st.clock, st.device_spans, st.reply);
+}
+
+StatusOr<Stage::Impl::StepEnd> Stage::Impl::EndRunStep(StepState& st, StepEnd& end, bool detach) {
+  const v1::RunStepRequest& req = *st.req;
+  v1::RunStepReply& reply = end.reply;
   reply.set_correct(st.correct);
   reply.set_samples(st.train || st.predictions == 0 ? req.batch_size() : st.predictions);
   reply.set_peak_activations(st.peak_count);
@@ -864,7 +918,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     if (job_->replica_group) end.collectives = job_->replica_group->Watcher();
     end.timeout = st.timeout;
     ++steps_in_flight_;
-    return end;
+    return std::move(end);
   }
   reply.set_loss_sum(st.loss_sum);
   reply.set_busy_seconds(st.busy);
@@ -872,7 +926,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }
   reply.set_step_seconds(std::chrono::duration<double>(SteadyClock::now() - end.start).count());
-  return end;
+  return std::move(end);
 }
 
 StatusOr<v1::RunStepReply> Stage::Impl::FinishRunStep(StepEnd end) {
