@@ -1,6 +1,9 @@
 #include "common/server.h"
 
 #include <execinfo.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <netdb.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -183,6 +186,12 @@ void OnCrash(int sig) {
 }
 
 }  // namespace
+
+void BoundMallocArenas() {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 2);
+#endif
+}
 
 void InstallCrashHandler(const char* program) {
   crash_program = program;

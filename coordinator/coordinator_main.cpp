@@ -84,6 +84,7 @@ void CoordinatorServeUntilSignal(conveyor::Coordinator& coordinator, conveyor::G
 }  // namespace
 
 int main(int argc, char** argv) {
+  conveyor::BoundMallocArenas();
   conveyor::InstallCrashHandler("coordinator");
   conveyor::BlockTerminationSignals();
   CoordinatorBlockCheckpointSignal();

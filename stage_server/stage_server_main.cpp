@@ -15,6 +15,7 @@
 #include "stage_server/stage_server.h"
 
 int main(int argc, char** argv) {
+  conveyor::BoundMallocArenas();
   conveyor::InstallCrashHandler("stage_server");
   conveyor::BlockTerminationSignals();
   CLI::App app{"Conveyor stage server: owns one partition of a model on one device"};
