@@ -59,8 +59,8 @@ void InstallCrashHandler(const char* program);
 // Caps glibc's malloc at 2 arenas unless MALLOC_ARENA_MAX says otherwise;
 // call first thing in main(), before any thread. With an arena per thread
 // (gRPC's, the executor's, LibTorch's) a stage server's resident memory grew
-// by about 25 bytes a step while its live heap stayed flat (heaptrack: the
-// same peak after 5,000 and 25,000 steps); with 2 it stayed flat
+// by 10 to 25 bytes a step while its live heap stayed flat (heaptrack: the
+// same peak after 5,000 and 25,000 steps); with 2 it grew by 2 to 7
 // (docs/operations.md, "A week-long job").
 void BoundMallocArenas();
 
