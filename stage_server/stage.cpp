@@ -598,7 +598,7 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
   v1::ConnectReply reply;
   if (job_->transport) job_->transport->Shutdown();
-  job_->turn_link = std::make_unique<LoopbackTransport>(&inbox_);
+  if (job_->spec().schedule() == v1::SCHEDULE_ZBV) job_->turn_link = std::make_unique<LoopbackTransport>(&inbox_);
   if (job_->assignment.num_stages() == 1) {  // its chunks pass tensors to themselves
     job_->transport = std::make_unique<LoopbackTransport>(&inbox_);
     reply.set_transport(v1::LINK_NONE);
