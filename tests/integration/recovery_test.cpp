@@ -263,7 +263,7 @@ TEST(Recovery, ACorruptCheckpointIsSkippedForThePreviousOne) {
   EXPECT_GE(end.recoveries(), 1);
 }
 
-// The chaos test of issue 5: stage processes die three times (twice by
+// The chaos test: stage processes die three times (twice by
 // SIGKILL from outside at points drawn from the seed, once by their own hand
 // halfway through writing a checkpoint) and the coordinator once; the job
 // ends with the uninterrupted run's digest. CONVEYOR_CHAOS_SEED replays a run.
@@ -272,88 +272,88 @@ TEST(Recovery, ACorruptCheckpointIsSkippedForThePreviousOne) {
 // write, and a restored replica 1 gets its state from replica 0.
 // `zero` 1: the job shards its optimizer state (ZeRO-1) and must still end
 // at the unsharded uninterrupted run's digest.
-void Chaos(int replicas, int zero = 0) {
-  const int steps = 300, every = 10;
-  const v1::JobStatus& clean = Uninterrupted(steps, every, replicas, zero);
-  uint64_t seed = std::random_device{}();
-  if (const char* env = std::getenv("CONVEYOR_CHAOS_SEED")) seed = std::strtoull(env, nullptr, 10);
-  std::printf("chaos seed %llu (CONVEYOR_CHAOS_SEED=%llu replays it)\n", static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(seed));
+// Who dies when in a chaos run: two stage kills and the coordinator's at step
+// thresholds, and one stage that kills itself in its n-th checkpoint write.
+struct ChaosKill {
+  int at_step;
+  int victim;  // stage index, -1: the coordinator
+};
+struct ChaosPlan {
+  int self_victim, self_write;
+  std::vector<ChaosKill> kills;  // by step
+};
+
+ChaosPlan DrawChaos(uint64_t seed, int replicas, int every) {
   std::mt19937_64 rng(seed);
   auto draw = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  // Who dies when: two stage kills and the coordinator's at step thresholds,
-  // and one stage that kills itself in the middle of its n-th checkpoint write.
-  struct Kill {
-    int at_step;
-    int victim;  // stage index, -1: the coordinator
-  };
-  const int self_victim = draw(0, replicas > 1 ? 1 : 3), self_write = draw(3, 20);
+  ChaosPlan plan;
+  plan.self_victim = draw(0, replicas > 1 ? 1 : 3);
+  plan.self_write = draw(3, 20);
   // The stages killed from outside are others: a restart would clear the hook.
-  auto other = [&] { return (self_victim + draw(1, 3)) % 4; };
-  std::vector<Kill> kills{{draw(15, 120), other()}, {draw(121, 200), other()}, {draw(50, 240), -1}};
-  std::sort(kills.begin(), kills.end(), [](const Kill& a, const Kill& b) { return a.at_step < b.at_step; });
-  for (const auto& k : kills)
+  auto other = [&] { return (plan.self_victim + draw(1, 3)) % 4; };
+  plan.kills = {{draw(15, 120), other()}, {draw(121, 200), other()}, {draw(50, 240), -1}};
+  std::sort(plan.kills.begin(), plan.kills.end(),
+            [](const ChaosKill& a, const ChaosKill& b) { return a.at_step < b.at_step; });
+  for (const auto& k : plan.kills)
     std::printf("  kill %s at step %d\n", k.victim < 0 ? "the coordinator" : ("stage " + std::to_string(k.victim)).c_str(),
                 k.at_step);
-  std::printf("  stage %d kills itself in its checkpoint write #%d (step %d)\n", self_victim, self_write,
-              self_write * every);
+  std::printf("  stage %d kills itself in its checkpoint write #%d (step %d)\n", plan.self_victim, plan.self_write,
+              plan.self_write * every);
+  return plan;
+}
 
-  auto cluster = StartCluster(true, {{self_victim, "CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=" + std::to_string(self_write)}});
-  ASSERT_TRUE(cluster);
-  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every, 60, replicas, zero));
-  std::size_t next = 0;
-  Clock::time_point killed_at{}, recovering_at{};
-  int64_t failed_step = 0;
-  bool was_recovering = false;
-  struct Measured {
-    double detect_s = -1, recover_s = 0;
-    int64_t steps_lost = 0;
-  };
-  std::vector<Measured> measured;
-  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+// One failure as the watcher saw it: from the kill to RECOVERING, from there
+// to RUNNING again, and the steps trained again.
+struct ChaosRecovery {
+  double detect_s = -1, recover_s = 0;
+  int64_t steps_lost = 0;
+};
+
+// Times each recovery from the job's states as they stream by.
+class RecoveryClock {
+ public:
+  void Killed() { killed_at_ = Clock::now(); }
+  void Saw(const v1::JobStatus& s) {
     const bool recovering = s.state() == v1::JOB_STATE_RECOVERING;
-    if (recovering && !was_recovering) {
-      recovering_at = Clock::now();
-      failed_step = s.step();
-      Measured m;
-      if (killed_at != Clock::time_point{}) m.detect_s = std::chrono::duration<double>(recovering_at - killed_at).count();
-      killed_at = Clock::time_point{};
-      measured.push_back(m);
+    if (recovering && !was_recovering_) {
+      recovering_at_ = Clock::now();
+      failed_step_ = s.step();
+      ChaosRecovery m;
+      if (killed_at_ != Clock::time_point{})
+        m.detect_s = std::chrono::duration<double>(recovering_at_ - killed_at_).count();
+      killed_at_ = Clock::time_point{};
+      recoveries_.push_back(m);
     }
-    if (!recovering && was_recovering && s.state() == v1::JOB_STATE_RUNNING) {
-      measured.back().recover_s = std::chrono::duration<double>(Clock::now() - recovering_at).count();
-      measured.back().steps_lost = failed_step - s.step();
+    if (!recovering && was_recovering_ && s.state() == v1::JOB_STATE_RUNNING) {
+      recoveries_.back().recover_s = std::chrono::duration<double>(Clock::now() - recovering_at_).count();
+      recoveries_.back().steps_lost = failed_step_ - s.step();
     }
-    was_recovering = recovering;
-    if (next < kills.size() && s.state() == v1::JOB_STATE_RUNNING && s.step() >= kills[next].at_step) {
-      const Kill k = kills[next++];
-      std::printf("  step %lld: killing %s\n", static_cast<long long>(s.step()),
-                  k.victim < 0 ? "the coordinator" : ("stage " + std::to_string(k.victim)).c_str());
-      cluster->Signal(k.victim, SIGKILL);
-      if (k.victim < 0) {
-        ASSERT_TRUE(cluster->RestartCoordinator().ok());
-      } else {
-        killed_at = Clock::now();
-      }
-    }
-  });
-  EXPECT_EQ(next, kills.size()) << "the job ended before every kill";
-  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
-  EXPECT_EQ(end.param_digest(), clean.param_digest()) << Events(end);
-  EXPECT_EQ(cluster->stage_restarts(), 3);
-  std::printf("%-10s %-14s %-14s %s\n", "failure", "detected (s)", "recovered (s)", "steps lost");
-  for (std::size_t i = 0; i < measured.size(); ++i) {
-    std::printf("%-10zu %-14s %-14.2f %lld\n", i + 1,
-                measured[i].detect_s < 0 ? "n/a" : std::to_string(measured[i].detect_s).substr(0, 5).c_str(),
-                measured[i].recover_s, static_cast<long long>(measured[i].steps_lost));
+    was_recovering_ = recovering;
   }
-  std::printf("events:\n%s", Events(end).c_str());
-  // Checkpoints: on every stage server without replicas; with them on
-  // replica 0's (servers 0 and 1) alone. (Any server may keep copies of
-  // another's, in copy-of-stage-<s>/: not counted.)
+  void Print() const {
+    std::printf("%-10s %-14s %-14s %s\n", "failure", "detected (s)", "recovered (s)", "steps lost");
+    for (std::size_t i = 0; i < recoveries_.size(); ++i) {
+      const ChaosRecovery& m = recoveries_[i];
+      std::printf("%-10zu %-14s %-14.2f %lld\n", i + 1,
+                  m.detect_s < 0 ? "n/a" : std::to_string(m.detect_s).substr(0, 5).c_str(), m.recover_s,
+                  static_cast<long long>(m.steps_lost));
+    }
+  }
+
+ private:
+  Clock::time_point killed_at_{}, recovering_at_{};
+  int64_t failed_step_ = 0;
+  bool was_recovering_ = false;
+  std::vector<ChaosRecovery> recoveries_;
+};
+
+// Checkpoints: on every stage server without replicas; with them on replica
+// 0's (servers 0 and 1) alone. (Any server may keep copies of another's, in
+// copy-of-stage-<s>/: not counted.)
+void ExpectCheckpointsWhereWritten(const std::string& run_dir, const std::string& id, int replicas) {
   for (int i = 0; i < 4; ++i) {
     int files = 0;
-    const std::string dir = cluster->run_dir() + "/stage-" + std::to_string(i) + "/checkpoints/" + id;
+    const std::string dir = run_dir + "/stage-" + std::to_string(i) + "/checkpoints/" + id;
     for (const std::string& sub : ListDir(dir)) {
       if (sub.rfind("stage-", 0) != 0) continue;
       for (const std::string& name : ListDir(dir + "/" + sub)) files += std::filesystem::path(name).extension() == ".ckpt";
@@ -364,6 +364,42 @@ void Chaos(int replicas, int zero = 0) {
       EXPECT_GT(files, 0) << "server " << i;
     }
   }
+}
+
+void Chaos(int replicas, int zero = 0) {
+  const int steps = 300, every = 10;
+  const v1::JobStatus& clean = Uninterrupted(steps, every, replicas, zero);
+  uint64_t seed = std::random_device{}();
+  if (const char* env = std::getenv("CONVEYOR_CHAOS_SEED")) seed = std::strtoull(env, nullptr, 10);
+  std::printf("chaos seed %llu (CONVEYOR_CHAOS_SEED=%llu replays it)\n", static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(seed));
+  const ChaosPlan plan = DrawChaos(seed, replicas, every);
+  auto cluster =
+      StartCluster(true, {{plan.self_victim, "CONVEYOR_CHAOS_KILL_IN_CHECKPOINT=" + std::to_string(plan.self_write)}});
+  ASSERT_TRUE(cluster);
+  const std::string id = testing::Submit(cluster->coordinator_address(), Job(steps, every, 60, replicas, zero));
+  std::size_t next = 0;
+  RecoveryClock clock;
+  v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    clock.Saw(s);
+    if (next >= plan.kills.size() || s.state() != v1::JOB_STATE_RUNNING || s.step() < plan.kills[next].at_step) return;
+    const ChaosKill k = plan.kills[next++];
+    std::printf("  step %lld: killing %s\n", static_cast<long long>(s.step()),
+                k.victim < 0 ? "the coordinator" : ("stage " + std::to_string(k.victim)).c_str());
+    cluster->Signal(k.victim, SIGKILL);
+    if (k.victim < 0) {
+      ASSERT_TRUE(cluster->RestartCoordinator().ok());
+    } else {
+      clock.Killed();
+    }
+  });
+  EXPECT_EQ(next, plan.kills.size()) << "the job ended before every kill";
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(end.param_digest(), clean.param_digest()) << Events(end);
+  EXPECT_EQ(cluster->stage_restarts(), 3);
+  clock.Print();
+  std::printf("events:\n%s", Events(end).c_str());
+  ExpectCheckpointsWhereWritten(cluster->run_dir(), id, replicas);
 }
 
 TEST(Recovery, ChaosKillsThreeStagesAndTheCoordinator) { Chaos(1); }

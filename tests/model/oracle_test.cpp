@@ -208,14 +208,8 @@ std::string* AgainstPyTorch::python_ = nullptr;
 std::string* AgainstPyTorch::dir_ = nullptr;
 std::map<int, std::unique_ptr<cli::LocalCluster>>* AgainstPyTorch::clusters_ = nullptr;
 
-TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
-  if (python_->empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
-  const Case& c = GetParam();
-  MakeModel(c.model, c.init_from);
-  if (HasFatalFailure()) return;
-  const std::string folder = *dir_ + "/" + c.model;
-  const std::string tag = Name(::testing::TestParamInfo<Case>(c, 0));
-  // The job, as JSON (which is YAML): PyTorch's loop reads the same file.
+// The job, as JSON (which is YAML): PyTorch's loop reads the same file.
+nlohmann::json OracleJob(const Case& c, const std::string& tag) {
   nlohmann::json job = {
       {"name", tag},
       {"model", ModelBlock(c)},
@@ -234,37 +228,30 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
   job.update(Recipe(c.recipe, c.stages));
   if (c.init_from) job["init_from"] = c.model + "/pretrained.pt";
   if (c.recompute) job["recompute"] = true;
-  const std::string job_path = *dir_ + "/" + tag + ".json";
-  std::ofstream(job_path) << job.dump(1);
-  // PyTorch reads the paths relative to the job's folder; so does Conveyor,
-  // whose first data root is that folder.
-  nlohmann::json py_job = job;
-  const std::string ref = *dir_ + "/ref-" + tag + ".json";
-  auto r = RunCommand({*python_, Oracle(), "train", job_path, ref});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto oracle = nlohmann::json::parse(std::ifstream(ref));
-  const auto& expected = oracle["losses"];
+  return job;
+}
 
-  cli::LocalCluster* cluster = Cluster(c.stages);
-  ASSERT_NE(cluster, nullptr);
-  std::ifstream in(job_path);
-  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  v1::JobStatus s = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
-  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+struct Tolerance {
+  double rtol, atol;
+};
+
+// The largest differences from PyTorch's run, printed and recorded.
+struct Differences {
+  double loss = 0, lr = 0, grad_norm = 0, eval_loss = 0, param = 0;
+};
+
+// Each step's loss, learning rate (LambdaLR's) and global gradient norm
+// (clip_grad_norm_'s, before clipping).
+void ExpectSteps(const v1::JobStatus& s, const nlohmann::json& oracle, Tolerance tol, Differences* d) {
+  const auto& expected = oracle["losses"];
   ASSERT_EQ(s.losses_size(), static_cast<int>(expected.size()));
-  const bool mixed = job.value("precision", "fp32") == "bf16-mixed";
-  const double rtol = mixed ? kMixedRtol : kRtol, atol = mixed ? kMixedAtol : kAtol;
-  double worst_loss = 0;
   for (int i = 0; i < s.losses_size(); ++i) {
     const double want = expected[static_cast<std::size_t>(i)];
-    EXPECT_NEAR(s.losses(i), want, atol + rtol * std::abs(want)) << "step " << i + 1;
-    worst_loss = std::max(worst_loss, std::abs(s.losses(i) - want));
+    EXPECT_NEAR(s.losses(i), want, tol.atol + tol.rtol * std::abs(want)) << "step " << i + 1;
+    d->loss = std::max(d->loss, std::abs(s.losses(i) - want));
   }
-  // Each step's learning rate (LambdaLR's) and global gradient norm
-  // (clip_grad_norm_'s, before clipping).
   ASSERT_EQ(s.lrs_size(), s.losses_size());
   ASSERT_EQ(s.grad_norms_size(), s.losses_size());
-  double worst_lr = 0, worst_norm = 0;
   for (int i = 0; i < s.losses_size(); ++i) {
     const double lr = oracle["lrs"][static_cast<std::size_t>(i)];
     const auto& oracle_norm = oracle["grad_norms"][static_cast<std::size_t>(i)];
@@ -274,58 +261,98 @@ TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
     }
     const double norm = oracle_norm;
     EXPECT_NEAR(s.lrs(i), lr, 1e-12 + 1e-9 * lr) << "lr of step " << i + 1;
-    EXPECT_NEAR(s.grad_norms(i), norm, atol + rtol * norm) << "gradient norm of step " << i + 1;
-    worst_lr = std::max(worst_lr, std::abs(s.lrs(i) - lr));
-    worst_norm = std::max(worst_norm, std::abs(s.grad_norms(i) - norm));
+    EXPECT_NEAR(s.grad_norms(i), norm, tol.atol + tol.rtol * norm) << "gradient norm of step " << i + 1;
+    d->lr = std::max(d->lr, std::abs(s.lrs(i) - lr));
+    d->grad_norm = std::max(d->grad_norm, std::abs(s.grad_norms(i) - norm));
   }
+}
 
-  // Loss scaling: the same scale at every step as GradScaler's rule.
+// Loss scaling: the same scale at every step as GradScaler's rule.
+void ExpectLossScales(const v1::JobStatus& s, const nlohmann::json& oracle, const std::string& recipe) {
   const auto want_scales = oracle.value("loss_scales", nlohmann::json::array());
   ASSERT_EQ(s.loss_scales_size(), static_cast<int>(want_scales.size()));
   for (int i = 0; i < s.loss_scales_size(); ++i)
     EXPECT_EQ(s.loss_scales(i), double(want_scales[static_cast<std::size_t>(i)])) << "loss scale of step " << i + 1;
-  if (c.recipe == "loss-scale") {  // the rule itself, not only agreement: halved twice, then grown back
+  if (recipe == "loss-scale") {  // the rule itself, not only agreement: halved twice, then grown back
     EXPECT_EQ(std::vector<double>(s.loss_scales().begin(), s.loss_scales().end()),
               (std::vector<double>{1024, 1024, 1024, 512, 256, 256, 256, 512}));
     EXPECT_FALSE(std::isfinite(s.grad_norms(2)));
     EXPECT_FALSE(std::isfinite(s.grad_norms(3)));
   }
+}
 
-  // The test split evaluated as PyTorch evaluates it: mean loss (per token
-  // for token data, whose perplexity is its exp) and accuracy.
+// The test split evaluated as PyTorch evaluates it: mean loss (per token for
+// token data, whose perplexity is its exp) and accuracy.
+void ExpectEval(const v1::JobStatus& s, const nlohmann::json& oracle, Tolerance tol, Differences* d) {
   ASSERT_TRUE(s.has_eval());
   const double eval_loss = oracle["eval_loss"], eval_accuracy = oracle["eval_accuracy"];
-  EXPECT_NEAR(s.eval_loss(), eval_loss, atol + rtol * std::abs(eval_loss));
+  EXPECT_NEAR(s.eval_loss(), eval_loss, tol.atol + tol.rtol * std::abs(eval_loss));
   EXPECT_NEAR(std::exp(s.eval_loss()), double(oracle["eval_perplexity"]),
-              atol + rtol * double(oracle["eval_perplexity"]));
+              tol.atol + tol.rtol * double(oracle["eval_perplexity"]));
   EXPECT_DOUBLE_EQ(s.eval_accuracy(), eval_accuracy);  // the same predictions, counted alike
-  const double eval_diff = std::abs(s.eval_loss() - eval_loss);
+  d->eval_loss = std::abs(s.eval_loss() - eval_loss);
+}
 
-  // The weights Conveyor exported against those PyTorch trained, by name.
-  auto got = ReadStateDict(*dir_ + "/out-" + tag + ".pt");
+// The weights Conveyor exported against those PyTorch trained, by name.
+void ExpectWeights(const std::string& got_path, const std::string& want_path, Tolerance tol, Differences* d) {
+  auto got = ReadStateDict(got_path);
   ASSERT_TRUE(got.ok()) << got.status();
-  auto want = ReadStateDict(ref.substr(0, ref.size() - 5) + ".pt");
+  auto want = ReadStateDict(want_path);
   ASSERT_TRUE(want.ok()) << want.status();
   std::map<std::string, at::Tensor> by_name(want->begin(), want->end());
   ASSERT_EQ(got->size(), want->size());
-  double worst_param = 0;
   for (const auto& [name, t] : *got) {
     ASSERT_EQ(by_name.count(name), 1u) << name;
     const at::Tensor& w = by_name[name];
     ASSERT_EQ(t.sizes(), w.sizes()) << name;
-    EXPECT_TRUE(at::allclose(t.to(at::kDouble), w.to(at::kDouble), rtol, atol)) << name;
-    if (t.numel() > 0) worst_param = std::max(worst_param, (t.to(at::kDouble) - w.to(at::kDouble)).abs().max().item<double>());
+    EXPECT_TRUE(at::allclose(t.to(at::kDouble), w.to(at::kDouble), tol.rtol, tol.atol)) << name;
+    if (t.numel() > 0) d->param = std::max(d->param, (t.to(at::kDouble) - w.to(at::kDouble)).abs().max().item<double>());
   }
+}
+
+TEST_P(AgainstPyTorch, LossesAndWeightsEqualPyTorchsOwnLoop) {
+  if (python_->empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
+  const Case& c = GetParam();
+  MakeModel(c.model, c.init_from);
+  if (HasFatalFailure()) return;
+  const std::string tag = Name(::testing::TestParamInfo<Case>(c, 0));
+  const nlohmann::json job = OracleJob(c, tag);
+  const std::string job_path = *dir_ + "/" + tag + ".json";
+  std::ofstream(job_path) << job.dump(1);
+  // PyTorch reads the paths relative to the job's folder; so does Conveyor,
+  // whose first data root is that folder.
+  const std::string ref = *dir_ + "/ref-" + tag + ".json";
+  auto r = RunCommand({*python_, Oracle(), "train", job_path, ref});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto oracle = nlohmann::json::parse(std::ifstream(ref));
+
+  cli::LocalCluster* cluster = Cluster(c.stages);
+  ASSERT_NE(cluster, nullptr);
+  std::ifstream in(job_path);
+  const std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  v1::JobStatus s = testing::SubmitAndWait(cluster->coordinator_address(), yaml);
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  const bool mixed = job.value("precision", "fp32") == "bf16-mixed";
+  const Tolerance tol = mixed ? Tolerance{kMixedRtol, kMixedAtol} : Tolerance{kRtol, kAtol};
+  Differences d;
+  ExpectSteps(s, oracle, tol, &d);
+  if (HasFatalFailure()) return;
+  ExpectLossScales(s, oracle, c.recipe);
+  if (HasFatalFailure()) return;
+  ExpectEval(s, oracle, tol, &d);
+  if (HasFatalFailure()) return;
+  const std::string out = *dir_ + "/out-" + tag + ".pt";
+  ExpectWeights(out, ref.substr(0, ref.size() - 5) + ".pt", tol, &d);
+  if (HasFatalFailure()) return;
   // Python reads the export with weights_only=True.
-  r = RunCommand({*python_, "-c",
-                  "import sys, torch; torch.load(sys.argv[1], weights_only=True)", *dir_ + "/out-" + tag + ".pt"});
+  r = RunCommand({*python_, "-c", "import sys, torch; torch.load(sys.argv[1], weights_only=True)", out});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  RecordProperty("max_loss_diff", std::to_string(worst_loss));
-  RecordProperty("max_param_diff", std::to_string(worst_param));
-  RecordProperty("eval_loss_diff", std::to_string(eval_diff));
-  RecordProperty("max_grad_norm_diff", std::to_string(worst_norm));
-  std::cout << tag << ": largest difference from PyTorch: loss " << worst_loss << ", parameter " << worst_param
-            << ", lr " << worst_lr << ", gradient norm " << worst_norm << ", test loss " << eval_diff << " (accuracy "
+  RecordProperty("max_loss_diff", std::to_string(d.loss));
+  RecordProperty("max_param_diff", std::to_string(d.param));
+  RecordProperty("eval_loss_diff", std::to_string(d.eval_loss));
+  RecordProperty("max_grad_norm_diff", std::to_string(d.grad_norm));
+  std::cout << tag << ": largest difference from PyTorch: loss " << d.loss << ", parameter " << d.param << ", lr "
+            << d.lr << ", gradient norm " << d.grad_norm << ", test loss " << d.eval_loss << " (accuracy "
             << s.eval_accuracy() << ")" << std::endl;
 }
 
@@ -434,104 +461,104 @@ TEST(ExportedJobs, Bf16OverTwoStagesTrainsAsTheBf16Reference) {
   RemoveTree(dir);
 }
 
+// A job the servers must fail, with its gRPC code and the words its error carries.
+struct BadFileCase {
+  std::string yaml;
+  const char* code;
+  const char* says;
+};
+
+// Data, one row a bad file: the TorchScript and exported models, data, init_from
+// and loss files of tests/python/oracle.py's "bad" folder; `good` is a job that
+// trains, each row changes one thing of it.
+std::vector<BadFileCase> BadFileCases(const std::string& good) {
+  const std::string data = "data: {format: tensors, train: mlp/train.pt}\n";
+  const std::string exported = data + "partition: {stages: 2}\n";
+  return {
+      {"model: {torchscript: bad/notscript.pt}\n" + exported, "INVALID_ARGUMENT",
+       "bad/notscript.pt is not a TorchScript archive"},
+      {"model: {torchscript: bad/notscript.pt}\n" + exported, "INVALID_ARGUMENT",
+       "save the model with torch.jit.script(model).save(PATH)"},
+      {"model: {torchscript: bad/module.pt}\n" + data, "INVALID_ARGUMENT", "not an nn.Sequential"},
+      {"model: {torchscript: mlp/model.pt}\n" + data + "partition: {boundaries: [9]}\n", "INVALID_ARGUMENT",
+       "6 layers"},
+      {"model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/uneven.pt}\n", "INVALID_ARGUMENT",
+       "has 10 inputs and 9 targets"},
+      {good + "init_from: bad/wide.pt\n", "INVALID_ARGUMENT", "'1.weight' is [33, 64]"},
+      {good + "init_from: bad/extra.pt\n", "INVALID_ARGUMENT", "'9.weight', which is no parameter or buffer"},
+      {good + "init_from: mlp/train.pt\n", "INVALID_ARGUMENT", "init_from"},
+      // Exported programs: a file that is none, a module the program does not have.
+      {"model: {exported: bad/notscript.pt}\n" + exported, "INVALID_ARGUMENT",
+       "not a program saved by torch.export.save"},
+      {"model: {exported: cnn.pt2, cut_before: head}\n" + exported, "INVALID_ARGUMENT",
+       "cut_before: no module 'head' in the program"},
+      // A decoder whose two blocks both add its positions, cut between them.
+      {"model: {exported: dec_math.pt2}\n" + exported, "INVALID_ARGUMENT",
+       "'pos' is used by layers 0 to 1, and a stage holds layers [0, 1): a parameter tied across a stage boundary"},
+      {good + "loss: {torchscript: bad/notscript.pt}\n", "INVALID_ARGUMENT",
+       "/bad/notscript.pt is not a TorchScript archive"},
+      {good + "loss: {torchscript: losses/per_sample.pt}\n", "INVALID_ARGUMENT", "returns a tensor of shape [2]"},
+      // A NaN in sample 37 (file order: the third batch of 16) makes the loss
+      // NaN at step 3: the job fails there, loudly, and makes no update with it.
+      {"model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
+       "batch_size: 16\npartition: {stages: 2}\nsteps: 5\noptimizer: adamw\nclip_grad_norm: 1.0\n",
+       "FAILED_PRECONDITION", "step 3: the loss is nan on stage 1 (the last); no update was made"},
+  };
+}
+
+// `conveyor ARGS... FILE`, FILE holding `yaml`: exits 1 with each of `says`.
+void ExpectCommandRefuses(std::vector<std::string> args, const std::string& file, const std::string& yaml,
+                          const std::vector<std::string>& says) {
+  std::ofstream(file) << yaml;
+  args.insert(args.begin(), testing::Binary("conveyor"));
+  args.push_back(file);
+  auto r = RunCommand(args);
+  EXPECT_EQ(r.exit_code, 1) << yaml;
+  for (const std::string& words : says) EXPECT_THAT(r.err, HasSubstr(words)) << yaml;
+}
+
 // Files a job must refuse, each with a named error, the servers serving on.
 TEST(TorchScriptJobs, BadFilesAreNamed) {
   const std::string python = Python();
   if (python.empty()) GTEST_SKIP() << "no python3 that imports torch (Debian's python3-torch)";
   const std::string dir = testing::MakeTempDir("oracle-bad");
-  ASSERT_EQ(RunCommand({python, Oracle(), "make", "mlp", dir + "/mlp"}).exit_code, 0);
-  ASSERT_EQ(RunCommand({python, Oracle(), "bad", dir + "/bad"}).exit_code, 0);
+  for (const char* what : {"mlp", "bad", "losses"}) {
+    std::vector<std::string> make{python, Oracle(), what, dir + "/" + what};
+    if (std::string(what) == "mlp") make = {python, Oracle(), "make", "mlp", dir + "/mlp"};
+    ASSERT_EQ(RunCommand(make).exit_code, 0) << what;
+  }
+  for (const char* pt2 : {"cnn.pt2", "dec_math.pt2"})
+    std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/" + pt2, dir + "/" + pt2);
   auto cluster = ClusterOver(dir, 2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string coord = (*cluster)->coordinator_address();
   const std::string good =
       "model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: mlp/train.pt}\nbatch_size: 8\n"
       "partition: {stages: 2}\nsteps: 2\n";
-  auto fails = [&](const std::string& yaml, const std::string& code, const std::string& says) {
-    v1::JobStatus s = testing::SubmitAndWait(coord, yaml);
-    EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED) << yaml;
-    EXPECT_EQ(s.error_code(), code) << s.error();
-    EXPECT_THAT(s.error(), HasSubstr(says)) << yaml;
-  };
-  fails("model: {torchscript: bad/notscript.pt}\ndata: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n",
-        "INVALID_ARGUMENT", "bad/notscript.pt is not a TorchScript archive");
-  fails("model: {torchscript: bad/notscript.pt}\ndata: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n",
-        "INVALID_ARGUMENT", "save the model with torch.jit.script(model).save(PATH)");
-  fails("model: {torchscript: bad/module.pt}\ndata: {format: tensors, train: mlp/train.pt}\n", "INVALID_ARGUMENT",
-        "not an nn.Sequential");
-  fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: mlp/train.pt}\n"
-        "partition: {boundaries: [9]}\n",
-        "INVALID_ARGUMENT", "6 layers");
-  fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/uneven.pt}\n", "INVALID_ARGUMENT",
-        "has 10 inputs and 9 targets");
-  fails(good + "init_from: bad/wide.pt\n", "INVALID_ARGUMENT", "'1.weight' is [33, 64]");
-  fails(good + "init_from: bad/extra.pt\n", "INVALID_ARGUMENT", "'9.weight', which is no parameter or buffer");
-  fails(good + "init_from: mlp/train.pt\n", "INVALID_ARGUMENT", "init_from");
-  // Exported programs: a file that is none, a module the program does not have.
-  const std::string exported_data = "data: {format: tensors, train: mlp/train.pt}\npartition: {stages: 2}\n";
-  fails("model: {exported: bad/notscript.pt}\n" + exported_data, "INVALID_ARGUMENT",
-        "not a program saved by torch.export.save");
-  std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/cnn.pt2", dir + "/cnn.pt2");
-  fails("model: {exported: cnn.pt2, cut_before: head}\n" + exported_data, "INVALID_ARGUMENT",
-        "cut_before: no module 'head' in the program");
-  // A decoder whose two blocks both add its positions, cut between them.
-  std::filesystem::copy_file(std::string(CONVEYOR_SOURCE_DIR) + "/tests/fixtures/pt2/dec_math.pt2",
-                             dir + "/dec_math.pt2");
-  fails("model: {exported: dec_math.pt2}\n" + exported_data,
-        "INVALID_ARGUMENT", "'pos' is used by layers 0 to 1, and a stage holds layers [0, 1): a parameter tied across a "
-        "stage boundary");
-  ASSERT_EQ(RunCommand({python, Oracle(), "losses", dir + "/losses"}).exit_code, 0);
-  fails(good + "loss: {torchscript: bad/notscript.pt}\n", "INVALID_ARGUMENT",
-        "/bad/notscript.pt is not a TorchScript archive");
-  fails(good + "loss: {torchscript: losses/per_sample.pt}\n", "INVALID_ARGUMENT",
-        "returns a tensor of shape [2]");
-  // The reference finds it at its first step.
-  auto ref = RunCommand({testing::Binary("conveyor"), "train", "--reference", [&] {
-                           const std::string p = dir + "/per-sample.yaml";
-                           std::ofstream(p) << good << "loss: {torchscript: losses/per_sample.pt}\n";
-                           return p;
-                         }()});
-  EXPECT_EQ(ref.exit_code, 1);
-  EXPECT_THAT(ref.err, HasSubstr("per_sample.pt returns a tensor of shape [8]"));
-  EXPECT_THAT(ref.err, HasSubstr("(INVALID_ARGUMENT)"));
-  // A path outside the data roots is refused when the job is submitted.
-  auto r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
-                       [&] {
-                         const std::string p = dir + "/outside.yaml";
-                         std::ofstream(p) << "model: {torchscript: /etc/hostname}\n";
-                         return p;
-                       }()});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("model.torchscript: /etc/hostname"));
-  EXPECT_THAT(r.err, HasSubstr("is outside the data roots"));
-  EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED"));
-  // A token file that is no whole number of token ids, refused at submission.
-  r = RunCommand({testing::Binary("conveyor"), "--coordinator", coord, "submit",
-                  [&] {
-                    const std::string p = dir + "/odd-tokens.yaml";
-                    std::ofstream(p) << "model: {torchscript: mlp/model.pt}\n"
-                                        "data: {format: tokens, train: bad/odd.bin, dtype: uint16, seq_len: 4}\n";
-                    return p;
-                  }()});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("data.train: "));
-  EXPECT_THAT(r.err, HasSubstr("/bad/odd.bin is 47 bytes, not a whole number of uint16 token ids"));
-  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
-  // A NaN in sample 37 (file order: the third batch of 16) makes the loss NaN
-  // at step 3: the job fails there, loudly, and makes no update with it.
-  fails("model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
-        "batch_size: 16\npartition: {stages: 2}\nsteps: 5\noptimizer: adamw\nclip_grad_norm: 1.0\n",
-        "FAILED_PRECONDITION", "step 3: the loss is nan on stage 1 (the last); no update was made");
-  // The reference fails the same job at the same step.
-  r = RunCommand({testing::Binary("conveyor"), "train", "--reference", [&] {
-                    const std::string p = dir + "/nan.yaml";
-                    std::ofstream(p) << "model: {torchscript: mlp/model.pt}\n"
-                                        "data: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
-                                        "batch_size: 16\nsteps: 5\n";
-                    return p;
-                  }()});
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("step 3: the loss is not finite; no update was made (FAILED_PRECONDITION)"));
+  for (const BadFileCase& c : BadFileCases(good)) {
+    v1::JobStatus s = testing::SubmitAndWait(coord, c.yaml);
+    EXPECT_EQ(s.state(), v1::JOB_STATE_FAILED) << c.yaml;
+    EXPECT_EQ(s.error_code(), c.code) << s.error();
+    EXPECT_THAT(s.error(), HasSubstr(c.says)) << c.yaml;
+  }
+  // The reference finds the per-sample loss at its first step, and the NaN at step 3.
+  ExpectCommandRefuses({"train", "--reference"}, dir + "/per-sample.yaml",
+                       good + "loss: {torchscript: losses/per_sample.pt}\n",
+                       {"per_sample.pt returns a tensor of shape [8]", "(INVALID_ARGUMENT)"});
+  ExpectCommandRefuses({"train", "--reference"}, dir + "/nan.yaml",
+                       "model: {torchscript: mlp/model.pt}\ndata: {format: tensors, train: bad/nan.pt, shuffle: false}\n"
+                       "batch_size: 16\nsteps: 5\n",
+                       {"step 3: the loss is not finite; no update was made (FAILED_PRECONDITION)"});
+  // Refused when the job is submitted: a path outside the data roots, and a
+  // token file that is no whole number of token ids.
+  ExpectCommandRefuses({"--coordinator", coord, "submit"}, dir + "/outside.yaml",
+                       "model: {torchscript: /etc/hostname}\n",
+                       {"model.torchscript: /etc/hostname", "is outside the data roots", "PERMISSION_DENIED"});
+  ExpectCommandRefuses({"--coordinator", coord, "submit"}, dir + "/odd-tokens.yaml",
+                       "model: {torchscript: mlp/model.pt}\n"
+                       "data: {format: tokens, train: bad/odd.bin, dtype: uint16, seq_len: 4}\n",
+                       {"data.train: ", "/bad/odd.bin is 47 bytes, not a whole number of uint16 token ids",
+                        "INVALID_ARGUMENT"});
   // The cluster still trains.
   EXPECT_EQ(testing::SubmitAndWait(coord, good).state(), v1::JOB_STATE_SUCCEEDED);
   cluster->reset();

@@ -184,59 +184,63 @@ TEST(JobSpec, WrongTypesAreNamed) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("partition.boundaries: item 1"));
 }
 
+// Each bad value and the words its INVALID_ARGUMENT must carry: data, one row a
+// mistake, so the test below stays a loop.
+struct BadValueCase {
+  const char* yaml;
+  const char* message;
+};
+const BadValueCase kBadValueCases[] = {
+    {"model: toy\nbatch_size: 4\nmicro_batches: 8\n", "micro_batches: 8 is larger than batch_size 4"},
+    {"model: toy\nbatch_size: 4\nsplit_size: 5\n", "split_size: 5 is larger than batch_size 4"},
+    {"model: toy\nmicro_batches: 2\nsplit_size: 2\n", "not both"},
+    {"model: toy\nbatch_size: 10\nmicro_batches: 1\nreplicas: 4\n",
+     "replicas: batch_size 10 does not split evenly over 4 replicas"},
+    {"model: toy\nbatch_size: 8\nmicro_batches: 8\nreplicas: 2\n",
+     "each of the 2 replicas gets 4 samples of a batch, fewer than micro_batches 8"},
+    {"model: toy\nreplicas: 0\n", "replicas"},
+    {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
+    {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
+    {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "3 chunks need 2 boundaries"},
+    {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b, interleaved, zero-bubble, zbv)"},
+    {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nmicro_batches: 4\n", "needs 2 or more"},
+    {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 3\n",
+     "multiple of the stages (2), got 3"},
+    {"model: convnet\nvirtual_stages: 2\n", "only the interleaved and zbv schedules"},
+    {"model: convnet\npartition: {stages: 2}\nschedule: zbv\nvirtual_stages: 3\n", "zbv schedule places two chunks"},
+    {"model: toy\npartition: {stages: 2}\nschedule: zbv\n", "2 stages of 2 chunks but the model has only 3 layers"},
+    {"model: toy\ncuda_graphs: true\nschedule: zbv\n", "cuda_graphs: cannot be combined with the zbv"},
+    {"model: toy\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 2\n",
+     "2 stages of 2 chunks but the model has only 3 layers"},
+    {"model: toy\nrecompute: [3]\n", "recompute: stage 3 is not one of the job's stages"},
+    {"model: toy\nrecompute: sometimes\n", "recompute: expected true, false or a list"},
+    {"model: resnet9\n", "model.name: unknown value 'resnet9'"},
+    {"batch_size: 3\n", "model: missing"},
+    {"model: toy\nepochs: 1\nsteps: 3\n", "epochs and steps"},
+    {"model: toy\noptimizer: {name: sgd, lr: -1}\n", "optimizer.lr: must be more than 0 and at most 1000, got -1"},
+    {"model: toy\nbatch_size: 0\n", "batch_size: must be between"},
+    {"model: toy\ndata: fashion-mnist\n", "use convnet or mlp"},
+    {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
+    {"model: toy\ncheckpoint_every: -1\n", "checkpoint_every"},
+    {"model: toy\nkeep_checkpoints: 1\n", "keep_checkpoints"},
+    {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
+    {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
+    {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
+    {"model: toy\nprofile_step: -1\n", "profile_step"},
+    {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
+    {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
+    {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
+    {"model: toy\ncuda_graphs: maybe\n", "cuda_graphs"},
+    {"model: toy\nnccl_headers: tcp\n", "nccl_headers: unknown value 'tcp' (one of: shm, grpc)"},
+    {"model: toy\ncuda_graphs: true\nrecompute: true\n", "cuda_graphs: cannot be combined with recompute"},
+    {"model: toy\ncuda_graphs: true\nrecompute: [0]\n", "cuda_graphs: cannot be combined with recompute"},
+    {"model: toy\ncuda_graphs: true\nschedule: zero-bubble\n", "cuda_graphs: cannot be combined with the zero-bubble"},
+    {"- just\n- a list\n", "expected a mapping"},
+    {"model: {name: toy\n", "not valid YAML"},
+};
+
 TEST(JobSpec, BadValuesAreNamed) {
-  struct Case {
-    const char* yaml;
-    const char* message;
-  } cases[] = {
-      {"model: toy\nbatch_size: 4\nmicro_batches: 8\n", "micro_batches: 8 is larger than batch_size 4"},
-      {"model: toy\nbatch_size: 4\nsplit_size: 5\n", "split_size: 5 is larger than batch_size 4"},
-      {"model: toy\nmicro_batches: 2\nsplit_size: 2\n", "not both"},
-      {"model: toy\nbatch_size: 10\nmicro_batches: 1\nreplicas: 4\n",
-       "replicas: batch_size 10 does not split evenly over 4 replicas"},
-      {"model: toy\nbatch_size: 8\nmicro_batches: 8\nreplicas: 2\n",
-       "each of the 2 replicas gets 4 samples of a batch, fewer than micro_batches 8"},
-      {"model: toy\nreplicas: 0\n", "replicas"},
-      {"model: toy\npartition: {stages: 4}\n", "4 stages but the model has only 3 layers"},
-      {"model: toy\npartition: {boundaries: [2, 1]}\n", "partition.boundaries: must increase"},
-      {"model: toy\npartition: {stages: 3, boundaries: [1]}\n", "3 chunks need 2 boundaries"},
-      {"model: toy\nschedule: fast\n", "schedule: unknown value 'fast' (one of: gpipe, 1f1b, interleaved, zero-bubble, zbv)"},
-      {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nmicro_batches: 4\n", "needs 2 or more"},
-      {"model: convnet\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 3\n",
-       "multiple of the stages (2), got 3"},
-      {"model: convnet\nvirtual_stages: 2\n", "only the interleaved and zbv schedules"},
-      {"model: convnet\npartition: {stages: 2}\nschedule: zbv\nvirtual_stages: 3\n", "zbv schedule places two chunks"},
-      {"model: toy\npartition: {stages: 2}\nschedule: zbv\n", "2 stages of 2 chunks but the model has only 3 layers"},
-      {"model: toy\ncuda_graphs: true\nschedule: zbv\n", "cuda_graphs: cannot be combined with the zbv"},
-      {"model: toy\npartition: {stages: 2}\nschedule: interleaved\nvirtual_stages: 2\nmicro_batches: 2\n",
-       "2 stages of 2 chunks but the model has only 3 layers"},
-      {"model: toy\nrecompute: [3]\n", "recompute: stage 3 is not one of the job's stages"},
-      {"model: toy\nrecompute: sometimes\n", "recompute: expected true, false or a list"},
-      {"model: resnet9\n", "model.name: unknown value 'resnet9'"},
-      {"batch_size: 3\n", "model: missing"},
-      {"model: toy\nepochs: 1\nsteps: 3\n", "epochs and steps"},
-      {"model: toy\noptimizer: {name: sgd, lr: -1}\n", "optimizer.lr: must be more than 0 and at most 1000, got -1"},
-      {"model: toy\nbatch_size: 0\n", "batch_size: must be between"},
-      {"model: toy\ndata: fashion-mnist\n", "use convnet or mlp"},
-      {"model: toy\nstage_timeout: 0\n", "stage_timeout"},
-      {"model: toy\ncheckpoint_every: -1\n", "checkpoint_every"},
-      {"model: toy\nkeep_checkpoints: 1\n", "keep_checkpoints"},
-      {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
-      {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
-      {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
-      {"model: toy\nprofile_step: -1\n", "profile_step"},
-      {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
-      {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
-      {"model: toy\nmatmul_sm_carveout: 65\n", "matmul_sm_carveout"},
-      {"model: toy\ncuda_graphs: maybe\n", "cuda_graphs"},
-      {"model: toy\nnccl_headers: tcp\n", "nccl_headers: unknown value 'tcp' (one of: shm, grpc)"},
-      {"model: toy\ncuda_graphs: true\nrecompute: true\n", "cuda_graphs: cannot be combined with recompute"},
-      {"model: toy\ncuda_graphs: true\nrecompute: [0]\n", "cuda_graphs: cannot be combined with recompute"},
-      {"model: toy\ncuda_graphs: true\nschedule: zero-bubble\n", "cuda_graphs: cannot be combined with the zero-bubble"},
-      {"- just\n- a list\n", "expected a mapping"},
-      {"model: {name: toy\n", "not valid YAML"},
-  };
-  for (const auto& c : cases) {
+  for (const auto& c : kBadValueCases) {
     Status st = ParseError(c.yaml);
     EXPECT_TRUE(absl::IsInvalidArgument(st)) << c.yaml << " -> " << st;
     EXPECT_THAT(std::string(st.message()), HasSubstr(c.message)) << c.yaml;
