@@ -3,6 +3,9 @@
 //                      profile, configure, links, release, abort, info)
 //   step_runner.cpp    one step's action loop: forward, backward, weight and
 //                      recompute passes, sends and receives, the device wait
+//   step_update.cpp    after the passes: the replicas' gradient all-reduce,
+//                      the gradient norm's shares, the optimizer step, ZeRO-1's
+//                      shards, the step's checkpoint
 //   stage_state.cpp    checkpoints (serialise, restore), digests, parameters
 // Private to stage_server/: nothing outside includes it.
 #pragma once

@@ -15,6 +15,7 @@
 
 #include "block_runner.h"
 #include "doc_blocks.h"
+#include "tracked_files.h"
 
 namespace docs::tree_test {
 
@@ -92,9 +93,6 @@ std::vector<Mention> WorkPeriodMentions(const std::string& text) {
   return found;
 }
 
-// Calls `fn(name, text)` for each tracked text file but those under
-// tests/fixtures; returns the number of files, or -1 with `*why` when git
-// cannot list them.
 int ForEachTrackedText(const std::function<void(const std::string&, const std::string&)>& fn, std::string* why) {
   std::string listing;
   const int rc = RunQuiet({"git", "-C", CONVEYOR_SOURCE_DIR, "ls-files", "-z"}, &listing);
