@@ -6,6 +6,9 @@
 #   bench/gpu/tests.sh nccl       equality_test's NCCL suite (Nccl/*)                      $out/equality-nccl.log
 #   bench/gpu/tests.sh replicas   the replicas' tests: NCCL collectives, replica groups, the gradient reducer,
 #                                 ZeRO (2 x 2 where there are four GPUs)   $out/replicas-unit.log, replicas-gpu.log
+#   bench/gpu/tests.sh asan       builds the GPU tests with ASan+UBSan (build-asan, BUILD_DIR's sibling) and runs
+#                                 gpu_test and the NCCL equality cases under it; compute-sanitizer's memcheck over
+#                                 one GPU test where the machine has it      $out/asan-build.log, asan-gpu.log, ...
 # Each part prints one line: the tests that passed, failed or were skipped; any failed test is named.
 # shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
@@ -27,6 +30,38 @@ part_replicas() {
   echo "stage_server_test replicas: $(gtest_verdict "$out/replicas-unit.log")"
   timeout 200 "$bin/gpu_test" --gtest_filter='*Replica*:*Nccl*:*Zero*' > "$out/replicas-gpu.log" 2>&1
   echo "gpu_test replicas: $(gtest_verdict "$out/replicas-gpu.log")"
+}
+
+# CUDA maps its memory where ASan's shadow gap is: protect_shadow_gap=0 lets the
+# two share the address space (docs/testing.md, "Sanitizers").
+part_asan() {
+  local asan=${build}-asan
+  local gloo=()
+  [ -d .gpu/gloo-include ] && gloo=("-DCONVEYOR_GLOO_INCLUDE_DIR=$PWD/.gpu/gloo-include")
+  if ! CMAKE_ARGS="${gloo[*]}" BUILD_DIR=$asan scripts/build.sh --sanitize asan gpu_test equality_test stage_server \
+      coordinator conveyor > "$out/asan-build.log" 2>&1; then
+    echo "asan build failed:"; grep -E "error|FAILED" "$out/asan-build.log" | head -20
+    return 1
+  fi
+  local supp=$PWD/tests/sanitizers
+  export ASAN_OPTIONS="protect_shadow_gap=0:halt_on_error=1:detect_leaks=1:suppressions=$supp/asan.supp"
+  export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsan.supp"
+  timeout 400 "$asan/bin/gpu_test" > "$out/asan-gpu.log" 2>&1
+  echo "gpu_test under ASan+UBSan: exit $? ($(gtest_verdict "$out/asan-gpu.log"))"
+  grep -m3 -E "ERROR: (Address|Leak)Sanitizer|runtime error" "$out/asan-gpu.log"
+  timeout 150 "$asan/bin/equality_test" --gtest_filter='Nccl/*' > "$out/asan-nccl.log" 2>&1
+  echo "equality Nccl/* under ASan+UBSan: exit $? ($(gtest_verdict "$out/asan-nccl.log"))"
+  grep -m3 -E "ERROR: (Address|Leak)Sanitizer|runtime error" "$out/asan-nccl.log"
+  local cs
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
+  if [ -z "$cs" ]; then
+    echo "compute-sanitizer: not on this machine"
+    return 0
+  fi
+  timeout 300 "$cs" --tool memcheck --target-processes all "$bin/gpu_test" \
+    --gtest_filter='GpuTest.ConveyorLocalFoldsFourStagesOntoOneServerPerGpu' > "$out/memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck: exit $? ($(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | sort | uniq -c | tr '\n' ' '))"
 }
 
 part_default() { part_gpu; part_nccl; }
