@@ -58,8 +58,8 @@ part_asan() {
   # on; memcheck would count each probe as an error.
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
-  if [ -z "$cs" ]; then
-    echo "compute-sanitizer: not on this machine"
+  if [ -z "$cs" ] || [ ! -x "$bin/gpu_test" ]; then
+    echo "compute-sanitizer: ${cs:-not on this machine}${cs:+ found, but no $bin/gpu_test: bench/gpu/build.sh first}"
     return 0
   fi
   timeout 300 "$cs" --tool memcheck --report-api-errors no --target-processes all "$bin/gpu_test" \

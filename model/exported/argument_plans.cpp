@@ -141,7 +141,15 @@ StatusOr<ArgPlan> PlanConstant(const Program& p, const Node& node, const std::st
 
 // The plan of one argument given in the graph, for a schema argument of type `type`.
 StatusOr<ArgPlan> PlanArg(const Program& p, const Node& node, const json& arg, const c10::TypePtr& type) {
-  const auto& [kind, v] = *arg.items().begin();
+  if (!arg.is_object() || arg.empty())
+    return Bad(p, "node '" + node.name + "' (" + node.target + ") has an argument that is not one {kind: value}");
+  // The key and value through the object's own iterator: both refer into
+  // `arg`. (items() hands out a proxy that dies with the expression that made
+  // it, and a structured binding to it reads a dead stack slot, as
+  // AddressSanitizer reported.)
+  const json::const_iterator first = arg.begin();
+  const std::string& kind = first.key();
+  const json& v = first.value();
   if (kind == "as_tensor" || kind == "as_tensors" || kind == "as_optional_tensors")
     return PlanTensors(p, node, kind, v);
   const bool named_sizes = kind == "as_sym_ints" && std::any_of(v.begin(), v.end(), [](const json& i) {

@@ -117,7 +117,8 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> Servers(const std::vector<std::stri
 }
 
 // The last lines of each of the cluster's logs (its servers' and the
-// coordinator's): what a failed job's "Socket closed" does not say.
+// coordinator's), from a sanitizer's report where there is one: what a failed
+// job's "Socket closed" does not say.
 std::string LogTails(const cli::LocalCluster& cluster, std::size_t lines = 25) {
   std::string tails;
   for (const std::string& name : ListDir(cluster.run_dir())) {
@@ -126,7 +127,11 @@ std::string LogTails(const cli::LocalCluster& cluster, std::size_t lines = 25) {
     if (!text.ok()) continue;
     std::size_t at = text->size();
     for (std::size_t n = 0; n <= lines && at != std::string::npos && at > 0; ++n) at = text->rfind('\n', at - 1);
-    tails += "--- " + name + " ---\n" + text->substr(at == std::string::npos ? 0 : at + 1) + "\n";
+    at = at == std::string::npos ? 0 : at + 1;
+    // A sanitizer's report is shown from its first line, its stack whole.
+    const std::size_t report = text->find("==ERROR: ");
+    if (report != std::string::npos) at = std::min(at, text->rfind('\n', report) + 1);
+    tails += "--- " + name + " ---\n" + text->substr(at, 12000) + "\n";
   }
   return tails;
 }

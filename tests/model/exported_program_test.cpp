@@ -87,6 +87,13 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
   ExpectRefused(DescribeExportedProgram(odd, "").status(),
                 "node 'relu' calls torch.ops.aten.not_an_operator.default (aten::not_an_operator), which this "
                 "LibTorch does not have");
+  // An argument that is no {kind: value}.
+  const std::string empty = Edited(Cnn(), dir, "empty.pt2", [](std::string& json) {
+    const std::string from = "\"arg\": {\"as_tensor\": {\"name\": \"x\"}}";
+    ASSERT_NE(json.find(from), std::string::npos);
+    json.replace(json.find(from), from.size(), "\"arg\": {}");
+  });
+  ExpectRefused(DescribeExportedProgram(empty, "").status(), "has an argument that is not one {kind: value}");
   RemoveTree(dir);
 }
 
