@@ -509,7 +509,7 @@ void JobRunner::RecordCheckpoint(int64_t done, const std::vector<v1::RunStepRepl
   status_.set_checkpoint_step(done);
   metrics_.Checkpoint();  // the curves up to here are stored with it
   if (store_) {
-    Status st = store_->RecordCheckpoints(status_, records, static_cast<int>(p));
+    Status st = store_->RecordCheckpoints(status_, records, static_cast<int>(p), spec_.keep_checkpoints());
     if (!st.ok()) LOG_ERROR("job ", status_.job_id(), ": recording the checkpoint of step ", done, ": ", st.message());
   }
   LOG_DEBUG("job ", status_.job_id(), ": checkpoint of step ", done, " complete on every stage");

@@ -396,7 +396,8 @@ StatusOr<std::vector<v1::StepTrace>> JobStore::Traces(const std::string& job_id)
 }
 
 Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
-                                   const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages) {
+                                   const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages,
+                                   int keep) {
   std::lock_guard<std::mutex> lock(mu_);
   CONVEYOR_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   Status st;
@@ -419,6 +420,8 @@ Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
     ins.Step();
     st = ins.status();
     if (!st.ok()) break;
+    if (keep > 0) st = PruneCheckpointsLocked(status.job_id(), stage, std::max(2, keep));
+    if (!st.ok()) break;
   }
   if (st.ok()) st = UpdateLocked(status, /*with_series=*/true);
   if (!st.ok()) {
@@ -426,6 +429,17 @@ Status JobStore::RecordCheckpoints(const v1::JobStatus& status,
     return st;
   }
   return Exec("COMMIT;");
+}
+
+Status JobStore::PruneCheckpointsLocked(const std::string& job_id, int stage, int keep) {
+  Stmt del(db_,
+           "DELETE FROM checkpoints WHERE job_id = ?1 AND stage = ?2 AND step < (SELECT MIN(step) FROM "
+           "(SELECT step FROM checkpoints WHERE job_id = ?1 AND stage = ?2 ORDER BY step DESC LIMIT ?3));");
+  del.BindText(1, job_id);
+  del.Bind(2, static_cast<int64_t>(stage));
+  del.Bind(3, static_cast<int64_t>(keep));
+  del.Step();
+  return del.status();
 }
 
 StatusOr<std::vector<JobStore::CompleteCheckpoint>> JobStore::CompleteCheckpoints(const std::string& job_id,

@@ -84,10 +84,14 @@ class JobStore {
   StatusOr<std::vector<std::string>> InState(v1::JobState state);
 
   // Records the checkpoints `records` (stage index, record) that the stages
-  // of a cut of `cut_stages` stages (0: the job's own) wrote and, in the same transaction, the job's status at that step: a resumed
-  // job finds its losses up to the checkpoint it resumes from.
+  // of a cut of `cut_stages` stages (0: the job's own) wrote and, in the same
+  // transaction, the job's status at that step: a resumed job finds its losses
+  // up to the checkpoint it resumes from. With `keep` (0: all), each stage's
+  // records beyond its newest max(2, keep) are dropped, as the stage drops the
+  // files (keep_checkpoints): a week-long job's table stays its size.
   Status RecordCheckpoints(const v1::JobStatus& status,
-                           const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages = 0);
+                           const std::vector<std::pair<int, v1::CheckpointRecord>>& records, int cut_stages = 0,
+                           int keep = 0);
   // A step whose checkpoint is complete: recorded for every stage of the
   // cut it was written under (`stages` of them).
   struct CompleteCheckpoint {
@@ -122,6 +126,8 @@ class JobStore {
   // A column that came after the table: added where missing, NULL in old rows.
   Status AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& type);
   Status UpdateLocked(const v1::JobStatus& status, bool with_series);  // REQUIRES: mu_ held
+  // Drops `stage`'s records of `job_id` but its newest `keep`.  REQUIRES: mu_ held
+  Status PruneCheckpointsLocked(const std::string& job_id, int stage, int keep);
 
   std::mutex mu_;  // serialises every use of db_
   sqlite3* db_;

@@ -261,6 +261,34 @@ TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
   EXPECT_EQ((*complete)[1].stages, 3);
 }
 
+// keep_checkpoints: each stage's records past its newest `keep` go, as the
+// stage's files do; a long job's table stays its size.
+TEST(JobStore, RecordsPastTheNewestKeptAreDropped) {
+  auto store = JobStore::Open(":memory:");
+  ASSERT_TRUE(store.ok());
+  auto id = (*store)->Insert(v1::JobSpec(), "", v1::JobStatus());
+  ASSERT_TRUE(id.ok());
+  auto status = (*store)->Get(*id)->status;
+  auto record = [](int64_t step) {
+    v1::CheckpointRecord r;
+    r.set_step(step);
+    r.set_path("/ckpt/" + std::to_string(step));
+    return r;
+  };
+  for (int64_t step = 10; step <= 1000; step += 10) {
+    status.set_step(step);
+    ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(step)}, {1, record(step)}}, 0, 3).ok());
+  }
+  auto complete = (*store)->CompleteCheckpoints(*id, 2);
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  std::vector<int64_t> steps;
+  for (const auto& c : *complete) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1000, 990, 980}));
+  // Without `keep`, every record stays.
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(1010)}, {1, record(1010)}}).ok());
+  EXPECT_EQ((*store)->CompleteCheckpoints(*id, 2)->size(), 4u);
+}
+
 TEST(JobStore, UnwritablePathIsAnError) {
   auto store = JobStore::Open("/proc/no/such/dir/conveyor.db");
   EXPECT_FALSE(store.ok());
