@@ -6,10 +6,9 @@
 #                                    chaos tests, then ThreadSanitizer over the torch-free units;
 #                                    builds only the targets these need (build-asan, build-tsan)
 #   scripts/sanitize.sh asan|tsan    one of the two
-#   scripts/sanitize.sh --units      CI's run: the torch-free units (inbox, work queue, job
+#   scripts/sanitize.sh --units      the torch-free units alone (inbox, work queue, job
 #                                    store, executor, worker pool, metrics and their endpoint)
-#                                    under both; the LibTorch-side executables above have not
-#                                    yet been built on CI's machine
+#                                    under both: a quicker check
 #   scripts/sanitize.sh --all asan|tsan [CTEST_ARGS...]
 #                                    the whole suite so (scripts/test.sh --sanitize asan|tsan);
 #                                    under tsan the whole suite is the torch-free units: LibTorch
