@@ -217,6 +217,14 @@ TEST(JobStore, ADatabaseFromBeforeTheSeriesColumnKeepsItsJobsSeries) {
   EXPECT_EQ(again->status.step(), 3);
 }
 
+// A stage's record of its checkpoint of `step`.
+v1::CheckpointRecord CheckpointOfStep(int64_t step) {
+  v1::CheckpointRecord r;
+  r.set_step(step);
+  r.set_path("/ckpt/" + std::to_string(step));
+  return r;
+}
+
 TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
   auto store = JobStore::Open(":memory:");
   ASSERT_TRUE(store.ok());
@@ -224,17 +232,14 @@ TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
   auto id = (*store)->Insert(spec, "", v1::JobStatus());
   ASSERT_TRUE(id.ok());
   auto status = (*store)->Get(*id)->status;
-  auto record = [](int64_t step) {
-    v1::CheckpointRecord r;
-    r.set_step(step);
-    r.set_path("/ckpt/" + std::to_string(step));
-    return r;
-  };
   // Step 10 on all three stages, step 20 on two of them (a stage died).
   status.set_step(10);
   status.add_losses(1.0f);
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(10)}, {1, record(10)}, {2, record(10)}}).ok());
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(20)}, {2, record(20)}}).ok());
+  ASSERT_TRUE((*store)
+                  ->RecordCheckpoints(status, {{0, CheckpointOfStep(10)}, {1, CheckpointOfStep(10)},
+                                               {2, CheckpointOfStep(10)}})
+                  .ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, CheckpointOfStep(20)}, {2, CheckpointOfStep(20)}}).ok());
   auto complete = (*store)->CompleteCheckpoints(*id, 3);
   ASSERT_TRUE(complete.ok());
   auto steps = [](const std::vector<JobStore::CompleteCheckpoint>& c) {
@@ -243,7 +248,7 @@ TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
     return out;
   };
   EXPECT_EQ(steps(*complete), std::vector<int64_t>{10});
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{1, record(20)}}).ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{1, CheckpointOfStep(20)}}).ok());
   EXPECT_EQ(steps(*(*store)->CompleteCheckpoints(*id, 3)), (std::vector<int64_t>{20, 10}));
   // The status was saved with the records.
   EXPECT_EQ((*store)->Get(*id)->status.step(), 10);
@@ -252,8 +257,8 @@ TEST(JobStore, OnlyStepsCheckpointedOnEveryStageAreComplete) {
   EXPECT_TRUE((*store)->CompleteCheckpoints("job-404", 3)->empty());
   // A job that lost a server goes on under a cut of 2 stages: its steps are
   // complete with 2 records, each checkpoint with the cut it was written under.
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(30)}, {1, record(30)}}, 2).ok());
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(40)}}, 2).ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, CheckpointOfStep(30)}, {1, CheckpointOfStep(30)}}, 2).ok());
+  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, CheckpointOfStep(40)}}, 2).ok());
   complete = (*store)->CompleteCheckpoints(*id, 3);
   ASSERT_TRUE(complete.ok());
   EXPECT_EQ(steps(*complete), (std::vector<int64_t>{30, 10}));
@@ -269,15 +274,10 @@ TEST(JobStore, RecordsPastTheNewestKeptAreDropped) {
   auto id = (*store)->Insert(v1::JobSpec(), "", v1::JobStatus());
   ASSERT_TRUE(id.ok());
   auto status = (*store)->Get(*id)->status;
-  auto record = [](int64_t step) {
-    v1::CheckpointRecord r;
-    r.set_step(step);
-    r.set_path("/ckpt/" + std::to_string(step));
-    return r;
-  };
   for (int64_t step = 10; step <= 1000; step += 10) {
     status.set_step(step);
-    ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(step)}, {1, record(step)}}, 0, 3).ok());
+    ASSERT_TRUE(
+        (*store)->RecordCheckpoints(status, {{0, CheckpointOfStep(step)}, {1, CheckpointOfStep(step)}}, 0, 3).ok());
   }
   auto complete = (*store)->CompleteCheckpoints(*id, 2);
   ASSERT_TRUE(complete.ok()) << complete.status();
@@ -285,7 +285,8 @@ TEST(JobStore, RecordsPastTheNewestKeptAreDropped) {
   for (const auto& c : *complete) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{1000, 990, 980}));
   // Without `keep`, every record stays.
-  ASSERT_TRUE((*store)->RecordCheckpoints(status, {{0, record(1010)}, {1, record(1010)}}).ok());
+  ASSERT_TRUE(
+      (*store)->RecordCheckpoints(status, {{0, CheckpointOfStep(1010)}, {1, CheckpointOfStep(1010)}}).ok());
   EXPECT_EQ((*store)->CompleteCheckpoints(*id, 2)->size(), 4u);
 }
 
