@@ -267,8 +267,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
 }
 
 StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a) {
-  const std::string who = "stage " + std::to_string(a.stage_index()) +
-                          (a.num_replicas() > 1 ? " of replica " + std::to_string(a.replica()) : "");
+  const std::string who = Who(a);
   CONVEYOR_RETURN_IF_ERROR(CheckAssignment(a, who));
   NamedTensors init_from;
   if (!a.spec().init_from().empty()) {
@@ -536,7 +535,7 @@ void Stage::Impl::LogConfigured(const Job& job, int64_t num_params, const Parame
 Status Stage::Impl::JoinReplicas(Job& job) {
   const v1::StageAssignment& a = job.assignment;
   if (a.num_replicas() <= 1) return absl::OkStatus();
-  const std::string who = "stage " + std::to_string(a.stage_index()) + " of replica " + std::to_string(a.replica());
+  const std::string who = Who(a);  // with replicas: "stage S of replica R"
   if (a.replica() < 0 || a.replica() >= a.num_replicas())
     return absl::InvalidArgumentError(who + ": replica out of range for " + std::to_string(a.num_replicas()) +
                                       " replicas");

@@ -333,11 +333,14 @@ class Stage::Impl {
   const std::string& ProfileDir() const {
     return options_.profile_dir.empty() ? options_.checkpoint_dir : options_.profile_dir;
   }
-  std::string Who() const {
-    std::string who = "stage " + std::to_string(job_ ? job_->assignment.stage_index() : -1);
-    if (job_ && job_->assignment.num_replicas() > 1) who += " of replica " + std::to_string(job_->assignment.replica());
+  // "stage S", or "stage S of replica R" where the job has replicas: how
+  // errors and logs name this stage.
+  static std::string Who(const v1::StageAssignment& a) {
+    std::string who = "stage " + std::to_string(a.stage_index());
+    if (a.num_replicas() > 1) who += " of replica " + std::to_string(a.replica());
     return who;
   }
+  std::string Who() const { return job_ ? Who(job_->assignment) : "stage -1"; }
   // Every tensor of (kind, local chunk, mb): activations are the chunk's
   // inputs, gradients those of its outputs that require grad.
   StatusOr<Tensors> Receive(StepState& st, v1::FrameKind kind, int local, int mb);
