@@ -33,8 +33,7 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-std::string LastLines(const std::string& path, int n) {
-  std::string text = ReadFile(path);
+std::string LastLines(const std::string& text, int n) {
   std::size_t pos = text.size();
   for (int i = 0; i <= n && pos != std::string::npos && pos > 0; ++i) pos = text.rfind('\n', pos - 1);
   return pos == std::string::npos ? text : text.substr(pos + 1);
@@ -69,7 +68,7 @@ StatusOr<std::string> WaitForPortFile(const std::string& path, pid_t pid, const 
       result = absl::UnavailableError(name + " exited before it served (" +
                                       (WIFEXITED(wstatus) ? "code " + std::to_string(WEXITSTATUS(wstatus))
                                                           : "signal " + std::to_string(WTERMSIG(wstatus))) +
-                                      "):\n" + LastLines(log, 5));
+                                      "):\n" + LastLines(ReadFile(log), 5));
       break;
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -123,6 +122,26 @@ int CountGpus(const std::string& bin_dir) {
   int status = 0;
   if (pid > 0) waitpid(pid, &status, 0);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? std::atoi(text.c_str()) : 0;
+}
+
+std::string LocalCluster::LogTails(int lines) const {
+  std::vector<std::string> names;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Child& c : children_) names.push_back(c.name);
+  }
+  std::string tails;
+  for (const std::string& name : names) {
+    const std::string text = ReadFile(run_dir_ + "/" + name + ".log");
+    std::string tail = LastLines(text, lines);
+    const std::size_t report = text.find("==ERROR: ");
+    if (report != std::string::npos) {
+      const std::size_t from = text.rfind('\n', report);
+      tail = text.substr(from == std::string::npos ? 0 : from + 1, 12000);
+    }
+    tails += "--- " + name + ".log ---\n" + tail + "\n";
+  }
+  return tails;
 }
 
 StatusOr<std::string> LocalCluster::Spawn(Child* child, const std::vector<std::string>& env) {

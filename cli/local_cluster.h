@@ -84,6 +84,9 @@ class LocalCluster {
   Status RestartStage(int index);
   // Times the supervisor started a stage again.
   int stage_restarts() const;
+  // Each child's log, its last `lines` lines, or from a sanitizer's report
+  // where one is there: what a failed job's "Socket closed" does not say.
+  std::string LogTails(int lines) const;
 
  private:
   struct Child {

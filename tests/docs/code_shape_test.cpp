@@ -20,11 +20,6 @@ constexpr int kMaxFunctionLines = 80;
 // The words a long function's comment carries to say why it is long.
 constexpr const char* kLongBecause = "Long because";
 
-bool IsCpp(const std::string& name) {
-  const std::string ext = std::filesystem::path(name).extension().string();
-  return ext == ".cpp" || ext == ".h" || ext == ".cc";
-}
-
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);

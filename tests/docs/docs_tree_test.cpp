@@ -147,8 +147,7 @@ TEST(SourceTree, NoStdFilesystemFolderWalks) {
   std::string report, why;
   const int files = ForEachTrackedText(
       [&](const std::string& name, const std::string& text) {
-        const std::string ext = fs::path(name).extension().string();
-        if (ext != ".cpp" && ext != ".h" && ext != ".cc") return;
+        if (!IsCpp(name)) return;
         // docs_test and timeline_picture_test link neither LibTorch nor the project's libraries
         if (name.rfind("tests/docs/", 0) == 0 || name == "tests/cli/timeline_picture_test.cpp") return;
         std::istringstream lines(text);

@@ -116,26 +116,6 @@ StatusOr<std::unique_ptr<cli::LocalCluster>> Servers(const std::vector<std::stri
   return cli::LocalCluster::Start(options);
 }
 
-// The last lines of each of the cluster's logs (its servers' and the
-// coordinator's), from a sanitizer's report where there is one: what a failed
-// job's "Socket closed" does not say.
-std::string LogTails(const cli::LocalCluster& cluster, std::size_t lines = 25) {
-  std::string tails;
-  for (const std::string& name : ListDir(cluster.run_dir())) {
-    if (name.size() < 4 || name.substr(name.size() - 4) != ".log") continue;
-    auto text = ReadWholeFile(cluster.run_dir() + "/" + name);
-    if (!text.ok()) continue;
-    std::size_t at = text->size();
-    for (std::size_t n = 0; n <= lines && at != std::string::npos && at > 0; ++n) at = text->rfind('\n', at - 1);
-    at = at == std::string::npos ? 0 : at + 1;
-    // A sanitizer's report is shown from its first line, its stack whole.
-    const std::size_t report = text->find("==ERROR: ");
-    if (report != std::string::npos) at = std::min(at, text->rfind('\n', report) + 1);
-    tails += "--- " + name + " ---\n" + text->substr(at, 12000) + "\n";
-  }
-  return tails;
-}
-
 // Runs `yaml` on `cluster` (restarting its servers) with server 1 killed
 // (SIGKILL) once the job is past step 45; checks that the kill happened, the
 // job recovered, once, and succeeded, and prints the run's events.
@@ -694,7 +674,7 @@ TEST_F(GpuTest, ExportedProgramsTrainAsPyTorch2TrainsTheirOwnModules) {
     auto cluster = Servers(std::vector<std::string>(static_cast<std::size_t>(stages), "cuda:0"), false, {folder});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const v1::JobStatus run = testing::SubmitAndWait((*cluster)->coordinator_address(), job.dump());
-    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error() << "\n" << LogTails(**cluster);
+    ASSERT_EQ(run.state(), v1::JOB_STATE_SUCCEEDED) << run.error() << "\n" << (*cluster)->LogTails(25);
     ASSERT_EQ(run.losses_size(), static_cast<int>(want["losses"].size()));
     for (int i = 0; i < run.losses_size(); ++i) {
       const double w = want["losses"][static_cast<std::size_t>(i)];
