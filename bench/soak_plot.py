@@ -5,7 +5,8 @@
 
 Prints, for each process, the resident memory at the first sample after
 warm-up (WARMUP_STEPS, 10000 steps), at the end, and its growth per 1000 steps
-fitted over the steps after warm-up (a least-squares line), the job database's
+fitted over the steps after warm-up (a least-squares line; before the kill and
+after the recovery apart, with the step between), the job database's
 size, and the CPU seconds each process used. The check "flat" passes when
 every process grew by less than 1 KiB per 1000 steps after warm-up (a copy
 that grows by a number a step, 4 bytes a float, would be 4 KiB and more).
@@ -37,22 +38,28 @@ def main():
     warm = [r for r in rows if r["step"] >= WARMUP_STEPS]
     flat = True
     print(f"samples: {len(rows)}, steps: {int(rows[-1]['step'])}, seconds: {rows[-1]['seconds']:.0f}")
+    kill = [r["step"] for r in rows if r["event"]]
     for p in procs:
         pts = [(r["step"], r[p + "_rss_kb"]) for r in warm if r[p + "_rss_kb"]]
-        if p == "stage1":  # after its restart the process is another one
-            kill = [r["step"] for r in rows if r["event"]]
-            if kill:
-                before = [(s, m) for s, m in pts if s < kill[0]]
-                after = [(s, m) for s, m in pts if s >= kill[0] + WARMUP_STEPS]
-                pts = after if len(after) >= 2 else before
-        if len(pts) < 2:
+        # Fitted apart before the kill and after the recovery (from WARMUP_STEPS
+        # past it): the recovery configures the job anew once, which is not a
+        # growth a step; stage 1 is another process after it.
+        parts = [pts]
+        if kill:
+            parts = [[(s, m) for s, m in pts if s < kill[0]],
+                     [(s, m) for s, m in pts if s >= kill[0] + WARMUP_STEPS]]
+        parts = [q for q in parts if len(q) >= 2]
+        if not parts:
             print(f"{p}: too few samples after warm-up")
             continue
-        slope = fit_slope([s for s, _ in pts], [m for _, m in pts]) * 1000  # KiB per 1000 steps
-        ok = slope < FLAT_KIB_PER_1000_STEPS
+        slopes = [fit_slope([s for s, _ in q], [m for _, m in q]) * 1000 for q in parts]  # KiB per 1000 steps
+        ok = all(x < FLAT_KIB_PER_1000_STEPS for x in slopes)
         flat = flat and ok
+        jump = f", {(parts[1][0][1] - parts[0][-1][1]) / 1024:+.1f} MiB across the recovery" if len(parts) == 2 else ""
         print(f"{p}: RSS {pts[0][1] / 1024:.1f} MiB at step {int(pts[0][0])}, {pts[-1][1] / 1024:.1f} MiB at step "
-              f"{int(pts[-1][0])}; {slope:+.2f} KiB per 1000 steps after warm-up ({'flat' if ok else 'GROWS'})")
+              f"{int(pts[-1][0])}{jump}; " + " / ".join(f"{x:+.2f}" for x in slopes) +
+              f" KiB per 1000 steps after warm-up{' (before / after the kill)' if len(slopes) == 2 else ''}"
+              f" ({'flat' if ok else 'GROWS'})")
     db = [(r["step"], r["db_bytes"]) for r in rows if r["db_bytes"]]
     db_slope = fit_slope([s for s, _ in db], [b for _, b in db])
     print(f"job database: {db[0][1] / 2**20:.2f} MiB at step {int(db[0][0])}, {db[-1][1] / 2**20:.2f} MiB at step "

@@ -7,6 +7,8 @@
 
 #include <grpcpp/server.h>
 
+#include <initializer_list>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +52,9 @@ class GrpcServer {
 // ends a server gracefully, as SIGTERM does.
 void BlockTerminationSignals();
 int WaitForTerminationSignal();
+// Waits for one of `signals` (blocked in every thread, as above) and returns
+// it; meanwhile returns the heap's freed memory to the system once a minute.
+int WaitForSignal(std::initializer_list<int> signals);
 
 // On SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT, writes the signal and a
 // backtrace to stderr (the process's log), then dies of the same signal.

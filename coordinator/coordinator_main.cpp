@@ -64,11 +64,8 @@ void CoordinatorBlockCheckpointSignal() {
 // Serves until SIGINT or SIGTERM, checkpointing the running job at each
 // SIGUSR1; then stops the server and the coordinator.
 void CoordinatorServeUntilSignal(conveyor::Coordinator& coordinator, conveyor::GrpcServer& server) {
-  sigset_t wanted;
-  sigemptyset(&wanted);
-  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&wanted, s);
   int sig = 0;
-  while (sigwait(&wanted, &sig) == 0 && sig == SIGUSR1) {
+  while ((sig = conveyor::WaitForSignal({SIGINT, SIGTERM, SIGUSR1})) == SIGUSR1) {
     LOG_INFO("SIGUSR1: ", coordinator.CheckpointNow());
   }
   LOG_INFO("signal ", sig, ": shutting down");
