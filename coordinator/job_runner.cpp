@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <cmath>
 #include <future>
+#include <functional>
 #include <memory>
+#include <set>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -143,6 +145,7 @@ Status JobRunner::OnStage(const Status& st, std::size_t i) const {
 
 Status JobRunner::Deploy() {
   CONVEYOR_RETURN_IF_ERROR(ConfigureAll());
+  LOG_INFO("job ", status_.job_id(), ": configured and connected ", stages_.size(), " stage server(s)");
   if (steps_per_epoch_ <= 0)
     return absl::InvalidArgumentError(AccumulateSteps(spec_) > 1
                                           ? "batch_size x accumulate_steps is larger than the training split"
@@ -221,7 +224,8 @@ Status JobRunner::LoadAll(int64_t step, int stages) {
 }
 
 Status JobRunner::Restore() {
-  if (!store_ || spec_.checkpoint_every() == 0) {
+  // commit_steps: a replica's state kept at a loss is a checkpoint too.
+  if (!store_ || (spec_.checkpoint_every() == 0 && !spec_.commit_steps())) {
     if (status_.step() > 0) Event("no checkpoints: the job starts again from step 0");
     metrics_.Rewind(0);
     TruncateSeries(&status_, 0);  // every series, step_seconds too
@@ -321,7 +325,10 @@ v1::RunStepRequest JobRunner::TrainRequest(int64_t step, bool* asked_by_signal) 
   // Clipping over several stages, or loss scaling: every stage's share of
   // the norm first (under loss scaling a share that is not finite skips
   // the step on every stage).
-  req.set_defer_update((spec_.clip_grad_norm() > 0 && stages_.size() > 1) || LossScaling(spec_));
+  // commit_steps: no stage updates before every stage reduced (a replica
+  // lost mid-step leaves the others whole).
+  req.set_defer_update((spec_.clip_grad_norm() > 0 && stages_.size() > 1) || LossScaling(spec_) ||
+                       spec_.commit_steps());
   if (LossScaling(spec_)) req.set_loss_scale(loss_scale_.scale);
   return req;
 }
@@ -691,21 +698,39 @@ Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* l
                                   " s); the last failure: " + std::string(failure.message()));
   }
   if (lost->empty()) Event("every stage answers again");
+  LOG_INFO("job ", status_.job_id(), ": ", stages_.size() - lost->size(), " stage server(s) answer, ", lost->size(),
+           " lost; releasing them");
   // Drop what the survivors hold of the job (the lost servers are left
   // behind); Deploy configures it anew. All at once: a survivor may still
   // wait in its replicas' all-reduce for a copy whose step was aborted, and
   // is freed when that copy's Release drops its group (its connections
   // close). One at a time, a survivor asked first held its Release until its
   // deadline (5 s after a replica-1 server died).
+  // With commit_steps the replicas that lost a server go first, which ends a
+  // survivor's wait in their all-reduce; then the first whole replica writes
+  // its state (KeepReplicaState) before it is released too.
+  const bool keep = spec_.commit_steps() && !lost->empty() && Replicas(spec_) > 1;
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  std::set<std::size_t> hit;
+  for (std::size_t s : *lost) hit.insert(s / p);
+  ReleaseSurvivors(*lost, [&](std::size_t s) { return !keep || hit.count(s / p); });
+  if (keep) {
+    KeepReplicaState(hit);
+    ReleaseSurvivors(*lost, [&](std::size_t s) { return !hit.count(s / p); });
+  }
+  LOG_INFO("job ", status_.job_id(), ": released the stage servers left");
+  return absl::OkStatus();
+}
+
+void JobRunner::ReleaseSurvivors(const std::vector<std::size_t>& lost, const std::function<bool(std::size_t)>& which) {
   v1::JobRef ref = Ref();
   std::vector<std::function<void()>> releases;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    if (std::find(lost->begin(), lost->end(), s) != lost->end()) continue;
+    if (std::find(lost.begin(), lost.end(), s) != lost.end() || !which(s)) continue;
     StageClient* c = stages_[s];
     releases.push_back([c, &ref] { c->Release(ref, kAbortDeadlineS).IgnoreError(); });
   }
   pool_.RunAll(releases);
-  return absl::OkStatus();
 }
 
 v1::JobStatus JobRunner::Run() {

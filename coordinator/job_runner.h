@@ -105,6 +105,13 @@ class JobRunner {
   // Replan for a job with replicas: the replicas that lost a server are
   // dropped, the others take the whole global batch between them.
   Status DropReplica(const std::vector<std::size_t>& lost);
+  // Releases the servers left (not in `lost`) for which `which` holds.
+  void ReleaseSurvivors(const std::vector<std::size_t>& lost, const std::function<bool(std::size_t)>& which);
+  // commit_steps: the first replica not in `hit` writes its state (whole
+  // after the job's last committed step) as a checkpoint, recorded as the
+  // newest complete one, so that the job goes on from it; where a stage
+  // cannot, the job goes back to the checkpoint before, as without.
+  void KeepReplicaState(const std::set<std::size_t>& hit);
   // After a re-plan: whether every server of the job's planned layout
   // answers again, free (a lost one came back, or was started anew at its
   // address); asked after each checkpoint.

@@ -5,6 +5,7 @@
 #include "coordinator/job_runner.h"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 #include "common/logging.h"
@@ -54,6 +55,7 @@ void JobRunner::GrowBack() {
   stages_ = planned_stages_;
   *spec_.mutable_partition() = planned_spec_.partition();
   spec_.set_replicas(planned_spec_.replicas());
+  spec_.set_commit_steps(planned_spec_.commit_steps());
   *spec_.mutable_recompute_stages() = planned_spec_.recompute_stages();
   status_.clear_lost_servers();
   const std::string text = "stage server(s) " + back + " answer again: the job returns from " + std::to_string(from) +
@@ -64,7 +66,6 @@ void JobRunner::GrowBack() {
 }
 
 std::string JobRunner::WhyNoReplan() const {
-  if (Replicas(spec_) > 2) return "the job has more than two replicas (a lost replica is dropped where one is left)";
   if (Replicas(spec_) > 1 && spec_.zero_stage() > 0) return "zero 1 slices the optimizer state over the replicas";
   if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED || spec_.schedule() == v1::SCHEDULE_ZBV)
     return "the " + ScheduleName(spec_.schedule()) + " schedule places its chunks on every server";
@@ -96,7 +97,14 @@ Status JobRunner::DropReplica(const std::vector<std::size_t>& lost) {
     holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
   }
   const int left = replicas - static_cast<int>(hit.size());
-  spec_.set_replicas(left);
+  v1::JobSpec smaller = spec_;
+  smaller.set_replicas(left);
+  if (left < 2) smaller.clear_commit_steps();  // nothing left to commit across
+  if (Status st = ValidateJobSpec(smaller); !st.ok()) {
+    return absl::FailedPreconditionError("lost for good: " + gone + "; the job cannot go on as " +
+                                         std::to_string(left) + " replica(s): " + std::string(st.message()));
+  }
+  spec_ = std::move(smaller);
   stages_ = std::move(kept);
   const std::string text = "lost for good (no answer within lost_after, " +
                            std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
@@ -106,6 +114,40 @@ Status JobRunner::DropReplica(const std::vector<std::size_t>& lost) {
   LOG_WARN("job ", status_.job_id(), ": ", text);
   Event(text);
   return absl::OkStatus();
+}
+
+void JobRunner::KeepReplicaState(const std::set<std::size_t>& hit) {
+  const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
+  std::size_t keep = 0;
+  while (hit.count(keep)) ++keep;
+  if (keep * p >= stages_.size()) return;
+  std::vector<StatusOr<v1::CheckpointRecord>> records(p, absl::UnknownError("not called"));
+  std::vector<std::function<void()>> calls;
+  const v1::JobRef ref = Ref();
+  for (std::size_t i = 0; i < p; ++i) {
+    calls.push_back([&, i] { records[i] = stages_[keep * p + i]->SaveState(ref, kControlDeadlineS); });
+  }
+  pool_.RunAll(calls);
+  std::string why;
+  std::vector<v1::RunStepReply> replies(p);
+  for (std::size_t i = 0; i < p && why.empty(); ++i) {
+    if (!records[i].ok()) {
+      why = std::string(records[i].status().message());
+    } else if (records[i]->step() != records[0]->step()) {
+      why = "its stages hold steps " + std::to_string(records[0]->step()) + " and " + std::to_string(records[i]->step());
+    } else {
+      *replies[i].mutable_checkpoint() = *records[i];
+    }
+  }
+  if (why.empty() && records[0]->step() < status_.checkpoint_step()) why = "it is older than the newest checkpoint";
+  if (!why.empty()) {
+    Event("the state of replica " + std::to_string(keep) + " cannot be kept (" + why +
+          "): the job goes on from its newest complete checkpoint");
+    return;
+  }
+  RecordCheckpoint(records[0]->step(), replies);
+  Event("replica " + std::to_string(keep) + " kept its state after step " + std::to_string(records[0]->step()) +
+        " (commit_steps): the job goes on from it");
 }
 
 Status JobRunner::Replan(const std::vector<std::size_t>& lost) {

@@ -47,9 +47,9 @@ void AddRecoveryKeys(Table& add) {
       "its disk with it): `replan` goes on over the servers left, the lost stage's layers folded onto its "
       "neighbours (a stage server then holds several stages' layers, computing what they computed), from the newest "
       "checkpoint complete on every stage, read from the copies the other servers keep (`checkpoint_copies`); "
-      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Of two "
-      "replicas, the one that lost a server is dropped and the other takes the global batch. Jobs with more replicas, "
-      "zero 1, or the interleaved or zbv schedule fail either way")
+      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Of "
+      "replicas, those that lost a server are dropped and the others take the global batch (where it splits evenly "
+      "over them). Jobs with zero 1, or the interleaved or zbv schedule, fail either way")
       .Choices(Names<v1::LostServerAction>({{"replan", v1::LOST_SERVER_REPLAN}, {"fail", v1::LOST_SERVER_FAIL}}))
       .Expect("replan or fail")
       .Default("replan")
@@ -69,6 +69,15 @@ void AddRecoveryKeys(Table& add) {
       .Default("1")
       .Range(0, 1)
       .Set([](const V& v, S* s) { s->set_checkpoint_copies(static_cast<int32_t>(v.integer)); });
+  add("commit_steps", kBool,
+      "replicas: each optimizer step waits for the coordinator's word that every stage of every replica reduced its "
+      "gradients (a commit, as torchft's), so that a replica lost mid-step leaves the others whole at the step "
+      "before; the job goes on from their state, redoing at most that step, not from its newest checkpoint (see "
+      "[recovery.md](recovery.md)). Costs a round trip to the coordinator a step, and no step overlaps the next "
+      "(`steps_in_flight`). Needs 2 or more `replicas`, and stage servers with a `--checkpoint-dir` (the state is "
+      "written there as a checkpoint), also without `checkpoint_every`")
+      .Default("false")
+      .Set([](const V& v, S* s) { s->set_commit_steps(v.flag); });
 }
 
 }  // namespace conveyor::job_keys_internal

@@ -641,6 +641,8 @@ Status ValidateJobTraining(const v1::JobSpec& spec) {
   if (spec.matmul_sm_carveout() == v1::SM_CARVEOUT_FIXED &&
       (spec.matmul_sm_carveout_sms() < 1 || spec.matmul_sm_carveout_sms() > 64))
     return Invalid("matmul_sm_carveout: must be off, auto or 1 to 64 SMs");
+  if (spec.commit_steps() && Replicas(spec) < 2)
+    return Invalid("commit_steps: keeps the other replicas whole when one is lost: it needs replicas of 2 or more");
   if (spec.steps() > 0 && spec.profile_step() > spec.steps())
     return Invalid("profile_step: " + std::to_string(spec.profile_step()) + " is past the job's last step (" +
                    std::to_string(spec.steps()) + ")");

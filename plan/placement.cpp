@@ -94,6 +94,7 @@ std::string TrainingDigest(v1::JobSpec spec) {
   spec.clear_checkpoint_copies();
   spec.clear_on_lost_server();
   spec.clear_lost_after_s();
+  spec.clear_commit_steps();
   spec.clear_profile_step();
   Sha256 sum;
   sum.Update(spec.SerializeAsString());

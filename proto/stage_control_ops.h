@@ -46,6 +46,8 @@
   X(ExportTorchScript, v1::TorchScriptRequest, v1::TorchScriptReply, kExecutor, kWaitForReady)              \
   /* Parameters, buffers, optimizer state and RNG back to the checkpoint of a step. */                      \
   X(LoadCheckpoint, v1::LoadCheckpointRequest, v1::LoadCheckpointReply, kExecutor, kWaitForReady)           \
+  /* Writes the state as it stands, after its last whole optimizer step, as that step's checkpoint (commit_steps). */ \
+  X(SaveState, v1::JobRef, v1::CheckpointRecord, kExecutor, kWaitForReady)                                 \
   /* A part of a checkpoint file this server holds (its own or a copy), for a stage that reshards. */       \
   X(ReadCheckpointFile, v1::CheckpointFileRequest, v1::CheckpointFilePart, kAnyThread, kWaitForReady)       \
   /* A part of another stage's checkpoint, kept here as a copy (whole once the last part is written). */    \

@@ -624,7 +624,10 @@ StatusOr<v1::ConnectReply> Stage::Impl::Connect(const v1::JobRef& ref) {
 
 StatusOr<v1::Empty> Stage::Impl::Release(const v1::JobRef& ref) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  const auto start = SteadyClock::now();
   DropJob();
+  LOG_INFO("job ", ref.job_id(), ": released in ",
+           std::chrono::duration<double>(SteadyClock::now() - start).count(), " s");
   return v1::Empty();
 }
 

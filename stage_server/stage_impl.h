@@ -207,6 +207,14 @@ class Stage::Impl {
     bool trained_eagerly = false;           // a training step ran without graphs
     bool graphs_recorded = false;
     int64_t pending_step = -1;  // a step run with defer_update whose optimizer step waits for ApplyStep
+    // commit_steps: the optimizer steps the state holds (-1 while one is
+    // applied), and what a training step changes before its update (the CPU
+    // generator, the buffers) as it stood when the step began: SaveState
+    // takes back a step that was never applied.
+    int64_t state_step = 0;
+    int64_t begun_step = -1;  // the last training step whose passes began
+    at::Tensor step_start_rng;
+    std::vector<at::Tensor> step_start_buffers;
     // replicas: R > 1 (docs/parallelism.md): replica 0 serves the store of
     // its stage's group; every replica all-reduces through `replica_group`.
     std::unique_ptr<ReplicaStore> replica_store;
@@ -446,7 +454,13 @@ class Stage::Impl {
   // every copy of this stage; replica 0's error on every copy.
   StatusOr<std::string> ReplicaCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
                                           v1::CheckpointRecord* record);
-  StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step);
+  // Writes the state as the checkpoint of `step`, then its copy where the
+  // assignment names a server for it and `copy` holds.
+  StatusOr<v1::CheckpointRecord> SaveCheckpoint(int64_t step, bool copy = true);
+  // commit_steps: keeps what a training step changes before its update
+  // (KeepStepStart), and puts it back for a step never applied (TakeBackStep).
+  void KeepStepStart();
+  void TakeBackStep();
   // The optimizer's state from a checkpoint's archive: by parameter
   // (o<i>_<field>), or the optimizer's own archive in files written before.
   Status RestoreOptimizer(torch::serialize::InputArchive& archive, const std::string& path);

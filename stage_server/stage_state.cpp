@@ -7,6 +7,7 @@
 
 #include "common/wire.h"
 #include "model/torchscript_export.h"
+#include "plan/placement.h"
 
 namespace conveyor {
 
@@ -142,7 +143,7 @@ Status Stage::Impl::RestoreOptimizer(torch::serialize::InputArchive& archive, co
   return absl::OkStatus();
 }
 
-StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
+StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step, bool copy) {
   std::string payload;
   try {
     payload = SerializeState();
@@ -158,7 +159,55 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::SaveCheckpoint(int64_t step) {
                    seconds);
   LOG_DEBUG("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step, " (", record.bytes(),
             " bytes) in ", seconds, " s");
-  if (!job_->assignment.checkpoint_copy_to().empty()) CONVEYOR_RETURN_IF_ERROR(SendCopy(record));
+  if (copy && !job_->assignment.checkpoint_copy_to().empty()) CONVEYOR_RETURN_IF_ERROR(SendCopy(record));
+  return record;
+}
+
+void Stage::Impl::KeepStepStart() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    job_->step_start_rng = gen.get_state();
+  }
+  job_->step_start_buffers.clear();
+  at::NoGradGuard no_grad;
+  for (const Chunk& c : job_->chunks)
+    for (const at::Tensor& b : c.layers->Buffers()) job_->step_start_buffers.push_back(b.defined() ? b.clone() : b);
+}
+
+void Stage::Impl::TakeBackStep() {
+  if (!job_->step_start_rng.defined()) return;
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(job_->step_start_rng);
+  }
+  at::NoGradGuard no_grad;
+  std::size_t i = 0;
+  for (const Chunk& c : job_->chunks) {
+    for (const at::Tensor& b : c.layers->Buffers()) {
+      if (i < job_->step_start_buffers.size() && b.defined()) b.copy_(job_->step_start_buffers[i]);
+      ++i;
+    }
+  }
+}
+
+StatusOr<v1::CheckpointRecord> Stage::Impl::SaveState(const v1::JobRef& ref) {
+  CONVEYOR_RETURN_IF_ERROR(CheckJob(ref.job_id()));
+  const int64_t step = job_->state_step;
+  if (!job_->spec().commit_steps())
+    return absl::FailedPreconditionError(Who() + ": the job does not commit its steps (commit_steps)");
+  if (job_->sliced)
+    return absl::FailedPreconditionError(Who() + ": under zero 1 this replica holds a slice of the optimizer state");
+  if (step < 1)
+    return absl::FailedPreconditionError(Who() + (step < 0 ? ": an optimizer step was being applied when it stopped"
+                                                           : ": no optimizer step was applied yet"));
+  // The step begun after it was not applied: its passes moved the generator
+  // and the buffers (BatchNorm's statistics), which go back to where it began.
+  if (job_->begun_step >= step) TakeBackStep();
+  job_->pending_step = -1;
+  CONVEYOR_ASSIGN_OR_RETURN(v1::CheckpointRecord record, SaveCheckpoint(step, /*copy=*/false));
+  LOG_INFO("job ", ref.job_id(), " ", Who(), ": wrote its state after step ", step, " as a checkpoint");
   return record;
 }
 
@@ -181,6 +230,7 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadCheckpoint(const v1::LoadChec
 }
 
 void Stage::Impl::AfterLoad(int64_t step) {
+  job_->state_step = step;
   // Training goes on at step `step`: its tensors may arrive before its RunStep.
   inbox_.BeginStep(v1::PHASE_TRAIN, step * AccumulateSteps(job_->spec()) - 1);
   {
@@ -205,7 +255,11 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadOwnCheckpoint(const v1::LoadC
                               checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
   }
   const v1::CheckpointHeader expected = CheckpointHeaderFor(req.step());
-  if (header.spec_digest() != expected.spec_digest())
+  // Another layout of the same training (replicas dropped, other transports)
+  // holds the same state where the cut is the same, unless zero 1 sliced it.
+  const bool same_training = TrainingDigest(header.spec()) == TrainingDigest(job_->spec()) &&
+                             header.spec().zero_stage() == 0 && job_->spec().zero_stage() == 0;
+  if (header.spec_digest() != expected.spec_digest() && !same_training)
     return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
                                          " was written for another job spec");
   for (int i = 0; i < expected.chunks_size(); ++i) {

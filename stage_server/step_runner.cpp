@@ -534,6 +534,10 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
   bool detach = false;
   Status status;
   try {
+    if (train && job_->spec().commit_steps()) {
+      KeepStepStart();
+      job_->begun_step = req.step();
+    }
     status = RunStepBatches(st, end, profile, &detach);
   } catch (const std::exception& e) {
     status = TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()), &st);
@@ -748,6 +752,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::EndRunStep(StepState& st, StepEnd& e
   }
   reply.set_loss_sum(st.loss_sum);
   reply.set_busy_seconds(st.busy);
+  if (st.train && !req.defer_update() && !st.skipped) job_->state_step = req.step() + 1;
   if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }

@@ -119,6 +119,7 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
   if (!req.skip() && (!(req.grad_scale() > 0) || req.grad_scale() > 1))
     return absl::InvalidArgumentError(Who() + ": grad_scale must be in (0, 1], got " + std::to_string(req.grad_scale()));
   job_->pending_step = -1;
+  job_->state_step = -1;  // until the update is whole
   try {
     if (job_->optimizer && req.skip()) {
       // A gradient somewhere was not finite: no step here either (the next
@@ -131,6 +132,7 @@ StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& 
   } catch (const std::exception& e) {
     return TorchFailure(e, absl::StatusCode::kInternal, Who() + " step " + std::to_string(req.step()) + ", optimizer step");
   }
+  job_->state_step = req.step() + 1;
   v1::ApplyStepReply reply;
   if (req.checkpoint()) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));

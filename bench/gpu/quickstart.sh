@@ -15,7 +15,11 @@
 #                                    (`on_lost_server: replan`, `lost_after: 1`, a checkpoint every 100 steps),
 #                                    server 2 SIGKILLed after step 250 and never started again; the events'
 #                                    times from the kill, the steps redone, and the digest against the same job
-#                                    run without a kill                                            $out/lost/
+#                                    run without a kill; LOG_LEVEL=info logs each phase of the recovery,
+#                                    LOST_SETS='--set KEY=VALUE ...' changes both runs' job      $out/lost/
+#   bench/gpu/quickstart.sh lost_replica  the same as 2 replicas of 2 stages with `commit_steps: true`: server 2
+#                                    (replica 1's first stage) killed; the steps redone, and the steady ms a step
+#                                    of the uninterrupted run with and without commit_steps         $out/lost_replica/
 # shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
@@ -52,25 +56,44 @@ part_timeline() {
 }
 
 part_lost() {
-  local run n i pids=() job killed_ms c
+  lost_run lost --set partition.stages=4
+}
+
+part_lost_replica() {
+  lost_run lost_replica --set partition.stages=2 --set replicas=2 --set commit_steps=true
+}
+
+# lost_run NAME SETS...: the job over 4 stage servers laid out by SETS, run
+# once whole and once with server 2 killed after step 250.
+lost_run() {
+  local name=$1 run n i pids=() job killed_ms c extra
+  shift
   fashion_mnist
-  mkdir -p "$out/lost"
+  mkdir -p "$out/$name"
   run=$(mktemp -d /tmp/conveyor-lost.XXXXXX)
   n=$(gpu_count)
   for i in 0 1 2 3; do
     "$bin/stage_server" --listen 127.0.0.1:0 --port-file "$run/stage$i.addr" --device "cuda:$((i % n))" \
-      --checkpoint-dir "$run/stage$i" --log-level warn > "$out/lost/stage$i.log" 2>&1 &
+      --checkpoint-dir "$run/stage$i" --log-level "${LOG_LEVEL:-warn}" > "$out/$name/stage$i.log" 2>&1 &
     pids+=($!)
   done
   for i in 0 1 2 3; do wait_file "$run/stage$i.addr" > /dev/null || return 1; done
-  "$bin/coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.addr" --state-dir "$run/state" --log-level warn \
-    --stages "$(for i in 0 1 2 3; do cat "$run/stage$i.addr"; echo; done | paste -sd,)" > "$out/lost/coordinator.log" 2>&1 &
+  "$bin/coordinator" --listen 127.0.0.1:0 --port-file "$run/coordinator.addr" --state-dir "$run/state" --log-level "${LOG_LEVEL:-warn}" \
+    --stages "$(for i in 0 1 2 3; do cat "$run/stage$i.addr"; echo; done | paste -sd,)" > "$out/$name/coordinator.log" 2>&1 &
   pids+=($!)
   wait_file "$run/coordinator.addr" > /dev/null || return 1
   c=("$bin/conveyor" --coordinator "$(cat "$run/coordinator.addr")")
-  local sets=(--set partition.stages=4 --set on_lost_server=replan --set lost_after=1 --set checkpoint_every=100)
+  local sets=("$@" --set on_lost_server=replan --set lost_after=1 --set checkpoint_every=100)
+  read -r -a extra <<< "${LOST_SETS:-}"
+  sets+=("${extra[@]}")
   timeout 120 "${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set epochs=1 --wait --json \
-    > "$out/lost/uninterrupted.json" 2> "$out/lost/uninterrupted.log"
+    > "$out/$name/uninterrupted.json" 2> "$out/$name/uninterrupted.log"
+  job_line "$out/$name/uninterrupted.json" uninterrupted 64
+  if [[ " $* " == *commit_steps=true* ]]; then
+    timeout 120 "${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set commit_steps=false --set epochs=1 \
+      --wait --json > "$out/$name/uncommitted.json" 2> "$out/$name/uncommitted.log"
+    job_line "$out/$name/uncommitted.json" "uninterrupted, commit_steps false" 64
+  fi
   job=$("${c[@]}" submit examples/fashion-convnet.yaml "${sets[@]}" --set epochs=1)
   for i in $(seq 1200); do  # at most a minute
     [ "$("${c[@]}" status "$job" --json 2> /dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin).get("steps", 0))')" -ge 250 ] && break
@@ -78,12 +101,14 @@ part_lost() {
   done
   kill -9 "${pids[2]}"
   killed_ms=$(date +%s%3N)
-  timeout 120 "${c[@]}" status "$job" --wait --json > "$out/lost/lost.json" 2> "$out/lost/lost.log"
-  python3 - "$out/lost/uninterrupted.json" "$out/lost/lost.json" "$killed_ms" <<'PY'
+  timeout 120 "${c[@]}" status "$job" --wait --json > "$out/$name/lost.json" 2> "$out/$name/lost.log"
+  python3 - "$out/$name/uninterrupted.json" "$out/$name/lost.json" "$killed_ms" <<'PY'
 import json, sys
 a, b, killed = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), int(sys.argv[3])
 print("uninterrupted: %s, digest %s" % (a.get("state"), a.get("param_digest", "")[:16]))
 print("lost server:   %s, digest %s, lost for good: %s" % (b.get("state"), b.get("param_digest", "")[:16], b.get("lost_servers")))
+for j, what in ((a, "uninterrupted"), (b, "lost server")):
+    print("  %s: last epoch's mean loss %.7f, test accuracy %s" % (what, j["epochs"][-1]["mean_loss"], j.get("eval_accuracy")))
 for e in b.get("events", []):
     if e["unix_ms"] >= killed - 1000:
         print("  %+7.2f s  %s" % ((e["unix_ms"] - killed) / 1000.0, e["event"][:150]))

@@ -77,6 +77,19 @@ void ExpectSameRun(const v1::JobStatus& end, const v1::JobStatus& clean) {
   for (int i = 0; i < end.losses_size(); ++i) EXPECT_EQ(end.losses(i), clean.losses(i)) << "step " << i;
 }
 
+// Every loss of `end` within `relative` of the same step's in `clean` (the
+// same gradients summed in another order); returns the largest difference.
+double ExpectLossesWithin(const v1::JobStatus& end, const v1::JobStatus& clean, double relative) {
+  EXPECT_EQ(end.losses_size(), clean.losses_size());
+  double worst = 0;
+  for (int i = 0; i < std::min(end.losses_size(), clean.losses_size()); ++i) {
+    const double rel = std::abs(end.losses(i) - clean.losses(i)) / std::max(1e-12, std::abs(double(clean.losses(i))));
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, relative) << "step " << i << ": " << end.losses(i) << " against " << clean.losses(i);
+  }
+  return worst;
+}
+
 // The kills: server `server` once the checkpoint of step `after` is complete.
 struct Kill {
   int after;
@@ -153,15 +166,94 @@ TEST(LostServer, ATwoByTwoJobDropsAReplicaThenFoldsOntoTheLastServer) {
   EXPECT_EQ(end.lost_servers_size(), 2);
   EXPECT_EQ(end.stages_size(), 1);
   EXPECT_THAT(Events(end), HasSubstr("the job goes on as 1 replica(s) of 2 stages"));
-  ASSERT_EQ(end.losses_size(), clean.losses_size());
-  double worst = 0;
-  for (int i = 0; i < end.losses_size(); ++i) {
-    const double rel = std::abs(end.losses(i) - clean.losses(i)) / std::max(1e-12, std::abs(double(clean.losses(i))));
-    worst = std::max(worst, rel);
-    EXPECT_LT(rel, 1e-6) << "step " << i << ": " << end.losses(i) << " against " << clean.losses(i);
-  }
-  std::printf("largest relative difference of a loss from the uninterrupted 2 x 2 run: %.3g\n", worst);
+  std::printf("largest relative difference of a loss from the uninterrupted 2 x 2 run: %.3g\n",
+              ExpectLossesWithin(end, clean, 1e-6));
   for (double s : seconds) std::printf("from a kill to training again on the servers left: %.2f s\n", s);
+}
+
+// The step the first failure happened at, and the step the job went on from
+// after it ("step N failed ...", "restored every stage from the checkpoint of
+// step N"); -1 where the events have none.
+std::pair<int64_t, int64_t> FailedAndRestoredSteps(const v1::JobStatus& s) {
+  int64_t failed = -1, restored = -1;
+  for (const auto& e : s.events()) {
+    long long n = 0;
+    if (failed < 0 && std::sscanf(e.text().c_str(), "step %lld failed", &n) == 1) failed = n;
+    if (failed >= 0 && restored < 0 &&
+        std::sscanf(e.text().c_str(), "restored every stage from the checkpoint of step %lld", &n) == 1)
+      restored = n;
+  }
+  return {failed, restored};
+}
+
+// commit_steps: a server of replica 1 is lost five steps past the newest
+// checkpoint. Replica 0 is whole after the last committed step: it writes
+// that state as a checkpoint and the job goes on from it as one pipeline,
+// redoing only the step that failed (without commit_steps, every step since
+// the checkpoint). The losses stay those of the uninterrupted 2 x 2 run to
+// float rounding.
+TEST(LostServer, WithCommittedStepsALostReplicaCostsOnlyTheStepThatFailed) {
+  const v1::JobStatus& clean = Uninterrupted(60, kTwoByTwo);
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string id = testing::Submit(cluster->coordinator_address(),
+                                         Job(60, "recovery_timeout: 60\nlost_after: 1\ncommit_steps: true\n", kTwoByTwo));
+  bool killed = false;
+  Clock::time_point killed_at;
+  double seconds = -1;  // from the kill to a step trained on the replica left
+  int64_t step_at_kill = 0;
+  const v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!killed && s.checkpoint_step() >= 20 && s.step() >= 25) {
+      killed = true;
+      killed_at = Clock::now();
+      step_at_kill = s.step();
+      cluster->Signal(2, SIGKILL);  // replica 1's first stage
+    }
+    if (killed && seconds < 0 && s.lost_servers_size() == 1 && s.state() == v1::JOB_STATE_RUNNING &&
+        s.step() > step_at_kill + 1)
+      seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  });
+  ASSERT_TRUE(killed) << "the job ended before the kill";
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(end.lost_servers_size(), 1);
+  EXPECT_THAT(Events(end), HasSubstr("replica 0 kept its state after step"));
+  const auto [failed, restored] = FailedAndRestoredSteps(end);
+  ASSERT_GE(failed, 25) << Events(end);
+  EXPECT_GE(restored, failed) << "went back past the step that failed:\n" << Events(end);
+  ExpectLossesWithin(end, clean, 1e-6);
+  std::printf("step %lld failed; the job went on from step %lld, training again %.2f s after the kill\n",
+              static_cast<long long>(failed), static_cast<long long>(restored), seconds);
+}
+
+// Three replicas of two stages, with commit_steps: a server of replica 1 is
+// lost, and the job goes on as two replicas (24 samples a step, 12 each) from
+// the state after the step before the one that failed.
+TEST(LostServer, ThreeReplicasGoOnAsTwoFromTheirCommittedState) {
+  auto three = [](const std::string& recovery) {
+    std::string job = Job(40, recovery, "partition: {stages: 2}\nreplicas: 3\n");
+    job.replace(job.find("batch_size: 16"), 14, "batch_size: 24");
+    return job;
+  };
+  auto cluster = testing::StartCluster(6);
+  ASSERT_TRUE(cluster);
+  const v1::JobStatus clean = testing::SubmitAndWait(cluster->coordinator_address(), three(""));
+  ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  const std::string id =
+      testing::Submit(cluster->coordinator_address(), three("recovery_timeout: 60\nlost_after: 1\ncommit_steps: true\n"));
+  bool killed = false;
+  const v1::JobStatus end = testing::Follow(cluster->coordinator_address(), id, [&](const v1::JobStatus& s) {
+    if (!killed && s.step() >= 15) {
+      killed = true;
+      cluster->Signal(3, SIGKILL);  // replica 1's second stage
+    }
+  });
+  ASSERT_TRUE(killed) << "the job ended before the kill";
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_THAT(Events(end), HasSubstr("the job goes on as 2 replica(s) of 2 stages"));
+  EXPECT_EQ(end.stages_size(), 4);
+  const auto [failed, restored] = FailedAndRestoredSteps(end);
+  EXPECT_GE(restored, failed) << Events(end);
+  ExpectLossesWithin(end, clean, 1e-6);
 }
 
 // Grow back: the lost server is started again at its address (as a node

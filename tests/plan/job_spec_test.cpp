@@ -226,6 +226,8 @@ const BadValueCase kBadValueCases[] = {
     {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
     {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
     {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
+    {"model: toy\ncheckpoint_every: 10\ncommit_steps: true\n", "commit_steps: keeps the other replicas whole when "
+     "one is lost: it needs replicas of 2 or more"},
     {"model: toy\nprofile_step: -1\n", "profile_step"},
     {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
     {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
