@@ -16,7 +16,9 @@
 # Settings (environment): BIN (build/bin), OUT (slow-links), STEPS (200),
 # HOSTS ("2 4"), LINKS ("none 10gbit 1gbit"), SCHEDULES ("gpipe 1f1b
 # interleaved zero-bubble"), MICRO_BATCHES ("4 8"), DELAY (0.2ms), THREADS
-# (LibTorch threads per stage server, 1), MACHINE (a name for the CSV).
+# (LibTorch threads per stage server, 1), MACHINE (a name for the CSV), SETS
+# (more `--set KEY=VALUE` for every job, e.g. "--set partition.balance=time
+# --set partition.link_gbps=1").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$(cd "${BIN:-build/bin}" && pwd)
@@ -90,7 +92,9 @@ coordinator_loopback=$(wait_port "$state/local.port")
 
 # Runs the job on a coordinator; prints the steady step time in ms.
 run_job() {  # COORDINATOR HOSTS SCHEDULE MICRO_BATCHES NAME
-  local sets=(--set "partition.stages=$2" --set "schedule=$3" --set "micro_batches=$4")
+  local sets=(--set "partition.stages=$2" --set "schedule=$3" --set "micro_batches=$4") extra
+  read -r -a extra <<< "${SETS:-}"
+  sets+=("${extra[@]}")
   [ "$3" = interleaved ] && sets+=(--set virtual_stages=2)
   "$bin/conveyor" --coordinator "$1" submit "$out/job.yaml" "${sets[@]}" --wait --json > "$out/$5.json" \
     2> "$out/$5.log" || { echo "nan"; return; }

@@ -25,17 +25,26 @@ Status BalancePartition(const std::string& job_id, StageClient* stage0, v1::JobS
   auto reply = stage0->Profile(req, kControlDeadlineS);
   if (!reply.ok()) return Annotate(reply.status(), "stage 0 profiling the model");
   std::vector<double> costs;
-  for (const auto& layer : reply->layers())
+  LinkCosts link;  // balance: time with link_gbps: what each cut sends costs its time
+  if (req.time() && part->link_gbps() > 0) {
+    link.bytes_per_second = part->link_gbps() * 1e9 / 8;
+    link.latency_s = part->link_latency_ms() / 1000;
+  }
+  for (const auto& layer : reply->layers()) {
     costs.push_back(req.time() ? layer.seconds() : static_cast<double>(layer.parameters()));
+    link.output_bytes.push_back(static_cast<double>(layer.output_bytes()));
+  }
   if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
   std::string cut;
   const int micro_batches = static_cast<int>(MicroBatchSizes(*spec, spec->batch_size()).size());
   for (int b : ScheduledBoundaries(costs, spec->schedule(), part->stages(), micro_batches,
-                                   std::max(1, spec->virtual_stages()))) {
+                                   std::max(1, spec->virtual_stages()), link)) {
     part->add_boundaries(b);
     cut += (cut.empty() ? "" : ", ") + std::to_string(b);
   }
-  LOG_INFO("job ", job_id, ": balanced by ", req.time() ? "time" : "parameters", ", boundaries [", cut, "]");
+  LOG_INFO("job ", job_id, ": balanced by ", req.time() ? "time" : "parameters",
+           link.bytes_per_second > 0 ? " and a link of " + std::to_string(part->link_gbps()) + " Gb/s" : "",
+           ", boundaries [", cut, "]");
   return absl::OkStatus();
 }
 

@@ -151,15 +151,32 @@ void AddPartitionKeys(Table& add) {
       "`time` (near-equal forward + backward time of one micro-batch, profiled layer by layer on stage 0's device; "
       "the last layer's time includes the loss, which for a language model is as large as the vocabulary); the cut "
       "is the one whose step is shortest when the job's schedule is simulated with these costs (a third forward, "
-      "two thirds backward, transfers free; every cut is tried where there are at most 200,000, else coordinate "
+      "two thirds backward, transfers free unless `link_gbps` says; every cut is tried where there are at most 200,000, else coordinate "
       "descent from the cut with the most even chunks). With one chunk per stage that is about the cut with the "
       "cheapest costliest stage; interleaved, the first and last chunks come out lighter, as they lie on the "
-      "warm-up's and cool-down's path")
+      "warm-up's and cool-down's path. With `link_gbps` the transfers cost their time (see below)")
       .Choices(Names<v1::Balance>(
           {{"layers", v1::BALANCE_LAYERS}, {"params", v1::BALANCE_PARAMS}, {"time", v1::BALANCE_TIME}}))
       .Expect("layers, params or time")
       .Default("layers")
       .Set([](const V& v, S* s) { s->mutable_partition()->set_balance(static_cast<v1::Balance>(v.integer)); });
+  auto by_time = [](const S& s) { return s.partition().balance() == v1::BALANCE_TIME; };
+  add("partition.link_gbps", kNumber,
+      "the bandwidth between stage servers in Gb/s (hosts on 1, 10 or 25 Gb/s Ethernet): `balance: time` then "
+      "costs each cut's transfers, one micro-batch's activations forward and their gradient back, each taking "
+      "`link_latency_ms` + bytes / bandwidth on its link, one after the other, beside the compute; and prefers "
+      "cuts where less crosses (the profile measures every layer's output). 0: transfers are free")
+      .Default("0")
+      .Range(0, 1e6)
+      .Expect("a number of Gb/s")
+      .Only("balance: time", by_time)
+      .Set([](const V& v, S* s) { s->mutable_partition()->set_link_gbps(v.number); });
+  add("partition.link_latency_ms", kNumber, "the link's latency for `link_gbps`, in milliseconds, each transfer")
+      .Default("0")
+      .Range(0, 1e6)
+      .Expect("a number of milliseconds")
+      .Only("balance: time", by_time)
+      .Set([](const V& v, S* s) { s->mutable_partition()->set_link_latency_ms(v.number); });
 }
 
 }  // namespace conveyor::job_keys_internal

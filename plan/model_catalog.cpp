@@ -161,8 +161,11 @@ constexpr double kExhaustiveCuts = 200'000;  // about a second of simulations at
 }  // namespace
 
 StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
-                             int stages, int micro_batches, int virtual_stages) {
+                             int stages, int micro_batches, int virtual_stages, const LinkCosts& link) {
   std::vector<double> forward, backward;
+  Transfers transfers;
+  transfers.latency = link.latency_s;
+  const bool priced = link.bytes_per_second > 0 && link.output_bytes.size() == costs.size();
   for (std::size_t c = 0, begin = 0; c <= cuts.size(); ++c) {
     const std::size_t end = c < cuts.size() ? static_cast<std::size_t>(cuts[c]) : costs.size();
     if (end <= begin || end > costs.size()) return absl::InvalidArgumentError("simulation: a cut out of order");
@@ -170,18 +173,20 @@ StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector
     for (std::size_t i = begin; i < end; ++i) cost += costs[i];
     forward.push_back(cost / 3);
     backward.push_back(cost * 2 / 3);
+    if (priced && c < cuts.size()) transfers.seconds.push_back(link.output_bytes[end - 1] / link.bytes_per_second);
     begin = end;
   }
-  return SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward);
+  if (!priced) transfers = Transfers();
+  return SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward, transfers);
 }
 
 std::vector<int> ScheduledBoundaries(const std::vector<double>& costs, v1::ScheduleKind kind, int stages,
-                                     int micro_batches, int virtual_stages) {
+                                     int micro_batches, int virtual_stages, const LinkCosts& link) {
   const int parts = stages * virtual_stages, n = static_cast<int>(costs.size());
   std::vector<int> cuts = BalancedBoundaries(costs, parts);
   if (parts < 2) return cuts;
   auto step = [&](const std::vector<int>& c) {
-    auto t = SimulateCut(costs, c, kind, stages, micro_batches, virtual_stages);
+    auto t = SimulateCut(costs, c, kind, stages, micro_batches, virtual_stages, link);
     return t.ok() ? *t : std::numeric_limits<double>::infinity();
   };
   double best = step(cuts);

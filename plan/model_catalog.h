@@ -54,8 +54,16 @@ std::vector<int> BalancedBoundaries(const std::vector<double>& costs, int parts)
 // The step SimulateStep (common/schedule.h) gives the cut `cuts` (first layers
 // of chunks 2..) of layers costing `costs`, each layer a third forward and two
 // thirds backward: how ScheduledBoundaries compares cuts.
+// partition.link_gbps: what crosses a cut after each layer (one micro-batch's
+// output, bytes; one per layer), and the link's bytes a second (0: free) and
+// latency in seconds.
+struct LinkCosts {
+  std::vector<double> output_bytes;
+  double bytes_per_second = 0;
+  double latency_s = 0;
+};
 StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
-                             int stages, int micro_batches, int virtual_stages);
+                             int stages, int micro_batches, int virtual_stages, const LinkCosts& link = {});
 
 // The cut into stages * virtual_stages chunks (chunk c on stage c % stages)
 // whose step under `kind` with `micro_batches` is shortest by SimulateStep
@@ -66,7 +74,8 @@ StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector
 // descent started from BalancedBoundaries' cut; never slower than that cut in
 // the simulation.
 // REQUIRES: stages * virtual_stages <= costs.size().
+// With `link`, each cut's transfers take their time in the simulation too.
 std::vector<int> ScheduledBoundaries(const std::vector<double>& costs, v1::ScheduleKind kind, int stages,
-                                     int micro_batches, int virtual_stages);
+                                     int micro_batches, int virtual_stages, const LinkCosts& link = {});
 
 }  // namespace conveyor

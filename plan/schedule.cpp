@@ -258,10 +258,13 @@ int MostHeld(v1::ScheduleKind kind, int stage, int stages, int m) {
 }
 
 StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
-                              const std::vector<double>& forward, const std::vector<double>& backward) {
+                              const std::vector<double>& forward, const std::vector<double>& backward,
+                              const Transfers& transfers) {
   const int chunks = stages * virtual_stages;
   if (static_cast<int>(forward.size()) != chunks || static_cast<int>(backward.size()) != chunks)
     return absl::InvalidArgumentError("simulation: one forward and one backward cost per chunk");
+  if (!transfers.seconds.empty() && static_cast<int>(transfers.seconds.size()) != chunks - 1)
+    return absl::InvalidArgumentError("simulation: one transfer time per pair of neighbouring chunks");
   std::vector<std::vector<Action>> lists;
   for (int s = 0; s < stages; ++s) {
     CONVEYOR_ASSIGN_OR_RETURN(std::vector<Action> list, BuildSchedule(kind, s, stages, micro_batches, virtual_stages));
@@ -272,6 +275,18 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
   // When each (model chunk, micro-batch)'s forward and (input-gradient) backward ended.
   std::vector<std::vector<double>> forwarded(chunks, std::vector<double>(micro_batches, kNotYet));
   std::vector<std::vector<double>> backwarded = forwarded;
+  // When chunk c's input (from c - 1) and its output's gradient (from c + 1)
+  // arrive for each micro-batch, and when each link between c and c + 1 is
+  // free again, forward and back (a link sends one transfer at a time each
+  // way, beside the compute).
+  std::vector<std::vector<double>> input_at = forwarded, gradient_at = forwarded;
+  std::vector<double> forward_link(chunks, 0), backward_link(chunks, 0);
+  auto send = [&](int from, int to, int link, double ready, std::vector<double>& link_free) {
+    if (transfers.seconds.empty() || StageOfChunk(kind, from, stages) == StageOfChunk(kind, to, stages)) return ready;
+    const double start = std::max(ready, link_free[link]);
+    link_free[link] = start + transfers.seconds[link];
+    return link_free[link] + transfers.latency;
+  };
   std::vector<std::vector<bool>> done(stages);
   for (int s = 0; s < stages; ++s) done[s].assign(lists[s].size(), false);
   std::vector<std::size_t> next(stages, 0);  // each list's first action not done
@@ -287,8 +302,8 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
   };
   // When what `a` waits for arrives (kNotYet: not computed yet).
   auto arrives = [&](const Action& a, int c) {
-    if (a.type == ActionType::kForward) return c > 0 ? forwarded[c - 1][a.micro_batch] : 0.0;
-    if (a.type == ActionType::kBackward) return c + 1 < chunks ? backwarded[c + 1][a.micro_batch] : 0.0;
+    if (a.type == ActionType::kForward) return c > 0 ? input_at[c][a.micro_batch] : 0.0;
+    if (a.type == ActionType::kBackward) return c + 1 < chunks ? gradient_at[c][a.micro_batch] : 0.0;
     return 0.0;
   };
   auto run = [&](int s, std::size_t i, double start) {
@@ -296,8 +311,15 @@ StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batch
     const int c = ModelChunk(kind, s, a.chunk, stages);
     free[s] = start + cost(a, c);
     end = std::max(end, free[s]);
-    if (a.type == ActionType::kForward) forwarded[c][a.micro_batch] = free[s];
-    if (a.type == ActionType::kBackward) backwarded[c][a.micro_batch] = free[s];
+    const int m = a.micro_batch;
+    if (a.type == ActionType::kForward) {
+      forwarded[c][m] = free[s];
+      if (c + 1 < chunks) input_at[c + 1][m] = send(c, c + 1, c, free[s], forward_link);
+    }
+    if (a.type == ActionType::kBackward) {
+      backwarded[c][m] = free[s];
+      if (c > 0) gradient_at[c - 1][m] = send(c, c - 1, c - 1, free[s], backward_link);
+    }
     done[s][i] = true;
     while (next[s] < lists[s].size() && done[s][next[s]]) ++next[s];
   };

@@ -81,16 +81,25 @@ bool LinksInARing(v1::ScheduleKind kind, int chunks, int stages);
 std::vector<Action> ForwardOnly(int micro_batches, int virtual_stages = 1);
 
 // How long one step takes when each stage runs its list in order, an action
-// starts once its stage is free and its input has arrived (transfers take no
-// time), and every action of model chunk c costs forward[c] or backward[c].
+// starts once its stage is free and its input has arrived (after its
+// transfer, `transfers`), and every action of model chunk c costs forward[c] or backward[c].
 // Where backward is split the input-gradient and weight passes cost half of
 // backward[c] each (on chunk 0, nothing and all of it: the first chunk's
 // input needs no gradient), and a stage runs its next due weight passes
 // while the input of its next action has not arrived, as the stage server
 // does. The partitioner uses it to compare cuts. INVALID_ARGUMENT for what
 // BuildSchedule refuses, or costs not one per model chunk.
+// What moving a micro-batch's tensors between model chunks c and c + 1 costs
+// where they sit on different stages: seconds[c] of the link's time (bytes
+// over bandwidth) each way, one transfer at a time on each link and
+// direction, then `latency` more until it arrives. Empty: no time.
+struct Transfers {
+  std::vector<double> seconds;
+  double latency = 0;
+};
 StatusOr<double> SimulateStep(v1::ScheduleKind kind, int stages, int micro_batches, int virtual_stages,
-                              const std::vector<double>& forward, const std::vector<double>& backward);
+                              const std::vector<double>& forward, const std::vector<double>& backward,
+                              const Transfers& transfers = {});
 
 // "F0 F1 B0 ..." ("F1.0" for chunk 1, micro-batch 0 when v > 1) for logs and tests.
 std::string ToString(const std::vector<Action>& actions);

@@ -195,6 +195,19 @@ StatusOr<v1::DescribeReply> Stage::Impl::Describe(const v1::JobSpec& in) {
   return DescribeJob(spec);
 }
 
+namespace {
+
+// An idle GPU runs at a fraction of its clock until it has worked for a
+// while: without this the first layers timed look the costliest, and the cut
+// moved a W2 block off the stage that needed one.
+void WarmUpGpu(const at::Device& device) {
+  const at::Tensor a = at::ones({4096, 4096}, at::TensorOptions().device(device).dtype(at::kBFloat16));
+  const auto until = SteadyClock::now() + std::chrono::milliseconds(500);
+  while (SteadyClock::now() < until) at::mm(a, a).sum().item<double>();
+}
+
+}  // namespace
+
 StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
   v1::JobSpec spec = req.spec();
   CONVEYOR_RETURN_IF_ERROR(ValidateJobSpec(spec));
@@ -213,14 +226,7 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
     const at::Tensor labels =
         at::zeros(label_shape, at::TensorOptions().device(device_).dtype(FromWireDType(LabelDType(spec))));
     const int layers = NumLayers(spec.model());
-    if (req.time() && device_.is_cuda()) {
-      // An idle GPU runs at a fraction of its clock until it has worked for a
-      // while: without this the first layers timed look the costliest, and
-      // the cut moved a W2 block off the stage that needed one.
-      const at::Tensor a = at::ones({4096, 4096}, at::TensorOptions().device(device_).dtype(at::kBFloat16));
-      const auto until = SteadyClock::now() + std::chrono::milliseconds(500);
-      while (SteadyClock::now() < until) at::mm(a, a).sum().item<double>();
-    }
+    if (req.time() && device_.is_cuda()) WarmUpGpu(device_);
     for (int i = 0; i < layers; ++i) {
       CONVEYOR_ASSIGN_OR_RETURN(std::unique_ptr<Partition> layer, BuildPartition(spec, i, i + 1, /*init=*/false));
       layer->To(device_);
@@ -266,7 +272,10 @@ StatusOr<v1::ProfileReply> Stage::Impl::Profile(const v1::ProfileRequest& req) {
         out = ValueOrThrow(layer->Forward(x));
       }
       x.clear();
-      for (const at::Tensor& o : out) x.push_back(o.detach());
+      for (const at::Tensor& o : out) {
+        x.push_back(o.detach());
+        cost->set_output_bytes(cost->output_bytes() + static_cast<int64_t>(o.nbytes()));
+      }
     }
   } catch (const std::exception& e) {  // c10::Error, std::bad_alloc, StatusError
     return TorchFailure(e, absl::StatusCode::kInternal, "profiling the model");

@@ -226,6 +226,8 @@ const BadValueCase kBadValueCases[] = {
     {"model: toy\nnccl_ctas: -1\n", "nccl_ctas"},
     {"model: toy\nnccl_ctas: many\n", "nccl_ctas"},
     {"model: toy\nrecovery_timeout: -5\n", "recovery_timeout"},
+    {"model: toy\npartition: {stages: 2, link_gbps: 10}\n", "partition.link_gbps: only with balance: time"},
+    {"model: toy\npartition: {stages: 2, balance: time, link_gbps: -1}\n", "partition.link_gbps"},
     {"model: toy\ncheckpoint_every: 10\ncommit_steps: true\n", "commit_steps: keeps the other replicas whole when "
      "one is lost: it needs replicas of 2 or more"},
     {"model: toy\nprofile_step: -1\n", "profile_step"},
@@ -371,6 +373,24 @@ TEST(ModelCatalog, ScheduledBoundariesOfManyChunks) {
   EXPECT_LT(got.back(), 60);
   EXPECT_LE(SimulatedStep(costs, got, v1::SCHEDULE_INTERLEAVED, 8, 16, 2),
             SimulatedStep(costs, BalancedBoundaries(costs, 16), v1::SCHEDULE_INTERLEAVED, 8, 16, 2));
+}
+
+// partition.link_gbps: four equal layers whose first two outputs are large
+// (a convolution's early maps) and last two small. Free transfers cut in the
+// middle; over a slow link the cut moves to where little crosses, though the
+// stages are then uneven.
+TEST(ModelCatalog, ScheduledBoundariesOverASlowLinkCutWhereLittleCrosses) {
+  const std::vector<double> costs{1, 1, 1, 1};
+  EXPECT_EQ(ScheduledBoundaries(costs, v1::SCHEDULE_1F1B, 2, 4, 1), (std::vector<int>{2}));
+  LinkCosts link;
+  link.output_bytes = {1e8, 1e8, 1e3, 1e3};
+  link.bytes_per_second = 1e9 / 8;  // 1 Gb/s: 0.8 s for the large outputs
+  link.latency_s = 2e-4;
+  EXPECT_EQ(ScheduledBoundaries(costs, v1::SCHEDULE_1F1B, 2, 4, 1, link), (std::vector<int>{3}));
+  auto over_link = SimulateCut(costs, {2}, v1::SCHEDULE_1F1B, 2, 4, 1, link);
+  auto free = SimulateCut(costs, {2}, v1::SCHEDULE_1F1B, 2, 4, 1);
+  ASSERT_TRUE(over_link.ok() && free.ok());
+  EXPECT_GT(*over_link, *free + 0.8);
 }
 
 // W2's shape (embedding, 24 blocks, norm, output layer at 1.3 blocks), two

@@ -223,6 +223,27 @@ TEST(Schedule, SimulatedStepsHaveTheTextbookBubbles) {
   EXPECT_TRUE(absl::IsInvalidArgument(SimulateStep(v1::SCHEDULE_INTERLEAVED, 2, 3, 2, {1, 1, 1, 1}, {2, 2, 2, 2}).status()));
 }
 
+// A link between the stages: each transfer takes its seconds and latency
+// after the pass that made it, and a link slower than the compute sets the
+// pace, one transfer at a time each way.
+TEST(Schedule, SimulatedTransfersTakeTheirTimeOneAfterAnother) {
+  // One micro-batch: F 0-1, across 1-1.6, F 1.6-2.6, B 2.6-4.6, across 4.6-5.2, B 5.2-7.2.
+  auto one = SimulateStep(v1::SCHEDULE_1F1B, 2, 1, 1, {1, 1}, {2, 2}, Transfers{{0.5}, 0.1});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_DOUBLE_EQ(*one, 7.2);
+  // GPipe, 4 micro-batches, a link twice as slow as a forward: stage 1's
+  // forwards begin at 3, 5, 7 and 9, its backwards end at 12 to 18, and
+  // their gradients cross at 14, 16, 18 and 20: stage 0 ends at 22.
+  auto slow = SimulateStep(v1::SCHEDULE_GPIPE, 2, 4, 1, {1, 1}, {2, 2}, Transfers{{2}, 0});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_DOUBLE_EQ(*slow, 22);
+  auto free = SimulateStep(v1::SCHEDULE_GPIPE, 2, 4, 1, {1, 1}, {2, 2});
+  ASSERT_TRUE(free.ok());
+  EXPECT_LT(*free, *slow);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      SimulateStep(v1::SCHEDULE_GPIPE, 2, 4, 1, {1, 1}, {2, 2}, Transfers{{1, 1}, 0}).status()));
+}
+
 // W2 over two H100s (its timeline of 2026-11-27, ms): forwards 10 on both stages,
 // backwards 24.5 and 24.1. Under zero-bubble stage 0's input-gradient pass
 // is empty and its weight pass the whole backward; stage 1's passes are
