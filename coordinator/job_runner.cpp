@@ -705,10 +705,10 @@ Status JobRunner::AwaitStages(const Status& failure, std::vector<std::size_t>* l
   // wait in its replicas' all-reduce for a copy whose step was aborted, and
   // is freed when that copy's Release drops its group (its connections
   // close). One at a time, a survivor asked first held its Release until its
-  // deadline (5 s after a replica-1 server died).
-  // With commit_steps the replicas that lost a server go first, which ends a
-  // survivor's wait in their all-reduce; then the first whole replica writes
-  // its state (KeepReplicaState) before it is released too.
+  // deadline (5 s after a replica-1 server died). With commit_steps the
+  // replicas that lost a server go first, which frees the others the same
+  // way; then the first whole replica writes its state (KeepReplicaState)
+  // before it is released too.
   const bool keep = spec_.commit_steps() && !lost->empty() && Replicas(spec_) > 1;
   const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());
   std::set<std::size_t> hit;

@@ -151,10 +151,10 @@ void AddPartitionKeys(Table& add) {
       "`time` (near-equal forward + backward time of one micro-batch, profiled layer by layer on stage 0's device; "
       "the last layer's time includes the loss, which for a language model is as large as the vocabulary); the cut "
       "is the one whose step is shortest when the job's schedule is simulated with these costs (a third forward, "
-      "two thirds backward, transfers free unless `link_gbps` says; every cut is tried where there are at most 200,000, else coordinate "
-      "descent from the cut with the most even chunks). With one chunk per stage that is about the cut with the "
-      "cheapest costliest stage; interleaved, the first and last chunks come out lighter, as they lie on the "
-      "warm-up's and cool-down's path. With `link_gbps` the transfers cost their time (see below)")
+      "two thirds backward, transfers free unless `link_gbps` gives the link; every cut is tried where there are at "
+      "most 200,000, else coordinate descent from the cut with the most even chunks). With one chunk per stage that "
+      "is about the cut with the cheapest costliest stage; interleaved, the first and last chunks come out lighter, "
+      "as they lie on the warm-up's and cool-down's path")
       .Choices(Names<v1::Balance>(
           {{"layers", v1::BALANCE_LAYERS}, {"params", v1::BALANCE_PARAMS}, {"time", v1::BALANCE_TIME}}))
       .Expect("layers, params or time")

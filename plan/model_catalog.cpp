@@ -163,9 +163,9 @@ constexpr double kExhaustiveCuts = 200'000;  // about a second of simulations at
 StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector<int>& cuts, v1::ScheduleKind kind,
                              int stages, int micro_batches, int virtual_stages, const LinkCosts& link) {
   std::vector<double> forward, backward;
-  Transfers transfers;
-  transfers.latency = link.latency_s;
   const bool priced = link.bytes_per_second > 0 && link.output_bytes.size() == costs.size();
+  Transfers transfers;  // none unless priced
+  if (priced) transfers.latency = link.latency_s;
   for (std::size_t c = 0, begin = 0; c <= cuts.size(); ++c) {
     const std::size_t end = c < cuts.size() ? static_cast<std::size_t>(cuts[c]) : costs.size();
     if (end <= begin || end > costs.size()) return absl::InvalidArgumentError("simulation: a cut out of order");
@@ -176,7 +176,6 @@ StatusOr<double> SimulateCut(const std::vector<double>& costs, const std::vector
     if (priced && c < cuts.size()) transfers.seconds.push_back(link.output_bytes[end - 1] / link.bytes_per_second);
     begin = end;
   }
-  if (!priced) transfers = Transfers();
   return SimulateStep(kind, stages, micro_batches, virtual_stages, forward, backward, transfers);
 }
 
