@@ -207,8 +207,9 @@ class Stage::Impl {
     bool trained_eagerly = false;           // a training step ran without graphs
     bool graphs_recorded = false;
     int64_t pending_step = -1;  // a step run with defer_update whose optimizer step waits for ApplyStep
-    // commit_steps: the optimizer steps the state holds (-1 while one is
-    // applied), and what a training step changes before its update (the CPU
+    // commit_steps (every update deferred to ApplyStep): the optimizer steps
+    // the state holds (-1 while one is applied), and what a training step
+    // changes before its update (the CPU
     // generator, the buffers) as it stood when the step began: SaveState
     // takes back a step that was never applied.
     int64_t state_step = 0;

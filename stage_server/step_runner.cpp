@@ -752,7 +752,6 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::EndRunStep(StepState& st, StepEnd& e
   }
   reply.set_loss_sum(st.loss_sum);
   reply.set_busy_seconds(st.busy);
-  if (st.train && !req.defer_update() && !st.skipped) job_->state_step = req.step() + 1;
   if (st.train && req.checkpoint() && !req.defer_update() && !st.skipped) {
     CONVEYOR_ASSIGN_OR_RETURN(*reply.mutable_checkpoint(), CheckpointAfter(req.step()));
   }
