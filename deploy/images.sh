@@ -44,9 +44,15 @@ report() {  # IMAGE START
   echo "images: $1 built in $(( $(date +%s) - $2 )) s, $(( size / 1000000 )) MB"
 }
 
+# The host's downloaded packages, seen by apt in the build through an overlay
+# (what the build adds or removes there stays out of the host's folder): a
+# bookworm host that built Conveyor holds most of the runtime image's, which
+# then need no download (the CPU image: 134 s -> 65 s on the 2-core machine).
+apt_cache=()
+[ -d /var/cache/apt/archives ] && apt_cache=(--volume /var/cache/apt/archives:/var/cache/apt/archives:O)
 build() {  # IMAGE DOCKERFILE CONTEXT: its log's tail on failure
   local log=$tmp/build-$(basename "$2").log
-  podman build --network host --layers=false --build-arg "BASE=$base" -t "$1" -f "$2" "$3" > "$log" 2>&1 ||
+  podman build --network host --layers=false "${apt_cache[@]}" --build-arg "BASE=$base" -t "$1" -f "$2" "$3" > "$log" 2>&1 ||
     { tail -30 "$log" >&2; exit 1; }
 }
 

@@ -109,7 +109,7 @@ data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist}
 batch_size: 64
 micro_batches: 2
 optimizer: {name: adam, lr: 0.001}
-steps: 2000
+steps: 800
 checkpoint_every: 50
 seed: 7
 JOB

@@ -26,6 +26,11 @@ per-step losses and final parameters a Conveyor run must equal.
     oracle.py losses DIR          scripted losses of (output, target):
                                   smoothed.pt (label-smoothed cross-entropy,
                                   0.1), per_sample.pt (no reduction: refused)
+    oracle.py batch MANIFEST      the commands MANIFEST (JSON: a list of argument
+                                  lists, each one of these but batch) lists,
+                                  in one process: the suite's cases pay for
+                                  importing torch once, not once each
+    oracle.py load FILE...        each FILE read by torch.load(weights_only=True)
     oracle.py bad DIR             files a job must refuse: notscript.pt (a
                                   state_dict), module.pt (a scripted module
                                   that is no Sequential), uneven.pt (inputs
@@ -870,21 +875,43 @@ def bad(folder):
     torch.save(nan, f"{folder}/nan.pt")
 
 
-if __name__ == "__main__":
-    cmd = sys.argv[1:2]
-    if cmd == ["make"] and len(sys.argv) == 4:
-        make(sys.argv[2], sys.argv[3])
-    elif cmd == ["train"] and len(sys.argv) == 4:
-        train(sys.argv[2], sys.argv[3])
-    elif cmd == ["train"] and len(sys.argv) == 5 and sys.argv[4] == "--live":
-        train(sys.argv[2], sys.argv[3], live=True)
-    elif cmd == ["compare"] and len(sys.argv) == 6:
-        compare(*sys.argv[2:6])
-    elif cmd == ["pretrained"] and len(sys.argv) == 3:
-        pretrained(sys.argv[2])
-    elif cmd == ["losses"] and len(sys.argv) == 3:
-        losses(sys.argv[2])
-    elif cmd == ["bad"] and len(sys.argv) == 3:
-        bad(sys.argv[2])
+def load(paths):
+    for path in paths:
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as e:
+            raise SystemExit(f"{path}: torch.load(weights_only=True) failed: {e}")
+
+
+def run(argv):
+    """One command: argv as after `oracle.py`."""
+    cmd, n = argv[:1], len(argv)
+    if cmd == ["make"] and n == 3:
+        make(argv[1], argv[2])
+    elif cmd == ["train"] and n == 3:
+        train(argv[1], argv[2])
+    elif cmd == ["train"] and n == 4 and argv[3] == "--live":
+        train(argv[1], argv[2], live=True)
+    elif cmd == ["compare"] and n == 5:
+        compare(*argv[1:5])
+    elif cmd == ["pretrained"] and n == 2:
+        pretrained(argv[1])
+    elif cmd == ["losses"] and n == 2:
+        losses(argv[1])
+    elif cmd == ["bad"] and n == 2:
+        bad(argv[1])
+    elif cmd == ["load"] and n >= 2:
+        load(argv[1:])
+    elif cmd == ["batch"] and n == 2:
+        with open(argv[1]) as f:
+            commands = json.load(f)
+        for command in commands:
+            if command[:1] == ["batch"]:
+                raise SystemExit(f"{argv[1]}: a batch inside a batch")
+            run(command)
     else:
         sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])
