@@ -12,7 +12,12 @@
 #
 # Settings (environment): LINKS ("25gbit 100gbit"; `none`: the veth unshaped), ROWS (Conveyor's:
 # "zero-bubble-4-nccl zero-bubble-4-grpc", SCHEDULE-MICROBATCHES-TRANSPORT), TORCH_ROWS ("zbv-4
-# 1f1b-8", SCHEDULE-MICROBATCHES), STEPS (10, the first 2 not timed), NCCL_SOCKET_NTHREADS and
+# 1f1b-8", SCHEDULE-MICROBATCHES), STEPS (10, the first 2 not timed), OUTSIDE_STEPS (100; 0: none)
+# and OUTSIDE_REPEATS (1): each Conveyor row's job run again at that length, its ms a step from
+# outside the difference of the two lengths' shortest wall times (`conveyor submit --wait`, the
+# job's start included in both) over the difference of their steps, beside the row's own clock (a
+# short job on each data plane first, untimed: the first job on a fresh server pays for CUDA's and
+# the transport's start, about 3 s, which no row should carry); NCCL_SOCKET_NTHREADS and
 # NCCL_NSOCKS_PERTHREAD (4 and 4: one socket pair carries about 25 Gb/s).
 # shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
@@ -24,6 +29,7 @@ fi
 source bench/netns_hosts.sh
 links=${LINKS:-25gbit 100gbit}
 steps=${STEPS:-10}
+outside_steps=${OUTSIDE_STEPS:-100}
 export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=eth0
 export NCCL_SOCKET_NTHREADS=${NCCL_SOCKET_NTHREADS:-4} NCCL_NSOCKS_PERTHREAD=${NCCL_NSOCKS_PERTHREAD:-4}
 run=$(mktemp -d /tmp/conveyor-hosts.XXXXXX)
@@ -53,15 +59,47 @@ start_cluster() {  # a stage server in each namespace (GPU i), the coordinator h
   coordinator=$(wait_file "$run/coordinator.addr")
 }
 
-conveyor_row() {  # conveyor_row LINK SCHEDULE MICROBATCHES TRANSPORT: ms a step, or nan
-  local name="w2-$1-$2-m$3-$4"
+conveyor_run() {  # conveyor_run NAME STEPS LINK SCHEDULE MICROBATCHES TRANSPORT: "OWN_MS WALL_S", or "nan nan"
+  local name=$1 n=$2 t0 t1
   python3 -c 'import sys; sys.path.insert(0, "bench"); from bench_workloads import job_text
 print(job_text("w2", int(sys.argv[1]), schedule=sys.argv[2], micro_batches=int(sys.argv[3]),
-               extra=["transport=" + sys.argv[4]]), end="")' "$steps" "$2" "$3" "$4" > "$run/$name.yaml"
-  timeout 150 "$bin/conveyor" --coordinator "$coordinator" submit "$run/$name.yaml" --wait --json \
-    > "$out/$name.json" 2> "$out/$name.log" || { echo nan; return; }
+               extra=["transport=" + sys.argv[4]]), end="")' "$n" "$4" "$5" "$6" > "$run/$name.yaml"
+  t0=$(date +%s.%N)
+  timeout 300 "$bin/conveyor" --coordinator "$coordinator" submit "$run/$name.yaml" --wait --json \
+    > "$out/$name.json" 2> "$out/$name.log" || { echo nan nan; return; }
+  t1=$(date +%s.%N)
   python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))
-print("%.1f" % (1000.0 * s["batch_size"] / s["steady_samples_per_second"]))' "$out/$name.json"
+print("%.1f %.3f" % (1000.0 * s["batch_size"] / s["steady_samples_per_second"], float(sys.argv[3]) - float(sys.argv[2])))' \
+    "$out/$name.json" "$t0" "$t1"
+}
+
+# conveyor_row LINK SCHEDULE MICROBATCHES TRANSPORT: "OWN_MS OUTSIDE_MS OUTSIDE/OWN" (nan where not run).
+# With the outside check, OUTSIDE_REPEATS (1) runs of each length, alternated, long first after the
+# row's own run; the walls and each run's own clock go to judge_outside (bench/bench_outside.py).
+conveyor_row() {
+  local name="w2-$1-$2-m$3-$4" own wall r runs=()
+  read -r own wall <<< "$(conveyor_run "$name" "$steps" "$@")"
+  if [ "$outside_steps" -le "$steps" ] || [ "$own" = nan ]; then
+    echo "$own nan nan"
+    return
+  fi
+  runs+=("$steps $own $wall")
+  for r in $(seq "${OUTSIDE_REPEATS:-1}"); do
+    runs+=("$outside_steps $(conveyor_run "$name-outside-$r" "$outside_steps" "$@")")
+    [ "$r" -gt 1 ] && runs+=("$steps $(conveyor_run "$name-$r" "$steps" "$@")")
+  done
+  printf '%s\n' "${runs[@]}" >> "$out/hosts-outside.log"
+  printf '%s\n' "${runs[@]}" | python3 -c 'import sys; sys.path.insert(0, "bench"); from bench_outside import judge_outside
+walls, clocks = {}, {}
+for line in sys.stdin:
+    n, ms, wall = line.split()
+    if wall != "nan":
+        walls.setdefault(int(n), []).append(float(wall))
+        clocks.setdefault(int(n), []).append(float(ms))
+own = float(sys.argv[1])
+ms, ratio, notes = judge_outside(own, walls, clocks=clocks)
+print("%.1f %.1f %.3f" % (own, ms, ratio))
+for note in notes: print(note, file=sys.stderr)' "$own" 2>> "$out/hosts-outside.log" || echo "$own nan nan"
 }
 
 torch_row() {  # torch_row SCHEDULE MICROBATCHES|"" [--netns ...]: ms a step, or nan
@@ -83,21 +121,26 @@ part_probe() {
 }
 
 part_w2() {
-  local link row s m t eager csv=$out/hosts.csv
+  local link row s m t eager ms outside ratio csv=$out/hosts.csv
   start_cluster || { cat "$out"/hosts-*.log; return 1; }
   eager=$(torch_row single "")
-  echo "date,cards,link,system,schedule,micro_batches,transport,ms,eager_ms" > "$csv"
+  for row in ${ROWS:-zero-bubble-4-nccl zero-bubble-4-grpc}; do
+    t=${row##*-} s=${row%-*}; m=${s##*-} s=${s%-*}
+    conveyor_run "warm-up-$t" 3 none "$s" "$m" "$t" > /dev/null
+  done
+  echo "date,cards,link,system,schedule,micro_batches,transport,ms,eager_ms,outside_ms,outside_ratio" > "$csv"
   for link in $links; do
     hosts_shape "$link"
     echo "$link: NCCL send/recv $(timeout 120 python3 bench/gpu/link_probe.py "$namespaces" "${hosts_addr[0]}" 2>> "$out/hosts-probe.log")"
     for row in ${ROWS:-zero-bubble-4-nccl zero-bubble-4-grpc}; do
       t=${row##*-} s=${row%-*}; m=${s##*-} s=${s%-*}
-      echo "$(date -u +%F),$(cards),$link,conveyor,$s,$m,$t,$(conveyor_row "$link" "$s" "$m" "$t"),$eager" >> "$csv"
+      read -r ms outside ratio <<< "$(conveyor_row "$link" "$s" "$m" "$t")"
+      echo "$(date -u +%F),$(cards),$link,conveyor,$s,$m,$t,$ms,$eager,$outside,$ratio" >> "$csv"
       tail -1 "$csv"
     done
     for row in ${TORCH_ROWS:-zbv-4 1f1b-8}; do
       s=${row%-*} m=${row##*-}
-      echo "$(date -u +%F),$(cards),$link,torch-pp,$s,$m,nccl,$(torch_row "$s" "$m" --netns "$namespaces@${hosts_addr[0]}"),$eager" >> "$csv"
+      echo "$(date -u +%F),$(cards),$link,torch-pp,$s,$m,nccl,$(torch_row "$s" "$m" --netns "$namespaces@${hosts_addr[0]}"),$eager,," >> "$csv"
       tail -1 "$csv"
     done
   done
@@ -105,16 +148,17 @@ part_w2() {
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 print("\nW2 on %s, each GPU a host, NCCL through sockets; PyTorch eager on one GPU: %s ms" % (rows[0]["cards"], rows[0]["eager_ms"]))
-print("| link | system | schedule | micro-batches | transport | ms a step | x eager | x pipelining's best |")
-print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: |")
+print("| link | system | schedule | micro-batches | transport | ms a step | x eager | x pipelining's best | outside ms a step | outside / own |")
+print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
 for link in dict.fromkeys(r["link"] for r in rows):
     mine = [r for r in rows if r["link"] == link]
     pp = [float(r["ms"]) for r in mine if r["system"] == "torch-pp" and r["ms"] != "nan"]
     best = min(pp) if pp else float("nan")
     for r in mine:
         ms = float(r["ms"])
-        print("| %s | %s | %s | %s | %s | %.1f | %.2f | %.3f |" % (link, r["system"], r["schedule"], r["micro_batches"],
-              r["transport"], ms, float(r["eager_ms"]) / ms, best / ms))
+        print("| %s | %s | %s | %s | %s | %.1f | %.2f | %.3f | %s | %s |" % (link, r["system"], r["schedule"],
+              r["micro_batches"], r["transport"], ms, float(r["eager_ms"]) / ms, best / ms,
+              r["outside_ms"] or "", r["outside_ratio"] or ""))
 EOF
 }
 
