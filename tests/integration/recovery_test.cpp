@@ -463,7 +463,11 @@ TEST(Recovery, AStageKilledWithTwoStepsInFlightRecoversToTheUninterruptedDigest)
 // (optimizer state, schedule, loss scale, data order) and end at the
 // uninterrupted run's losses and digest. Only a failed or cancelled job resumes.
 TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
-  const v1::JobStatus& clean = Uninterrupted(400, 10);
+  // 200 steps: the cancel, a process of its own, is asked for at the
+  // checkpoint of step 20 and must land before the last step (about 9 s
+  // later on the 2-core machine, 50 ms a step).
+  constexpr int kSteps = 200;
+  const v1::JobStatus& clean = Uninterrupted(kSteps, 10);
   auto cluster = StartCluster(/*restart_stages=*/false);
   ASSERT_TRUE(cluster);
   const std::string addr = cluster->coordinator_address();
@@ -478,7 +482,7 @@ TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
   };
 
   // Cancelled once the checkpoint of step 20 is complete.
-  const std::string cancelled = testing::Submit(addr, Job(400, 10, /*recovery_timeout=*/2));
+  const std::string cancelled = testing::Submit(addr, Job(kSteps, 10, /*recovery_timeout=*/2));
   bool asked = false;
   v1::JobStatus end = testing::Follow(addr, cancelled, [&](const v1::JobStatus& s) {
     if (!asked && s.checkpoint_step() >= 20) {
@@ -505,7 +509,8 @@ TEST(Recovery, FailedAndCancelledJobsResumeToTheUninterruptedDigest) {
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 
   // Failed: stage 1 stops (SIGSTOP) past recovery_timeout, then goes on (SIGCONT).
-  const std::string failed = testing::Submit(addr, Job(400, 10, /*recovery_timeout=*/2, 1, 0, "on_lost_server: fail\n"));
+  const std::string failed =
+      testing::Submit(addr, Job(kSteps, 10, /*recovery_timeout=*/2, 1, 0, "on_lost_server: fail\n"));
   bool stopped = false;
   end = testing::Follow(addr, failed, [&](const v1::JobStatus& s) {
     if (!stopped && s.checkpoint_step() >= 20) {
