@@ -13,7 +13,8 @@
 #
 #   nice bench/slow_links.sh
 #
-# Settings (environment): BIN (build/bin), OUT (slow-links), STEPS (200),
+# Settings (environment): JOB (examples/fashion-convnet.yaml; the CPU-sized
+# decoder: bench/slow_links_decoder.yaml), BIN (build/bin), OUT (slow-links), STEPS (200),
 # HOSTS ("2 4"), LINKS ("none 10gbit 1gbit"), SCHEDULES ("gpipe 1f1b
 # interleaved zero-bubble"), MICRO_BATCHES ("4 8"), DELAY (0.2ms), THREADS
 # (LibTorch threads per stage server, 1), MACHINE (a name for the CSV), SETS
@@ -38,8 +39,8 @@ out=$(cd "$out" && pwd)
 max_hosts=0
 for h in $hosts_list; do [ "$h" -gt "$max_hosts" ] && max_hosts=$h; done
 
-# The job: the Quick start's, given in steps, without the evaluation.
-sed -e '/^epochs:/d' -e '/^eval:/d' examples/fashion-convnet.yaml > "$out/job.yaml"
+# The job: the Quick start's (or JOB), given in steps, without the evaluation.
+sed -e '/^epochs:/d' -e '/^eval:/d' -e '/^steps:/d' "${JOB:-examples/fashion-convnet.yaml}" > "$out/job.yaml"
 echo "steps: $steps" >> "$out/job.yaml"
 
 source bench/netns_hosts.sh
@@ -109,7 +110,8 @@ reference=$("$bin/conveyor" train "$out/job.yaml" --reference --device cpu --thr
 print("%.1f" % (1000.0 * s["batch_size"] / s["steady_samples_per_second"]))' "$out/reference.json")
 echo "reference (one process, $threads thread(s)): $reference ms a step" >&2
 csv=$out/slow_links.csv
-echo "date,machine,hosts,link,delay,schedule,micro_batches,steps,step_ms,loopback_ms,reference_ms" > "$csv"
+job_name=$(basename "${JOB:-examples/fashion-convnet.yaml}" .yaml)
+echo "date,machine,hosts,link,delay,schedule,micro_batches,steps,step_ms,loopback_ms,reference_ms,job" > "$csv"
 for h in $hosts_list; do
   for s in $schedules; do
     for m in $mbs_list; do
@@ -119,7 +121,7 @@ for h in $hosts_list; do
         hosts_shape "$link"
         ms=$(run_job "$coordinator_hosts" "$h" "$s" "$m" "$link-$h-$s-$m")
         echo "$h hosts, $s, $m micro-batches: $link $ms ms" >&2
-        echo "$date,$machine,$h,$link,$([ "$link" = none ] && echo 0 || echo "$delay"),$s,$m,$steps,$ms,$loop,$reference" >> "$csv"
+        echo "$date,$machine,$h,$link,$([ "$link" = none ] && echo 0 || echo "$delay"),$s,$m,$steps,$ms,$loop,$reference,$job_name" >> "$csv"
       done
     done
   done
