@@ -5,8 +5,8 @@
 //
 // Under ctest, PyTorch's side of every case runs first, in one Python process
 // (AgainstPyTorchOracle.TrainsEveryCaseInOneProcess, a fixture's setup):
-// importing torch costs about 2 s of CPU, which each case once paid four times
-// over. A case run by itself, outside ctest, runs its own Python.
+// importing torch costs about 2 s of CPU, which each case once paid five times.
+// A case run by itself, outside ctest, runs its own Python.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -204,8 +204,8 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
     dir_ = new std::string(testing::MakeTempDir("oracle"));
   }
 
-  // The model's files, made by PyTorch on first use: ctest runs each case in
-  // a process of its own, which then makes only what it needs.
+  // The model's files, made by PyTorch on first use where no fixture made
+  // them: a process then makes only what its cases need.
   static void MakeModel(const std::string& model, bool pretrained) {
     const std::string folder = *dir_ + "/" + model;
     if (std::ifstream(folder + "/model.pt").good() && (!pretrained || std::ifstream(folder + "/pretrained.pt").good()))
