@@ -47,7 +47,7 @@ report() {  # IMAGE START
 # The host's downloaded packages, seen by apt in the build through an overlay
 # (what the build adds or removes there stays out of the host's folder): a
 # bookworm host that built Conveyor holds most of the runtime image's, which
-# then need no download (the CPU image: 134 s -> 65 s on the 2-core machine).
+# then need no download (the CPU image: 134 s -> 92 s on the 2-core machine, 2026-11-28).
 apt_cache=()
 [ -d /var/cache/apt/archives ] && apt_cache=(--volume /var/cache/apt/archives:/var/cache/apt/archives:O)
 build() {  # IMAGE DOCKERFILE CONTEXT: its log's tail on failure

@@ -120,12 +120,17 @@ part_probe() {
   done
 }
 
+split_row() {  # split_row SCHEDULE-MICROBATCHES-TRANSPORT: sets the caller's s, m and t
+  t=${1##*-} s=${1%-*}
+  m=${s##*-} s=${s%-*}
+}
+
 part_w2() {
   local link row s m t eager ms outside ratio csv=$out/hosts.csv
   start_cluster || { cat "$out"/hosts-*.log; return 1; }
   eager=$(torch_row single "")
   for row in ${ROWS:-zero-bubble-4-nccl zero-bubble-4-grpc}; do
-    t=${row##*-} s=${row%-*}; m=${s##*-} s=${s%-*}
+    split_row "$row"
     conveyor_run "warm-up-$t" 3 none "$s" "$m" "$t" > /dev/null
   done
   echo "date,cards,link,system,schedule,micro_batches,transport,ms,eager_ms,outside_ms,outside_ratio" > "$csv"
@@ -133,7 +138,7 @@ part_w2() {
     hosts_shape "$link"
     echo "$link: NCCL send/recv $(timeout 120 python3 bench/gpu/link_probe.py "$namespaces" "${hosts_addr[0]}" 2>> "$out/hosts-probe.log")"
     for row in ${ROWS:-zero-bubble-4-nccl zero-bubble-4-grpc}; do
-      t=${row##*-} s=${row%-*}; m=${s##*-} s=${s%-*}
+      split_row "$row"
       read -r ms outside ratio <<< "$(conveyor_row "$link" "$s" "$m" "$t")"
       echo "$(date -u +%F),$(cards),$link,conveyor,$s,$m,$t,$ms,$eager,$outside,$ratio" >> "$csv"
       tail -1 "$csv"

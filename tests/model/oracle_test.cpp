@@ -68,6 +68,15 @@ std::string SharedFolder() {
   return std::string(tmp && *tmp ? tmp : "/tmp") + "/against-pytorch";
 }
 
+// The Python the fixture's setup ran, from the file it writes last; "" where
+// it did not run.
+std::string FixturePython() {
+  std::ifstream ready(SharedFolder() + "/ready");
+  std::string python;
+  std::getline(ready, python);
+  return python;
+}
+
 using Commands = std::vector<std::vector<std::string>>;
 
 // oracle.py's commands that make each model (with its pretrained.pt where the
@@ -191,9 +200,8 @@ class AgainstPyTorch : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
     clusters_ = new std::map<int, std::unique_ptr<cli::LocalCluster>>();
-    std::ifstream ready(SharedFolder() + "/ready");  // the fixture's Python, written last
-    std::string python;
-    if (std::getline(ready, python) && !python.empty()) {
+    const std::string python = FixturePython();
+    if (!python.empty()) {
       python_ = new std::string(python);
       dir_ = new std::string(SharedFolder());
       shared_ = true;
@@ -506,9 +514,8 @@ TEST(AgainstPyTorchOracle, TrainsEveryCaseInOneProcess) {
 // weights with weights_only=True, then the folder goes.
 TEST(AgainstPyTorchOracle, PythonLoadsEveryExportWithWeightsOnly) {
   const std::string dir = SharedFolder();
-  std::ifstream ready(dir + "/ready");
-  std::string python;
-  if (!std::getline(ready, python)) GTEST_SKIP() << "no " << dir << "/ready: the fixture's setup did not run";
+  const std::string python = FixturePython();
+  if (python.empty()) GTEST_SKIP() << "no " << dir << "/ready: the fixture's setup did not run";
   std::vector<std::string> load{python, Oracle(), "load"};
   for (const std::string& name : ListDir(dir))
     if (name.rfind("out-", 0) == 0) load.push_back(dir + "/" + name);
