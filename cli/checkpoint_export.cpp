@@ -30,11 +30,11 @@ std::string Join(const std::vector<std::string>& words, const std::string& sep =
   return out;
 }
 
-// Where one stage's checkpoints of the job are.
-struct StageFiles {
-  std::string dir;
-  std::vector<int64_t> steps;
-};
+// Where a job's stage has checkpoint files of each step: the folders,
+// those with its own files before those with a copy another server kept.
+// After a re-plan one stage index has files of several cuts, in several
+// folders.
+using StageSteps = std::map<int, std::map<int64_t, std::vector<std::string>>>;
 
 // The job that the folders hold: `wanted`, or the only one.
 StatusOr<std::string> ChooseJob(const std::vector<std::string>& dirs, const std::string& wanted) {
@@ -59,50 +59,97 @@ StatusOr<std::string> ChooseJob(const std::vector<std::string>& dirs, const std:
   return where.begin()->first;
 }
 
-// Stage index -> its folder and steps, for the stage-<s> folders of `job`.
-StatusOr<std::map<int, StageFiles>> FindStages(const std::vector<std::string>& dirs, const std::string& job) {
-  std::map<int, StageFiles> stages;
-  for (const auto& dir : dirs) {
-    for (const auto& name : ListDir(dir + "/" + job)) {
-      int s = -1;
-      char tail = 0;
-      if (std::sscanf(name.c_str(), "stage-%d%c", &s, &tail) != 1 || s < 0) continue;
-      std::vector<int64_t> steps = CheckpointFiles(dir).Steps(job, s);
-      if (steps.empty()) continue;
-      auto [it, fresh] = stages.emplace(s, StageFiles{dir, steps});
-      if (!fresh)
-        return absl::InvalidArgumentError("stage " + std::to_string(s) + " of job " + job + " has checkpoints in " +
-                                          it->second.dir + " and in " + dir +
-                                          ": give the --checkpoint-dir of each stage server once");
+StatusOr<StageSteps> FindStages(const std::vector<std::string>& dirs, const std::string& job) {
+  StageSteps stages;
+  std::set<std::string> seen;
+  for (int pass = 0; pass < 2; ++pass) {  // own files, then copies
+    for (const auto& dir : dirs) {
+      if (pass == 0 && !seen.insert(dir).second)
+        return absl::InvalidArgumentError("--checkpoint-dir " + dir + " is given twice: give each stage server's once");
+      for (const auto& name : ListDir(dir + "/" + job)) {
+        int s = -1;
+        char tail = 0;
+        if (std::sscanf(name.c_str(), pass == 0 ? "stage-%d%c" : "copy-of-stage-%d%c", &s, &tail) != 1 || s < 0)
+          continue;
+        const CheckpointFiles files(dir);
+        for (int64_t step : pass == 0 ? files.Steps(job, s) : files.CopySteps(job, s)) {
+          auto& where = stages[s][step];
+          if (std::find(where.begin(), where.end(), dir) == where.end()) where.push_back(dir);
+        }
+      }
     }
   }
   if (stages.empty()) return absl::NotFoundError("job " + job + " has no checkpoint files in " + Join(dirs));
   return stages;
 }
 
-// The newest step every stage has (or `wanted`, which every stage must have).
-StatusOr<int64_t> ChooseStep(const std::map<int, StageFiles>& stages, int64_t wanted) {
-  std::set<int64_t> common(stages.begin()->second.steps.begin(), stages.begin()->second.steps.end());
-  for (const auto& [s, files] : stages) {
-    std::set<int64_t> mine(files.steps.begin(), files.steps.end());
-    if (wanted > 0 && !mine.count(wanted))
-      return absl::NotFoundError("stage " + std::to_string(s) + " has no checkpoint of step " +
-                                 std::to_string(wanted) + " in " + files.dir);
-    std::set<int64_t> both;
-    std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(), std::inserter(both, both.end()));
-    common = std::move(both);
-  }
-  if (wanted > 0) return wanted;
-  if (common.empty()) {
-    std::vector<std::string> said;
-    for (const auto& [s, files] : stages) {
-      std::vector<std::string> steps;
-      for (int64_t step : files.steps) steps.push_back(std::to_string(step));
-      said.push_back("stage " + std::to_string(s) + " has " + Join(steps));
+// One stage's checkpoint of the step chosen.
+struct StageCheckpoint {
+  v1::CheckpointHeader header;
+  std::string payload, path;
+};
+
+// The files of `step` under the cut that has one on each of its stages
+// (after a re-plan a step may have been tried under several); empty where
+// none has. `cut` receives the stage count of the newest file read.
+StatusOr<std::vector<StageCheckpoint>> CompleteAt(const StageSteps& stages, const std::string& job, int64_t step,
+                                                  int* cut) {
+  std::map<int, std::map<int, StageCheckpoint>> by_cut;  // stages in the cut -> stage -> its file
+  for (const auto& [s, steps] : stages) {
+    auto it = steps.find(step);
+    if (it == steps.end()) continue;
+    for (const std::string& dir : it->second) {
+      StageCheckpoint c;
+      CONVEYOR_ASSIGN_OR_RETURN(std::string file, CheckpointFiles(dir).ReadFile(job, s, step, &c.header, &c.path));
+      CONVEYOR_ASSIGN_OR_RETURN(c.payload, ParseCheckpoint(file, c.path, &c.header));
+      const int n = c.header.spec().partition().stages();
+      if (*cut == 0) *cut = n;
+      by_cut[n].emplace(s, std::move(c));
     }
-    return absl::FailedPreconditionError("no step has a checkpoint on every stage: " + Join(said, "; "));
   }
-  return *common.rbegin();
+  for (auto& [n, files] : by_cut) {
+    if (static_cast<int>(files.size()) != n || files.rbegin()->first != n - 1) continue;
+    std::vector<StageCheckpoint> out;
+    for (auto& [s, c] : files) out.push_back(std::move(c));
+    return out;
+  }
+  return std::vector<StageCheckpoint>();
+}
+
+// Why no step is complete: a stage no folder holds, or the steps each has.
+Status NoCompleteStep(const StageSteps& stages, const std::string& job, int cut, int64_t wanted) {
+  for (int s = 0; s < cut; ++s) {
+    if (!stages.count(s))
+      return absl::NotFoundError("job " + job + " has " + std::to_string(cut) + " stages, but no folder holds stage " +
+                                 std::to_string(s) + "'s checkpoints: pass the --checkpoint-dir of every stage server");
+  }
+  std::vector<std::string> said;
+  for (const auto& [s, steps] : stages) {
+    std::vector<std::string> have;
+    for (const auto& [step, dirs] : steps) have.push_back(std::to_string(step));
+    said.push_back("stage " + std::to_string(s) + " has " + Join(have));
+  }
+  if (wanted > 0)
+    return absl::NotFoundError("no cut of " + job + " has a checkpoint of step " + std::to_string(wanted) +
+                               " on every stage: " + Join(said, "; "));
+  return absl::FailedPreconditionError("no step has a checkpoint on every stage: " + Join(said, "; "));
+}
+
+// The newest step complete under one cut (or `wanted`, which must be).
+StatusOr<std::vector<StageCheckpoint>> ChooseStep(const StageSteps& stages, const std::string& job, int64_t wanted,
+                                                  int64_t* step) {
+  std::set<int64_t> steps;
+  for (const auto& [s, of] : stages)
+    for (const auto& [k, dirs] : of) steps.insert(k);
+  if (wanted > 0) steps = steps.count(wanted) ? std::set<int64_t>{wanted} : std::set<int64_t>{};
+  int cut = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    CONVEYOR_ASSIGN_OR_RETURN(std::vector<StageCheckpoint> files, CompleteAt(stages, job, *it, &cut));
+    if (files.empty()) continue;
+    *step = *it;
+    return files;
+  }
+  return NoCompleteStep(stages, job, cut, wanted);
 }
 
 // Every layer of the model in exactly one stage's chunks.
@@ -167,41 +214,24 @@ StatusOr<CheckpointExportSummary> ExportCheckpoints(const CheckpointExportOption
   CheckpointExportSummary summary;
   CONVEYOR_ASSIGN_OR_RETURN(summary.job_id, ChooseJob(options.dirs, options.job_id));
   CONVEYOR_ASSIGN_OR_RETURN(auto stages, FindStages(options.dirs, summary.job_id));
-  CONVEYOR_ASSIGN_OR_RETURN(summary.step, ChooseStep(stages, options.step));
-
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<StageCheckpoint> files,
+                            ChooseStep(stages, summary.job_id, options.step, &summary.step));
   std::vector<v1::CheckpointHeader> headers;
-  std::vector<std::string> payloads, paths;
-  for (const auto& [s, files] : stages) {
-    v1::CheckpointHeader header;
-    v1::CheckpointRecord record;
-    CONVEYOR_ASSIGN_OR_RETURN(std::string payload,
-                              CheckpointFiles(files.dir).Load(summary.job_id, s, summary.step, &header, &record));
-    if (!header.has_spec())
-      return absl::FailedPreconditionError("checkpoint " + record.path() +
+  for (const StageCheckpoint& c : files) {
+    if (!c.header.has_spec())
+      return absl::FailedPreconditionError("checkpoint " + c.path +
                                            " was written before checkpoints carried the parameters' names: "
                                            "export it from the running job (conveyor export JOB)");
-    if (!headers.empty() && header.spec_digest() != headers.front().spec_digest())
-      return absl::FailedPreconditionError("the checkpoints of " + summary.job_id + " in " + paths.front() + " and " +
-                                           record.path() + " were written for different job specs");
-    headers.push_back(std::move(header));
-    payloads.push_back(std::move(payload));
-    paths.push_back(record.path());
+    if (c.header.spec_digest() != files.front().header.spec_digest())
+      return absl::FailedPreconditionError("the checkpoints of " + summary.job_id + " in " + files.front().path +
+                                           " and " + c.path + " were written for different job specs");
+    headers.push_back(c.header);
   }
   const v1::JobSpec& spec = headers.front().spec();
-  const int want = spec.partition().stages();
-  for (int s = 0; s < want; ++s) {
-    if (!stages.count(s))
-      return absl::NotFoundError("job " + summary.job_id + " has " + std::to_string(want) + " stages, but no folder " +
-                                 "holds stage " + std::to_string(s) + "'s checkpoints: pass the --checkpoint-dir of "
-                                 "every stage server");
-  }
-  if (static_cast<int>(stages.size()) != want)
-    return absl::FailedPreconditionError("job " + summary.job_id + " has " + std::to_string(want) +
-                                         " stages, the folders hold checkpoints of " + std::to_string(stages.size()));
   CONVEYOR_RETURN_IF_ERROR(CheckLayers(headers));
   NamedTensors weights;
   for (std::size_t i = 0; i < headers.size(); ++i) {
-    CONVEYOR_ASSIGN_OR_RETURN(NamedTensors mine, ReadWeights(payloads[i], headers[i], paths[i]));
+    CONVEYOR_ASSIGN_OR_RETURN(NamedTensors mine, ReadWeights(files[i].payload, headers[i], files[i].path));
     for (auto& [name, t] : mine) {
       summary.bytes += t.numel() * static_cast<int64_t>(t.element_size());
       weights.emplace_back(std::move(name), std::move(t));

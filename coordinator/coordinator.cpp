@@ -149,13 +149,14 @@ StatusOr<v1::JobStatus> Coordinator::Resume(const std::string& job_id, const std
     if (TrainingDigest(spec) != TrainingDigest(job.spec)) {
       return absl::InvalidArgumentError(
           "resume --set " + said + " changes how job " + job_id +
-          " trains, not only how it is laid out: a resume may change the partition, schedule, recomputation, "
-          "transports and the checkpoint and recovery keys; submit a new job for the rest");
+          " trains, not only how it is laid out: a resume may change the partition, replicas, zero, schedule, "
+          "recomputation, transports and the checkpoint and recovery keys; submit a new job for the rest");
     }
-    if (Replicas(spec) != Replicas(job.spec) && Replicas(spec) > 1) {
-      // A replica group reads replica 0's own file of the same spec alone.
-      return absl::InvalidArgumentError("resume --set " + said + ": a job resumes with its own replicas (" +
-                                        std::to_string(Replicas(job.spec)) + ") or as one pipeline (replicas=1)");
+    if (Replicas(spec) > 1 && spec.partition().SerializeAsString() != job.spec.partition().SerializeAsString()) {
+      // A replica group loads the files of the cut it runs (each stage's, or its copy).
+      return absl::InvalidArgumentError("resume --set " + said +
+                                        ": a job with replicas resumes on its own partition; change the "
+                                        "partition as one pipeline (replicas=1)");
     }
     const int need = std::max(1, Replicas(spec)) * spec.partition().stages();
     if (need > static_cast<int>(clients_.size())) {

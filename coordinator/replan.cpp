@@ -57,6 +57,8 @@ void JobRunner::GrowBack() {
   spec_.set_replicas(planned_spec_.replicas());
   spec_.set_commit_steps(planned_spec_.commit_steps());
   *spec_.mutable_recompute_stages() = planned_spec_.recompute_stages();
+  spec_.set_schedule(planned_spec_.schedule());
+  spec_.set_virtual_stages(planned_spec_.virtual_stages());
   status_.clear_lost_servers();
   const std::string text = "stage server(s) " + back + " answer again: the job returns from " + std::to_string(from) +
                            " to its planned " + std::to_string(spec_.partition().stages()) +
@@ -66,9 +68,6 @@ void JobRunner::GrowBack() {
 }
 
 std::string JobRunner::WhyNoReplan() const {
-  if (Replicas(spec_) > 1 && spec_.zero_stage() > 0) return "zero 1 slices the optimizer state over the replicas";
-  if (spec_.virtual_stages() > 1 || spec_.schedule() == v1::SCHEDULE_INTERLEAVED || spec_.schedule() == v1::SCHEDULE_ZBV)
-    return "the " + ScheduleName(spec_.schedule()) + " schedule places its chunks on every server";
   if (stages_.size() < 2) return "it has no other server";
   return "";
 }
@@ -152,11 +151,6 @@ void JobRunner::KeepReplicaState(const std::set<std::size_t>& hit) {
 
 Status JobRunner::Replan(const std::vector<std::size_t>& lost) {
   if (Replicas(spec_) > 1) return DropReplica(lost);
-  // The cut the job ran with (the planner's, from the same spec).
-  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec_));
-  std::vector<int> boundaries;
-  for (std::size_t s = 1; s < ranges.size(); ++s) boundaries.push_back(ranges[s].begin);
-  const int layers = ranges.back().end;
   std::vector<StageClient*> kept;
   std::string gone;
   for (std::size_t s = 0; s < stages_.size(); ++s) {
@@ -168,30 +162,15 @@ Status JobRunner::Replan(const std::vector<std::size_t>& lost) {
     holders_.erase(std::remove(holders_.begin(), holders_.end(), stages_[s]->address()), holders_.end());
     gone += (gone.empty() ? "" : ", ") + StageName(s) + " at " + stages_[s]->address();
   }
-  const std::vector<int> merged = MergeStages(boundaries, layers, static_cast<int>(kept.size()));
-  // Per-stage keys follow their layers: old stage s is in the new stage
-  // whose first boundary is the last one at or before s's first layer.
-  auto new_index = [&](int old) {
-    const int first = old == 0 ? 0 : boundaries[static_cast<std::size_t>(old - 1)];
-    return static_cast<int>(std::upper_bound(merged.begin(), merged.end(), first) - merged.begin());
-  };
-  std::set<int> recompute;
-  for (int s : spec_.recompute_stages()) recompute.insert(new_index(s));
-  spec_.clear_recompute_stages();
-  for (int s : recompute) spec_.add_recompute_stages(s);
-  v1::PartitionSpec* part = spec_.mutable_partition();
-  part->set_stages(static_cast<int>(kept.size()));
-  part->clear_boundaries();
-  std::string cut;
-  for (int b : merged) {
-    part->add_boundaries(b);
-    cut += (cut.empty() ? "" : ", ") + std::to_string(b);
-  }
+  auto fold = FoldOntoServers(spec_, static_cast<int>(kept.size()));
+  if (!fold.ok()) return absl::FailedPreconditionError("lost for good: " + gone + "; " + std::string(fold.status().message()));
+  spec_ = std::move(fold->spec);
   stages_ = std::move(kept);
   const std::string text = "lost for good (no answer within lost_after, " +
                            std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
-                           "; the job goes on over " + std::to_string(stages_.size()) +
-                           " stage server(s), cut at [" + cut + "], from its newest complete checkpoint";
+                           "; the job goes on over " + std::to_string(stages_.size()) + " stage server(s), cut at [" +
+                           fold->cut + "]" + (fold->changed.empty() ? "" : " (" + fold->changed + ")") +
+                           ", from its newest complete checkpoint";
   LOG_WARN("job ", status_.job_id(), ": ", text);
   Event(text);
   return absl::OkStatus();

@@ -47,9 +47,10 @@ void AddRecoveryKeys(Table& add) {
       "its disk with it): `replan` goes on over the servers left, the lost stage's layers folded onto its "
       "neighbours (a stage server then holds several stages' layers, computing what they computed), from the newest "
       "checkpoint complete on every stage, read from the copies the other servers keep (`checkpoint_copies`); "
-      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). Of "
-      "replicas, those that lost a server are dropped and the others take the global batch (where it splits evenly "
-      "over them). Jobs with zero 1, or the interleaved or zbv schedule, fail either way")
+      "`fail` fails the job naming the server (see [recovery.md](recovery.md), \"A server lost for good\"). The "
+      "interleaved and zbv schedules keep their chunks a server (interleaved goes on as 1f1b where its micro-batches "
+      "no longer divide over the servers left). Of replicas, those that lost a server are dropped and the others "
+      "take the global batch (where it splits evenly over them), zero 1's optimizer state sliced anew over them")
       .Choices(Names<v1::LostServerAction>({{"replan", v1::LOST_SERVER_REPLAN}, {"fail", v1::LOST_SERVER_FAIL}}))
       .Expect("replan or fail")
       .Default("replan")

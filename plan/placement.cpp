@@ -7,6 +7,8 @@
 
 #include "common/sha256.h"
 #include "plan/job_spec.h"
+#include "plan/model_catalog.h"
+#include "plan/schedule.h"
 
 namespace conveyor {
 namespace {
@@ -71,11 +73,53 @@ std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int
   return std::vector<int>(starts.begin() + 1, starts.end());
 }
 
+StatusOr<ServerFold> FoldOntoServers(const v1::JobSpec& spec, int servers) {
+  CONVEYOR_ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, PartitionLayers(spec));
+  std::vector<int> boundaries;
+  for (std::size_t c = 1; c < ranges.size(); ++c) boundaries.push_back(ranges[c].begin);
+  const int layers = ranges.back().end;
+  const int old_servers = spec.partition().stages();
+  ServerFold fold;
+  fold.spec = spec;
+  v1::JobSpec& next = fold.spec;
+  next.mutable_partition()->set_stages(servers);
+  if (spec.schedule() == v1::SCHEDULE_INTERLEAVED &&
+      MicroBatchSizes(spec, spec.batch_size()).size() % static_cast<std::size_t>(servers) != 0) {
+    next.set_schedule(v1::SCHEDULE_1F1B);
+    next.set_virtual_stages(1);
+    fold.changed = "the interleaved schedule needs micro-batches a multiple of the stages (" +
+                   std::to_string(servers) + "): it goes on as 1f1b, one chunk a stage server";
+  }
+  const int chunks = servers * std::max(1, next.virtual_stages());
+  const std::vector<int> merged = MergeStages(boundaries, layers, chunks);
+  next.mutable_partition()->clear_boundaries();
+  for (int b : merged) next.mutable_partition()->add_boundaries(b);
+  fold.cut = absl::StrJoin(merged, ", ");
+  // A recomputed server's chunks are recomputed wherever their layers go:
+  // old chunk c is in the new chunk whose first boundary is the last one at
+  // or before c's first layer.
+  std::set<int> recompute;
+  for (int s : spec.recompute_stages()) {
+    for (std::size_t c = 0; c < ranges.size(); ++c) {
+      if (StageOfChunk(spec.schedule(), static_cast<int>(c), old_servers) != s) continue;
+      const int chunk = static_cast<int>(std::upper_bound(merged.begin(), merged.end(), ranges[c].begin) - merged.begin());
+      recompute.insert(StageOfChunk(next.schedule(), chunk, servers));
+    }
+  }
+  next.clear_recompute_stages();
+  for (int s : recompute) next.add_recompute_stages(s);
+  if (Status st = ValidateJobSpec(next); !st.ok())
+    return absl::FailedPreconditionError("the job cannot go on over " + std::to_string(servers) +
+                                         " stage server(s): " + std::string(st.message()));
+  return fold;
+}
+
 std::string TrainingDigest(v1::JobSpec spec) {
   spec.clear_partition();
   // Replicas split the same global batch: fewer of them sum it in another
   // order (the same to rounding).
   spec.clear_replicas();
+  spec.clear_zero_stage();  // checkpoints hold the optimizer state whole, by parameter
   spec.clear_bucket_cap_mb();
   spec.clear_collectives();
   spec.clear_schedule();

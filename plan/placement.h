@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
 #include "conveyor.pb.h"
 
 namespace conveyor {
@@ -43,9 +44,23 @@ GpuFold FoldOntoGpus(const v1::JobSpec& spec, int gpus);
 // the boundaries returned are some of the old ones. REQUIRES servers >= 1.
 std::vector<int> MergeStages(const std::vector<int>& boundaries, int layers, int servers);
 
+// A one-replica job laid out anew over `servers` of its stage servers, the
+// others lost for good: its chunks merged as MergeStages does (V chunks a
+// server stay V chunks a server, for the interleaved and zbv schedules), and
+// its per-stage keys (recompute) moved with their layers. An interleaved job
+// whose micro-batches are no multiple of the servers left goes on as 1F1B
+// (one chunk a server). Every new chunk holds whole chunks of the old cut:
+// the same arithmetic where the schedule is kept.
+struct ServerFold {
+  v1::JobSpec spec;     // the job over `servers`
+  std::string cut;      // its boundaries, "6, 9"
+  std::string changed;  // what else changed, for the job's events ("" where nothing)
+};
+StatusOr<ServerFold> FoldOntoServers(const v1::JobSpec& spec, int servers);
+
 // The SHA-256 (hex) of what decides a job's arithmetic apart from how it is
 // laid out on servers: the spec without its partition, replicas (which split
-// one global batch), schedule, virtual stages, recomputation, transports,
+// one global batch), zero, schedule, virtual stages, recomputation, transports,
 // collectives, and checkpoint, recovery and timeout keys. A checkpoint is loaded under another partition (resharded) where its
 // training digest is the job's.
 std::string TrainingDigest(v1::JobSpec spec);

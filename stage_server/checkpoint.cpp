@@ -170,6 +170,10 @@ std::vector<int64_t> CheckpointFiles::Steps(const std::string& job_id, int stage
   return StepsIn(StageDir(dir_, job_id, stage));
 }
 
+std::vector<int64_t> CheckpointFiles::CopySteps(const std::string& job_id, int stage) const {
+  return StepsIn(CopyDir(dir_, job_id, stage));
+}
+
 StatusOr<std::string> CheckpointFiles::ReadFile(const std::string& job_id, int stage, int64_t step,
                                                 v1::CheckpointHeader* header, std::string* where) const {
   CONVEYOR_RETURN_IF_ERROR(CheckNames(job_id, stage));

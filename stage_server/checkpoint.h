@@ -45,6 +45,8 @@ class CheckpointFiles {
 
   // Steps of this job's and stage's checkpoint files, oldest first.
   std::vector<int64_t> Steps(const std::string& job_id, int stage) const;
+  // Steps of the copies of this job's and stage's files that it keeps.
+  std::vector<int64_t> CopySteps(const std::string& job_id, int stage) const;
 
   // The whole file of (job, stage, step), this server's own or its copy,
   // checked as Load checks it; `header` filled. NOT_FOUND where it has

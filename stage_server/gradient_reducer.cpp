@@ -150,6 +150,7 @@ std::vector<GradientReducer::Part> GradientReducer::SliceParameters() {
   std::vector<Part> parts;
   if (!slice_) return parts;
   param_flats_.clear();
+  places_.clear();
   for (const Bucket& b : buckets_) param_flats_.push_back(at::zeros_like(b.flat));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];  // shares the module's TensorImpl: the module sees the move
@@ -169,11 +170,43 @@ std::vector<GradientReducer::Part> GradientReducer::SliceParameters() {
     part.set_requires_grad(true);
     part.mutable_grad() = buckets_[k].flat.narrow(0, lo, hi - lo);
     parts.push_back({i, part});
+    places_.push_back({k, lo, hi});
   }
   return parts;
 }
 
 Status GradientReducer::GatherParameters() { return group_->AllGather(param_flats_); }
+
+StatusOr<std::vector<at::Tensor>> GradientReducer::GatherWhole(const std::vector<at::Tensor>& parts) {
+  if (parts.size() != places_.size())
+    return absl::InternalError("GatherWhole: " + std::to_string(parts.size()) + " parts given for " +
+                               std::to_string(places_.size()));
+  std::vector<at::Tensor> flats;
+  for (const at::Tensor& f : param_flats_) flats.push_back(at::zeros_like(f));
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    if (!parts[j].defined()) continue;
+    const Place& place = places_[j];
+    flats[place.bucket].narrow(0, place.lo, place.hi - place.lo).copy_(parts[j].reshape({-1}));
+  }
+  CONVEYOR_RETURN_IF_ERROR(group_->AllGather(flats));
+  std::vector<at::Tensor> whole;
+  for (std::size_t i = 0; i < params_.size(); ++i) whole.push_back(ViewIn(flats[slot_[i].first], i));
+  return whole;
+}
+
+StatusOr<std::vector<at::Tensor>> GradientReducer::PartsOf(const std::vector<at::Tensor>& whole) const {
+  std::vector<at::Tensor> flats;
+  for (const at::Tensor& f : param_flats_) flats.push_back(at::zeros_like(f));
+  for (std::size_t i = 0; i < params_.size() && i < whole.size(); ++i) {
+    if (!whole[i].defined()) continue;
+    if (whole[i].sizes() != params_[i].sizes())
+      return absl::FailedPreconditionError("parameter " + std::to_string(i) + "'s state has another shape than it");
+    ViewIn(flats[slot_[i].first], i).copy_(whole[i]);
+  }
+  std::vector<at::Tensor> parts;
+  for (const Place& place : places_) parts.push_back(flats[place.bucket].narrow(0, place.lo, place.hi - place.lo).clone());
+  return parts;
+}
 
 Status GradientReducer::Finish() {
   std::unique_lock<std::mutex> lock(mu_);

@@ -90,6 +90,16 @@ class GradientReducer {
   // place (one all-gather per bucket). The errors of ReplicaGroup.
   Status GatherParameters();
 
+  // ZeRO-1 state laid out as the parameters, so that a checkpoint holds it
+  // by parameter and loads under any replica count or cut. GatherWhole:
+  // from one field of this member's parts (a flat tensor each, in
+  // SliceParameters' order; undefined: zeros), every parameter's whole field
+  // (its shape), gathered from every member: a collective, called by every
+  // member at the same point. PartsOf, its inverse without communication:
+  // from every parameter's whole field, this member's parts of it.
+  StatusOr<std::vector<at::Tensor>> GatherWhole(const std::vector<at::Tensor>& parts);
+  StatusOr<std::vector<at::Tensor>> PartsOf(const std::vector<at::Tensor>& whole) const;
+
   struct Span {
     int bucket;
     int64_t start_us, end_us;  // host time, microseconds since the epoch
@@ -123,6 +133,11 @@ class GradientReducer {
   bool slice_;
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> param_flats_;  // sliced: the parameters, by bucket
+  struct Place {
+    std::size_t bucket;
+    int64_t lo, hi;  // the part's elements in its bucket
+  };
+  std::vector<Place> places_;  // sliced: SliceParameters' parts
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept: a new one would lack the hook
   std::vector<uintptr_t> hooks_;
   std::vector<std::pair<std::size_t, std::size_t>> slot_;  // parameter -> (bucket, member)

@@ -39,10 +39,10 @@ Status ReadNamed(const std::string& payload, const v1::CheckpointHeader& h, cons
     torch::serialize::InputArchive whole;
     at::Tensor probe;
     if (archive.try_read("optimizer", whole) || archive.try_read("optimizer_slice0", probe, true)) {
-      return absl::FailedPreconditionError(
-          "checkpoint " + where + " keeps its optimizer state " +
-          (probe.defined() ? std::string("sliced over replicas (zero 1)") : "in the form written before it was kept by parameter") +
-          ": it loads only under the cut it was written with");
+      return absl::FailedPreconditionError("checkpoint " + where + " keeps its optimizer state " +
+                                           (probe.defined() ? std::string("sliced over replicas (zero 1)") : "whole") +
+                                           ", as written before it was kept by parameter: it loads only under the "
+                                           "cut it was written with");
     }
     for (int i = 0; i < h.parameter_names_size(); ++i) {
       at::Tensor t;
@@ -101,6 +101,33 @@ Status Stage::Impl::SendCopy(const v1::CheckpointRecord& record) {
                   Who());
 }
 
+StatusOr<std::string> Stage::Impl::FindCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
+                                                  v1::CheckpointRecord* record) {
+  const int stage = job_->assignment.stage_index();
+  auto own = checkpoints_.Load(req.job_id(), stage, req.step(), header, record);
+  if (own.ok() || !(absl::IsNotFound(own.status()) || checkpoints_.dir().empty())) return own;
+  // The copy this server keeps, else a peer's file or copy.
+  CheckpointFileId id{req.job_id(), stage, req.step()};
+  std::string where;
+  auto file = checkpoints_.ReadFile(id.job_id, stage, id.step, header, &where);
+  if (absl::IsNotFound(file.status()) && !req.peers().empty()) {
+    const int stages = req.stages() > 0 ? req.stages() : job_->assignment.num_stages();
+    auto fits = [stages](const v1::CheckpointHeader& h) { return h.spec().partition().stages() == stages; };
+    const std::vector<std::string> peers(req.peers().begin(), req.peers().end());
+    std::string holder;
+    auto found = PeerCheckpointHeader(peers, id, kPartTimeoutS, &holder, fits);
+    if (!found.ok()) return found.status();
+    file = PeerCheckpointFile(holder, id, kPartTimeoutS);
+    where = holder + " (checkpoint " + id.Describe() + ")";
+  }
+  if (!file.ok()) return file.status();
+  CONVEYOR_ASSIGN_OR_RETURN(std::string payload, ParseCheckpoint(*file, where, header));
+  record->set_step(id.step);
+  record->set_path(where);
+  record->set_bytes(static_cast<int64_t>(file->size()));
+  return payload;
+}
+
 Status Stage::Impl::LoadResharded(const v1::LoadCheckpointRequest& req, v1::LoadCheckpointReply* reply) {
   const v1::StageAssignment& a = job_->assignment;
   const int stages = req.stages() > 0 ? req.stages() : a.num_stages();
@@ -142,15 +169,12 @@ Status Stage::Impl::LoadResharded(const v1::LoadCheckpointRequest& req, v1::Load
   try {
     at::NoGradGuard no_grad;
     for (const Chunk& c : job_->chunks) {
-      for (const auto& [name, p] : c.layers->NamedParameters()) {
+      for (const auto& [name, p] : c.layers->NamedParameters())
         CONVEYOR_RETURN_IF_ERROR(Annotate(CopyNamed(state.params, name, p, req.step()), Who()));
-        if (job_->optimizer && p.requires_grad())
-          CONVEYOR_RETURN_IF_ERROR(
-              Annotate(SetParameterState(*job_->optimizer, p, state.optimizer[name]), Who() + ": " + name));
-      }
       for (const auto& [name, b] : c.layers->NamedBuffers())
         CONVEYOR_RETURN_IF_ERROR(Annotate(CopyNamed(state.buffers, name, b, req.step()), Who()));
     }
+    CONVEYOR_RETURN_IF_ERROR(Annotate(SetOptimizerState(state.optimizer), Who()));
     if (state.rng.defined()) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());

@@ -307,6 +307,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
       if (!p.requires_grad()) continue;
       c.params.push_back(p);
       all_params.emplace_back(name, p);
+      job->param_names.push_back(name);
     }
     job->chunks.push_back(std::move(c));
   }
@@ -472,6 +473,7 @@ Status Stage::Impl::MakeJobOptimizer(Job& job, const NamedTensors& all_params, i
     for (GradientReducer::Part& part : job.reducer->SliceParameters()) {
       updated.emplace_back(all_params[part.param].first, part.tensor);
       job.updated.push_back(std::move(part.tensor));
+      job.updated_params.push_back(part.param);
     }
     job.sliced = true;
     if (updated.empty()) {

@@ -233,11 +233,15 @@ class Stage::Impl {
     // (sliced), and this replica's optimizer updates `updated`, the
     // parameters' elements in its slices (GradientReducer::SliceParameters,
     // at configure); the parameters are all-gathered after each update.
-    // optimizer_shards: replica 0's copy of every replica's serialised
-    // optimizer, gathered for a checkpoint.
+    // updated_params: each part's parameter, an index into param_names
+    // (the trainable parameters' names, in the reducer's order).
+    // whole_state: replica 0's copy of every parameter's optimizer state by
+    // name, gathered from the replicas' parts for a checkpoint.
     bool sliced = false;
     std::vector<at::Tensor> updated;
-    std::vector<std::string> optimizer_shards;
+    std::vector<std::size_t> updated_params;
+    std::vector<std::string> param_names;
+    std::map<std::string, std::map<std::string, at::Tensor>> whole_state;
     const v1::JobSpec& spec() const { return assignment.spec(); }
     bool IsFirst(const Chunk& c) const { return c.index == 0; }
     bool IsLast(const Chunk& c) const { return c.index == assignment.num_chunks() - 1; }
@@ -410,9 +414,9 @@ class Stage::Impl {
   // zero 1: `sq`, this replica's slices' squared gradient norm, summed over
   // the replicas in place (defined then); nothing otherwise.
   Status SumOverSlices(at::Tensor& sq);
-  // ZeRO-1: every replica's optimizer, serialised, to replica 0
-  // (job_->optimizer_shards).
-  Status GatherOptimizerShards();
+  // ZeRO-1: every parameter's optimizer state, whole, from the replicas'
+  // parts to replica 0 (job_->whole_state).
+  Status GatherOptimizerState();
   // replicas: sums the step's gradients over the copies of this stage (each
   // replica's losses are scaled by their share of the whole batch, so the
   // sum is the whole batch's gradient); just before the optimizer step.
@@ -465,6 +469,10 @@ class Stage::Impl {
   // The optimizer's state from a checkpoint's archive: by parameter
   // (o<i>_<field>), or the optimizer's own archive in files written before.
   Status RestoreOptimizer(torch::serialize::InputArchive& archive, const std::string& path);
+  // Every trainable parameter's optimizer state, by name, onto this stage's
+  // optimizer: on the parameters, or (zero 1) on this replica's parts of
+  // them. A parameter without state gets none.
+  Status SetOptimizerState(std::map<std::string, std::map<std::string, at::Tensor>>& by_name);
   // LoadCheckpoint from this stage's own file (or, with replicas, replica 0's).
   StatusOr<v1::LoadCheckpointReply> LoadOwnCheckpoint(const v1::LoadCheckpointRequest& req);
   // Training goes on after the checkpoint of `step`, just loaded.
@@ -475,6 +483,10 @@ class Stage::Impl {
   // name, from the files (or copies) of the stages that held them then,
   // read here or from req.peers.
   Status LoadResharded(const v1::LoadCheckpointRequest& req, v1::LoadCheckpointReply* reply);
+  // This stage's checkpoint file of req's step: its own, else the copy it
+  // keeps, else a peer's (req.peers: the file or copy of a lost server).
+  StatusOr<std::string> FindCheckpoint(const v1::LoadCheckpointRequest& req, v1::CheckpointHeader* header,
+                                       v1::CheckpointRecord* record);
   // (resharding.cpp) The checkpoint just written, sent to the server that
   // keeps its copy (assignment.checkpoint_copy_to).
   Status SendCopy(const v1::CheckpointRecord& record);

@@ -40,24 +40,24 @@ std::string Stage::Impl::SerializeState() {
     for (const auto& p : c.layers->Parameters()) archive.write("p" + std::to_string(i++), p.detach());
     for (const auto& b : c.layers->Buffers()) archive.write("b" + std::to_string(j++), b, /*is_buffer=*/true);
   }
-  if (job_->sliced) {
-    // zero 1: every replica's share, as each serialised it (GatherOptimizerShards).
-    for (std::size_t k = 0; k < job_->optimizer_shards.size(); ++k) {
-      const std::string& bytes = job_->optimizer_shards[k];
-      at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-      if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-      archive.write("optimizer_slice" + std::to_string(k), t, /*is_buffer=*/true);
-    }
-  } else if (job_->optimizer) {
+  if (job_->optimizer) {
     // By parameter, o<i>_<field> beside p<i>: a checkpoint that loads under
-    // any cut of the model (LoadResharded), not the optimizer's own archive,
-    // whose state is keyed by position in its groups.
+    // any cut of the model and any replica count (LoadResharded), not the
+    // optimizer's own archive, whose state is keyed by position in its
+    // groups. Under zero 1 the state gathered whole from the replicas' parts
+    // (GatherOptimizerState).
     int64_t k = 0;
     for (const Chunk& c : job_->chunks) {
-      for (const auto& p : c.layers->Parameters()) {
-        for (const auto& [field, t] : ParameterState(*job_->optimizer, p))
-          archive.write("o" + std::to_string(k) + "_" + field, t, /*is_buffer=*/true);
-        ++k;
+      for (const auto& [name, p] : c.layers->NamedParameters()) {
+        const std::string key = "o" + std::to_string(k++) + "_";
+        if (!job_->sliced) {
+          for (const auto& [field, t] : ParameterState(*job_->optimizer, p))
+            archive.write(key + field, t, /*is_buffer=*/true);
+          continue;
+        }
+        auto whole = job_->whole_state.find(name);
+        if (whole == job_->whole_state.end()) continue;
+        for (const auto& [field, t] : whole->second) archive.write(key + field, t, /*is_buffer=*/true);
       }
     }
   }
@@ -91,16 +91,15 @@ Status Stage::Impl::RestoreState(const std::string& payload, const std::string& 
       for (const auto& p : c.layers->Parameters()) CONVEYOR_RETURN_IF_ERROR(load("p" + std::to_string(i++), p, false));
       for (const auto& b : c.layers->Buffers()) CONVEYOR_RETURN_IF_ERROR(load("b" + std::to_string(j++), b, true));
     }
-    if (job_->sliced && job_->optimizer) {
-      // zero 1: this replica's share (the spec, and so the replica count,
-      // is the checkpoint's: the header's digest says so).
-      const std::string key = "optimizer_slice" + std::to_string(job_->assignment.replica());
-      at::Tensor bytes;
-      if (!archive.try_read(key, bytes, /*is_buffer=*/true)) {
-        return absl::FailedPreconditionError("checkpoint " + path + " holds no " + key +
-                                             " (it was written without zero 1, for other replicas, or before zero 1 sliced the"
-                                             " optimizer state, when it was by tensor)");
-      }
+    // zero 1, written before its state was gathered by parameter: one share
+    // a replica; this replica's, where as many replicas wrote it
+    // (RestoreOptimizer refuses the others).
+    at::Tensor bytes, last, beyond;
+    const int replicas = job_->assignment.num_replicas();
+    auto slice = [](int k) { return "optimizer_slice" + std::to_string(k); };
+    if (job_->sliced && job_->optimizer && archive.try_read(slice(replicas - 1), last, /*is_buffer=*/true) &&
+        !archive.try_read(slice(replicas), beyond, /*is_buffer=*/true)) {
+      archive.read(slice(job_->assignment.replica()), bytes, /*is_buffer=*/true);
       bytes = bytes.to(at::kCPU).contiguous();
       std::istringstream shard(std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())));
       torch::serialize::InputArchive opt;
@@ -126,19 +125,62 @@ Status Stage::Impl::RestoreOptimizer(torch::serialize::InputArchive& archive, co
     job_->optimizer->load(whole);
     return absl::OkStatus();
   }
+  at::Tensor slice;
+  if (archive.try_read("optimizer_slice0", slice, /*is_buffer=*/true)) {
+    return absl::FailedPreconditionError("checkpoint " + path +
+                                         " keeps its optimizer state sliced over another number of replicas (zero 1, "
+                                         "written before the state was kept by parameter): resume it with the "
+                                         "replicas it was written with");
+  }
+  std::map<std::string, std::map<std::string, at::Tensor>> by_name;
   int64_t k = 0;
   for (const Chunk& c : job_->chunks) {
-    for (const auto& p : c.layers->Parameters()) {
-      std::map<std::string, at::Tensor> state;
+    for (const auto& [name, p] : c.layers->NamedParameters()) {
+      auto& state = by_name[name];
       for (const char* field : kOptimizerFields) {
         at::Tensor t;
         if (archive.try_read("o" + std::to_string(k) + "_" + field, t, /*is_buffer=*/true)) state[field] = t;
       }
       ++k;
-      if (!p.requires_grad()) continue;
-      CONVEYOR_RETURN_IF_ERROR(Annotate(SetParameterState(*job_->optimizer, p, state),
-                                        "checkpoint " + path + ", parameter " + std::to_string(k - 1)));
     }
+  }
+  return Annotate(SetOptimizerState(by_name), "checkpoint " + path);
+}
+
+Status Stage::Impl::SetOptimizerState(std::map<std::string, std::map<std::string, at::Tensor>>& by_name) {
+  if (!job_->optimizer) return absl::OkStatus();
+  if (!job_->sliced) {
+    for (const Chunk& c : job_->chunks) {
+      for (const auto& [name, p] : c.layers->NamedParameters()) {
+        if (!p.requires_grad()) continue;
+        CONVEYOR_RETURN_IF_ERROR(Annotate(SetParameterState(*job_->optimizer, p, by_name[name]), "parameter " + name));
+      }
+    }
+    return absl::OkStatus();
+  }
+  // zero 1: each field of every parameter, whole, cut into this replica's parts.
+  const std::size_t n = job_->param_names.size();
+  std::map<std::string, std::vector<at::Tensor>> whole;
+  for (std::size_t i = 0; i < n; ++i) {
+    for (const auto& [field, t] : by_name[job_->param_names[i]]) {
+      if (field == "step") continue;
+      whole[field].resize(n);
+      whole[field][i] = t;
+    }
+  }
+  std::vector<std::map<std::string, at::Tensor>> parts(job_->updated.size());
+  for (const auto& [field, tensors] : whole) {
+    auto cut = job_->reducer->PartsOf(tensors);
+    if (!cut.ok()) return Annotate(cut.status(), field);
+    for (std::size_t j = 0; j < parts.size(); ++j) parts[j][field] = (*cut)[j];
+  }
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    const std::string& name = job_->param_names[job_->updated_params[j]];
+    const auto& of = by_name[name];
+    if (of.empty()) parts[j].clear();  // no state: none for its parts either
+    if (auto step = of.find("step"); step != of.end()) parts[j]["step"] = step->second;
+    CONVEYOR_RETURN_IF_ERROR(
+        Annotate(SetParameterState(*job_->optimizer, job_->updated[j], parts[j]), "parameter " + name + "'s part"));
   }
   return absl::OkStatus();
 }
@@ -255,10 +297,9 @@ StatusOr<v1::LoadCheckpointReply> Stage::Impl::LoadOwnCheckpoint(const v1::LoadC
                               checkpoints_.Load(req.job_id(), stage, req.step(), &header, reply.mutable_checkpoint()));
   }
   const v1::CheckpointHeader expected = CheckpointHeaderFor(req.step());
-  // Another layout of the same training (replicas dropped, other transports)
-  // holds the same state where the cut is the same, unless zero 1 sliced it.
-  const bool same_training = TrainingDigest(header.spec()) == TrainingDigest(job_->spec()) &&
-                             header.spec().zero_stage() == 0 && job_->spec().zero_stage() == 0;
+  // Another layout of the same training (replicas dropped, other transports,
+  // zero 1 or not) holds the same state where the cut is the same.
+  const bool same_training = TrainingDigest(header.spec()) == TrainingDigest(job_->spec());
   if (header.spec_digest() != expected.spec_digest() && !same_training)
     return absl::FailedPreconditionError(Who() + ": checkpoint " + reply.checkpoint().path() +
                                          " was written for another job spec");
@@ -281,7 +322,7 @@ StatusOr<std::string> Stage::Impl::ReplicaCheckpoint(const v1::LoadCheckpointReq
   std::string payload;
   Status loaded;  // replica 0's reading of its file
   if (job_->assignment.replica() == 0) {
-    auto file = checkpoints_.Load(req.job_id(), job_->assignment.stage_index(), req.step(), header, record);
+    auto file = FindCheckpoint(req, header, record);
     loaded = file.status();
     if (file.ok()) {
       payload = std::move(*file);

@@ -92,21 +92,35 @@ Status Stage::Impl::ShareShardedParameters() {
   return Annotate(job_->reducer->GatherParameters(), Who() + " gathering the parameters the replicas updated");
 }
 
-Status Stage::Impl::GatherOptimizerShards() {
-  job_->optimizer_shards.clear();
-  for (int k = 0; k < job_->assignment.num_replicas(); ++k) {
-    std::string bytes;
-    if (k == job_->assignment.replica() && job_->optimizer) {
-      torch::serialize::OutputArchive archive;
-      job_->optimizer->save(archive);
-      std::ostringstream out;
-      archive.save_to(out);
-      bytes = out.str();
+Status Stage::Impl::GatherOptimizerState() {
+  job_->whole_state.clear();
+  const std::size_t n = job_->updated.size();
+  // Each field of every part; every part takes every step, so one step.
+  std::map<std::string, std::vector<at::Tensor>> fields;
+  at::Tensor step;
+  for (std::size_t j = 0; j < n; ++j) {
+    for (const auto& [field, t] : ParameterState(*job_->optimizer, job_->updated[j])) {
+      if (field == "step") {
+        step = t;
+        continue;
+      }
+      auto& parts = fields[field];
+      parts.resize(n);
+      parts[j] = t;
     }
-    CONVEYOR_RETURN_IF_ERROR(Annotate(job_->replica_group->BroadcastBytes(&bytes, k),
-                                      Who() + " gathering replica " + std::to_string(k) + "'s optimizer state"));
-    if (job_->assignment.replica() == 0) job_->optimizer_shards.push_back(std::move(bytes));
   }
+  const bool keep = job_->assignment.replica() == 0;
+  for (const char* field : kOptimizerFields) {  // in one order on every replica
+    auto it = fields.find(field);
+    if (it == fields.end()) continue;
+    auto whole = job_->reducer->GatherWhole(it->second);
+    if (!whole.ok())
+      return Annotate(whole.status(), Who() + " gathering the replicas' optimizer state (" + field + ")");
+    for (std::size_t i = 0; keep && i < whole->size(); ++i)
+      job_->whole_state[job_->param_names[i]][field] = (*whole)[i];
+  }
+  for (auto& [name, state] : job_->whole_state)
+    if (step.defined()) state["step"] = step;
   return absl::OkStatus();
 }
 
@@ -144,7 +158,7 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
   // The replicas hold the same state: replica 0 writes it for all of them
   // (a restored copy gets it from there, LoadCheckpoint). Under zero 1 each
   // holds a share of the optimizer's: replica 0 gathers them first.
-  if (job_->sliced) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerShards());
+  if (job_->sliced) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerState());
   if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
   if (!record.ok()) {

@@ -247,7 +247,8 @@ TEST_F(ExportFromCheckpoints, EqualTheRunningJobsExportAndPyTorchLoadsThem) {
   EXPECT_FALSE(at::equal((*three)[0].second, (*want)[0].second));  // trained three steps more since
   r = Export({"--checkpoint-dir", ckpt_[0], "--checkpoint-dir", ckpt_[1], "--out", dir_ + "/4.pt", "--step", "4"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("stage 0 has no checkpoint of step 4 in " + ckpt_[0]));
+  EXPECT_THAT(r.err, HasSubstr("no cut of " + job.job_id() + " has a checkpoint of step 4 on every stage: stage 0 "
+                               "has 3, 6; stage 1 has 3, 6"));
   EXPECT_THAT(r.err, HasSubstr("(NOT_FOUND)"));
 }
 
@@ -262,16 +263,22 @@ TEST_F(ExportFromCheckpoints, MissingOrMixedFoldersAreNamed) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("--checkpoint-dir " + dir_ + "/nowhere is not a folder"));
   EXPECT_THAT(r.err, HasSubstr("(NOT_FOUND)"));
-  // A stage left out: its layers are in no checkpoint.
+  // Each server keeps a copy of the other's files (checkpoint_copies): one
+  // server's folder is enough.
+  r = Export({"--checkpoint-dir", ckpt_[0], "--out", out});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("at step 6 from the checkpoints of 2 stage(s)"));
+  // Without the copies, a stage left out: its layers are in no checkpoint.
+  RemoveTree(ckpt_[0] + "/" + job.job_id() + "/copy-of-stage-1");
+  RemoveTree(ckpt_[1] + "/" + job.job_id() + "/copy-of-stage-0");
   r = Export({"--checkpoint-dir", ckpt_[0], "--out", out});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("no folder holds stage 1's checkpoints: pass the --checkpoint-dir of every stage"));
-  // One folder twice: a stage present twice.
+  // One folder twice.
   r = Export({"--checkpoint-dir", ckpt_[0], "--checkpoint-dir", ckpt_[0], "--checkpoint-dir", ckpt_[1], "--out",
               out});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.err, HasSubstr("stage 0 of job " + job.job_id() + " has checkpoints in " + ckpt_[0] + " and in " +
-                               ckpt_[0]));
+  EXPECT_THAT(r.err, HasSubstr("--checkpoint-dir " + ckpt_[0] + " is given twice"));
   EXPECT_THAT(r.err, HasSubstr("(INVALID_ARGUMENT)"));
   // Stages whose checkpoints have no step in common.
   const std::string a = ckpt_[0] + "/" + job.job_id() + "/stage-0/", b = ckpt_[1] + "/" + job.job_id() + "/stage-1/";

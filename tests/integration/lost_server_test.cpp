@@ -18,6 +18,7 @@
 #include <set>
 
 #include "cli/local_cluster.h"
+#include "model/state_dict.h"
 #include "plan/job_spec.h"
 #include "tests/support/test_util.h"
 
@@ -28,6 +29,7 @@ namespace lost_server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 // Four stages of an MLP with AdamW, a warmup-then-cosine schedule, dynamic
@@ -37,12 +39,16 @@ using Clock = std::chrono::steady_clock;
 // the stages are folded (the same value to rounding, not bit for bit).
 constexpr char kFourStages[] = "partition: {stages: 4}\n";
 constexpr char kTwoByTwo[] = "partition: {stages: 2}\nreplicas: 2\n";
+// Two chunks a server, one layer a chunk (the MLP's 8 layers).
+constexpr char kZbv[] = "partition: {stages: 4}\nschedule: zbv\n";
+constexpr char kInterleaved[] = "partition: {stages: 4}\nschedule: interleaved\nvirtual_stages: 2\n";
 
 std::string Job(int steps, const std::string& recovery = "recovery_timeout: 60\nlost_after: 1\n",
                 const std::string& layout = kFourStages) {
   return "name: lost\nmodel: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\n" + layout +
-         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: 4\n"
-         "schedule: 1f1b\noptimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
+         "data: {name: synthetic, train_samples: 2048}\nbatch_size: 16\naccumulate_steps: 2\nmicro_batches: 4\n" +
+         (layout.find("schedule:") == std::string::npos ? "schedule: 1f1b\n" : "") +
+         "optimizer: {name: adamw, lr: 0.001, weight_decay: 0.1, no_decay: [bias]}\n"
          "lr_schedule: {warmup_steps: 10, decay: cosine, min_lr: 0.0001}\n"
          "loss_scale: {dynamic: true, init: 1024, growth_interval: 7}\nseed: 5\nstage_timeout: 10\n"
          "checkpoint_every: 10\nsteps: " + std::to_string(steps) + "\n" + recovery;
@@ -99,8 +105,9 @@ struct Kill {
 // Runs Job(steps) on a fresh cluster, killing servers as `kills` say, and
 // returns its end; `seconds` receives, for each kill, the time from the kill
 // to the job running again (a step done after it).
-v1::JobStatus RunKilling(const std::string& job, const std::vector<Kill>& kills, std::vector<double>* seconds) {
-  auto cluster = StartCluster();
+v1::JobStatus RunKilling(const std::string& job, const std::vector<Kill>& kills, std::vector<double>* seconds,
+                         int servers = 4) {
+  auto cluster = testing::StartCluster(servers);
   EXPECT_TRUE(cluster);
   if (!cluster) return v1::JobStatus();
   const std::string id = testing::Submit(cluster->coordinator_address(), job);
@@ -169,6 +176,38 @@ TEST(LostServer, ATwoByTwoJobDropsAReplicaThenFoldsOntoTheLastServer) {
   std::printf("largest relative difference of a loss from the uninterrupted 2 x 2 run: %.3g\n",
               ExpectLossesWithin(end, clean, 1e-6));
   for (double s : seconds) std::printf("from a kill to training again on the servers left: %.2f s\n", s);
+}
+
+// zbv places two chunks on each server in a V: servers lost one after
+// another until one is left, each time the chunks are merged into as many
+// as two a server left and the V is kept. Every new chunk holds whole old
+// chunks: the run ends at the uninterrupted run's digest, bit for bit.
+TEST(LostServer, AZbvJobKeepsItsVOverTheServersLeftToTheSameDigest) {
+  const v1::JobStatus& clean = Uninterrupted(80, kZbv);
+  std::vector<double> seconds;
+  const v1::JobStatus end =
+      RunKilling(Job(80, "recovery_timeout: 60\nlost_after: 1\n", kZbv), {{20, 1}, {40, 3}, {60, 0}}, &seconds);
+  ExpectSameRun(end, clean);
+  EXPECT_EQ(end.lost_servers_size(), 3);
+  ASSERT_EQ(end.stages_size(), 1);
+  EXPECT_EQ(end.stages(0).chunks_size(), 2) << "the last server holds the V's two chunks";
+  for (double s : seconds) std::printf("from a kill to training again on the servers left: %.2f s\n", s);
+}
+
+// Interleaved over 4 servers with 4 micro-batches: over 3 the micro-batches
+// no longer divide, and the job goes on as 1F1B, saying so; the same
+// gradients, accumulated in the same order, so the same losses to rounding.
+TEST(LostServer, AnInterleavedJobGoesOnAs1F1BWhereItsMicroBatchesNoLongerDivide) {
+  const v1::JobStatus& clean = Uninterrupted(60, kInterleaved);
+  std::vector<double> seconds;
+  const v1::JobStatus end =
+      RunKilling(Job(60, "recovery_timeout: 60\nlost_after: 1\n", kInterleaved), {{20, 2}}, &seconds);
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(end.stages_size(), 3);
+  EXPECT_THAT(Events(end), HasSubstr("it goes on as 1f1b, one chunk a stage server"));
+  std::printf("largest relative difference of a loss from the uninterrupted interleaved run: %.3g\n",
+              ExpectLossesWithin(end, clean, 1e-6));
+  for (double s : seconds) std::printf("from the kill to training again on the servers left: %.2f s\n", s);
 }
 
 // The step the first failure happened at, and the step the job went on from
@@ -256,6 +295,90 @@ TEST(LostServer, ThreeReplicasGoOnAsTwoFromTheirCommittedState) {
   ExpectLossesWithin(end, clean, 1e-6);
 }
 
+// `conveyor export --checkpoint-dir` after a re-plan: the folders of the
+// servers left hold the newest checkpoints under the 3-server cut, and the
+// older ones under the planned 4-stage cut, the lost server's files as the
+// copies its neighbour kept. The newest equals the running job's export;
+// the older step is read under its own cut.
+TEST(LostServer, ExportReadsACheckpointOfEitherCutFromTheServersLeft) {
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string addr = cluster->coordinator_address();
+  const std::string id = testing::Submit(addr, Job(40));
+  bool killed = false;
+  const v1::JobStatus end = testing::Follow(addr, id, [&](const v1::JobStatus& s) {
+    if (!killed && s.checkpoint_step() >= 20) {
+      killed = true;
+      cluster->Signal(2, SIGKILL);
+    }
+  });
+  ASSERT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  ASSERT_EQ(end.stages_size(), 3);
+  const testing::ScopedTempDir out("lost-export");
+  auto r = testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "export", id, "--out",
+                                out.path() + "/live.pt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> files = {testing::Binary("conveyor"), "export"};
+  for (int s : {0, 1, 3}) {
+    files.push_back("--checkpoint-dir");
+    files.push_back(cluster->run_dir() + "/stage-" + std::to_string(s) + "/checkpoints");
+  }
+  auto newest = files, older = files;
+  newest.insert(newest.end(), {"--out", out.path() + "/newest.pt"});
+  r = testing::RunCommand(newest);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("at step 40 from the checkpoints of 3 stage(s)"));
+  auto want = ReadStateDict(out.path() + "/live.pt");
+  auto got = ReadStateDict(out.path() + "/newest.pt");
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->size(), want->size());
+  for (std::size_t i = 0; i < want->size(); ++i) {
+    EXPECT_EQ((*got)[i].first, (*want)[i].first);
+    EXPECT_TRUE(at::equal((*got)[i].second, (*want)[i].second)) << (*want)[i].first;
+  }
+  older.insert(older.end(), {"--out", out.path() + "/older.pt", "--step", "20"});
+  r = testing::RunCommand(older);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("at step 20 from the checkpoints of 4 stage(s)"));
+}
+
+// zero 1 over three replicas of two stages: each replica holds a third of
+// each stage's optimizer state, and a checkpoint holds it whole, by
+// parameter. Replica 0's first server is lost: the two replicas left load
+// that checkpoint (stage 0's file from the copy a dropped server keeps) and
+// slice its state in halves; then a server of one of them is lost, and the
+// last replica takes all of it. The losses stay those of the uninterrupted
+// run to float rounding.
+TEST(LostServer, ZeroOneReplicasAreDroppedAndTheirOptimizerStateResliced) {
+  const std::string layout = "partition: {stages: 2}\nreplicas: 3\nzero: 1\nbucket_cap_mb: 0.0078125\n";
+  auto three = [&](const std::string& recovery) {
+    std::string job = Job(50, recovery, layout);
+    job.replace(job.find("batch_size: 16"), 14, "batch_size: 24");
+    return job;
+  };
+  v1::JobStatus clean;
+  {
+    auto cluster = testing::StartCluster(6);
+    ASSERT_TRUE(cluster);
+    clean = testing::SubmitAndWait(cluster->coordinator_address(), three(""));
+    ASSERT_EQ(clean.state(), v1::JOB_STATE_SUCCEEDED) << clean.error();
+  }
+  std::vector<double> seconds;
+  const v1::JobStatus end =
+      RunKilling(three("recovery_timeout: 60\nlost_after: 1\n"), {{10, 0}, {30, 5}}, &seconds, /*servers=*/6);
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_THAT(Events(end), HasSubstr("the job goes on as 2 replica(s) of 2 stages"));
+  EXPECT_THAT(Events(end), HasSubstr("the job goes on as 1 replica(s) of 2 stages"));
+  EXPECT_THAT(Events(end), Not(HasSubstr("starts again from step 0")));
+  EXPECT_EQ(end.stages_size(), 2);
+  const auto [failed, restored] = FailedAndRestoredSteps(end);
+  EXPECT_GE(restored, 10) << "went back past the checkpoint:\n" << Events(end);
+  std::printf("largest relative difference of a loss from the uninterrupted 3 x 2 run: %.3g\n",
+              ExpectLossesWithin(end, clean, 1e-6));
+  for (double s : seconds) std::printf("from a kill to training again on the servers left: %.2f s\n", s);
+}
+
 // Grow back: the lost server is started again at its address (as a node
 // comes back); at the next checkpoint the job returns to its four servers,
 // loading that checkpoint resharded onto its planned cut, and still ends at
@@ -317,6 +440,48 @@ TEST(LostServer, AJobResumedOnAnotherPartitionLoadsItsCheckpointReshardedToTheSa
   end = testing::Follow(addr, id);
   ExpectSameRun(end, clean);
   EXPECT_EQ(end.stages_size(), 2);
+}
+
+// A 2 x 2 job with zero 1, cancelled and resumed as one replica without
+// zero, then cancelled again and resumed as 2 x 2 with zero 1: its
+// checkpoints hold each stage's optimizer state whole, by parameter, so the
+// one copy takes all of it and two copies slice it anew. The same gradients
+// summed in another order: the losses to rounding.
+TEST(LostServer, AZeroOneJobResumesAsOneReplicaWithoutZeroAndBack) {
+  const std::string layout = "partition: {stages: 2}\nreplicas: 2\nzero: 1\nbucket_cap_mb: 0.0078125\n";
+  const v1::JobStatus& clean = Uninterrupted(300, layout);
+  auto cluster = StartCluster();
+  ASSERT_TRUE(cluster);
+  const std::string addr = cluster->coordinator_address();
+  auto cancel_after = [&](const std::string& id, int64_t checkpoint) {
+    bool asked = false;
+    return testing::Follow(addr, id, [&](const v1::JobStatus& s) {
+      if (!asked && s.checkpoint_step() >= checkpoint) {
+        asked = true;
+        testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "cancel", s.job_id()});
+      }
+    });
+  };
+  auto resume = [&](const std::string& id, const std::string& replicas, const std::string& zero) {
+    return testing::RunCommand({testing::Binary("conveyor"), "--coordinator", addr, "resume", id, "--set",
+                                "replicas=" + replicas, "--set", "zero=" + zero});
+  };
+  const std::string id = testing::Submit(addr, Job(300, "", layout));
+  v1::JobStatus end = cancel_after(id, 20);
+  ASSERT_EQ(end.state(), v1::JOB_STATE_CANCELLED) << end.error();
+  testing::CommandResult r = resume(id, "1", "0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  end = cancel_after(id, end.checkpoint_step() + 20);
+  ASSERT_EQ(end.state(), v1::JOB_STATE_CANCELLED) << end.error();
+  EXPECT_EQ(end.stages_size(), 2) << "one replica";
+  r = resume(id, "2", "1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  end = testing::Follow(addr, id);
+  EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
+  EXPECT_EQ(end.stages_size(), 4);
+  EXPECT_THAT(Events(end), Not(HasSubstr("starts again from step 0")));
+  std::printf("largest relative difference of a loss from the uninterrupted 2 x 2 run: %.3g\n",
+              ExpectLossesWithin(end, clean, 1e-6));
 }
 
 // on_lost_server: fail keeps the old rule: the job fails naming the server.

@@ -103,11 +103,73 @@ TEST(MergeStages, MergesTheSmallestAdjacentStagesUntilTheServersLeft) {
   EXPECT_EQ(MergeStages({}, 12, 1), (std::vector<int>{}));
 }
 
+// An MLP of 8 layers (Flatten, three Linear and ReLU pairs, Linear).
+v1::JobSpec Mlp(const std::string& extra) {
+  auto spec = ParseJobYaml(
+      "model: {name: mlp, input_dim: 32, hidden: [64, 64, 32]}\ndata: {name: synthetic, train_samples: 64}\n"
+      "batch_size: 16\nmicro_batches: 4\nsteps: 2\noptimizer: {name: sgd, lr: 0.1}\n" + extra);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return spec.ok() ? *spec : v1::JobSpec();
+}
+
+std::vector<int> Boundaries(const v1::JobSpec& spec) {
+  return std::vector<int>(spec.partition().boundaries().begin(), spec.partition().boundaries().end());
+}
+
+// One chunk a server: the cut merged as MergeStages merges it, the
+// recomputed stage's layers recomputed where they go.
+TEST(FoldOntoServers, FoldsOneChunkAServerAndMovesRecomputeWithItsLayers) {
+  auto fold = FoldOntoServers(Mlp("partition: {stages: 4}\nschedule: 1f1b\nrecompute: [3]\n"), 3);
+  ASSERT_TRUE(fold.ok()) << fold.status();
+  EXPECT_EQ(fold->spec.partition().stages(), 3);
+  EXPECT_EQ(Boundaries(fold->spec), (std::vector<int>{4, 6}));  // [0,2) [2,4) merged first
+  EXPECT_EQ(fold->cut, "4, 6");
+  EXPECT_THAT(fold->spec.recompute_stages(), ElementsAre(2));
+  EXPECT_THAT(fold->changed, IsEmpty());
+}
+
+// zbv keeps two chunks a server in its V: 8 chunks over 4 servers become 6
+// over 3; a recomputed server's two chunks land on the servers that hold them
+// now.
+TEST(FoldOntoServers, KeepsZbvsTwoChunksAServer) {
+  auto fold = FoldOntoServers(Mlp("partition: {stages: 4}\nschedule: zbv\nrecompute: [0]\n"), 3);
+  ASSERT_TRUE(fold.ok()) << fold.status();
+  EXPECT_EQ(fold->spec.schedule(), v1::SCHEDULE_ZBV);
+  EXPECT_EQ(fold->spec.virtual_stages(), 2);
+  // One layer a chunk: chunks 0 and 1 merged, then the new pair of fewest
+  // layers, chunks 2 and 3.
+  EXPECT_EQ(Boundaries(fold->spec), (std::vector<int>{2, 4, 5, 6, 7}));
+  // Old server 0 held chunks 0 and 7 (layers 0 and 7): new chunks 0 and 5,
+  // both on new server 0 of the V.
+  EXPECT_THAT(fold->spec.recompute_stages(), ElementsAre(0));
+  auto one = FoldOntoServers(fold->spec, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->spec.partition().boundaries_size(), 1);
+}
+
+// Interleaved keeps its chunks where the micro-batches still divide over the
+// servers left, and goes on as 1F1B, saying so, where they do not.
+TEST(FoldOntoServers, InterleavedGoesOnAs1F1BWhereTheMicroBatchesDoNotDivide) {
+  const v1::JobSpec job = Mlp("partition: {stages: 4}\nschedule: interleaved\nvirtual_stages: 2\n");
+  auto two = FoldOntoServers(job, 2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->spec.schedule(), v1::SCHEDULE_INTERLEAVED);
+  EXPECT_EQ(two->spec.partition().boundaries_size(), 3);
+  EXPECT_THAT(two->changed, IsEmpty());
+  auto three = FoldOntoServers(job, 3);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->spec.schedule(), v1::SCHEDULE_1F1B);
+  EXPECT_EQ(three->spec.virtual_stages(), 1);
+  EXPECT_EQ(three->spec.partition().boundaries_size(), 2);
+  EXPECT_THAT(three->changed, HasSubstr("goes on as 1f1b"));
+}
+
 // What may differ between a checkpoint and the job that loads it resharded:
 // the layout, not the training.
 TEST(TrainingDigest, IgnoresTheLayoutAndSeesTheTraining) {
   const v1::JobSpec a = Job("partition: {stages: 4}\nschedule: 1f1b\n");
-  const v1::JobSpec folded = Job("partition: {stages: 2}\nschedule: gpipe\non_lost_server: fail\n");
+  const v1::JobSpec folded =
+      Job("partition: {stages: 2}\nschedule: gpipe\non_lost_server: fail\nreplicas: 2\nzero: 1\n");
   EXPECT_EQ(TrainingDigest(a), TrainingDigest(folded));
   EXPECT_NE(TrainingDigest(a), TrainingDigest(Job("partition: {stages: 4}\nschedule: 1f1b\nseed: 99\n")));
   EXPECT_NE(TrainingDigest(a), TrainingDigest(Job("partition: {stages: 4}\nschedule: 1f1b\naccumulate_steps: 2\n")));

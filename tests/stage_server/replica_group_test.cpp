@@ -353,6 +353,46 @@ TEST(GradientReducer, SlicedEachReplicaUpdatesItsPartsAndEveryOneGetsTheWholePar
   ExpectSlicedReplicasUpdateTheirPartsAndGatherWholeParameters(/*nccl=*/false);
 }
 
+// ZeRO-1's state in a checkpoint: a field of each replica's parts (here the
+// parts' own values, plus 1) gathered whole is every parameter's value plus
+// 1 on every replica, in the parameter's shape; PartsOf cuts it back into
+// the replica's parts.
+TEST(GradientReducer, SlicedStateGathersWholeByParameterAndCutsBackIntoParts) {
+  if (!ReplicaGroupsAvailable()) GTEST_SKIP() << "built without c10d's Gloo group";
+  std::vector<at::Tensor> want, got[2];
+  bool round_trip[2] = {false, false};
+  auto [st0, st1] = BothMembers(10s, [&](ReplicaGroup& g) {
+    TinyStage stage(at::Device(at::kCPU));
+    GradientReducer reducer(&g, stage.params(), 16 * 4, /*hooks=*/true, /*slice=*/true);
+    std::vector<at::Tensor> fields;
+    {
+      at::NoGradGuard no_grad;
+      for (const auto& part : reducer.SliceParameters()) fields.push_back(part.tensor.detach() + 1);
+    }
+    if (g.rank() == 0)
+      for (const at::Tensor& p : stage.params()) want.push_back(p.detach() + 1);
+    auto whole = reducer.GatherWhole(fields);
+    if (!whole.ok()) return whole.status();
+    got[g.rank()] = *whole;
+    auto parts = reducer.PartsOf(*whole);
+    if (!parts.ok()) return parts.status();
+    round_trip[g.rank()] = parts->size() == fields.size();
+    for (std::size_t j = 0; j < fields.size() && j < parts->size(); ++j)
+      round_trip[g.rank()] = round_trip[g.rank()] && at::equal((*parts)[j], fields[j]);
+    return Status();
+  });
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[r][i].sizes(), want[i].sizes()) << "replica " << r << " parameter " << i;
+      EXPECT_TRUE(at::equal(got[r][i], want[i])) << "replica " << r << " parameter " << i;
+    }
+    EXPECT_TRUE(round_trip[r]) << "replica " << r;
+  }
+}
+
 bool TwoGpusWithNccl() { return ReplicaGroupsAvailable() && NcclBuilt() && CudaDeviceCount() >= 2; }
 
 // The same over NCCL on two GPUs: the buckets' sums on the devices, each
