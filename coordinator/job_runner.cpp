@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <utility>
 
 #include "common/files.h"
 #include "common/logging.h"
@@ -319,7 +320,8 @@ v1::RunStepRequest JobRunner::TrainRequest(int64_t step, bool* asked_by_signal) 
   req.set_step(step);
   req.set_batch_size(spec_.batch_size());
   const bool asked = checkpoint_requested_.exchange(false);
-  req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked));
+  const bool next = std::exchange(checkpoint_next_, false);
+  req.set_checkpoint(every > 0 && ((step + 1) % every == 0 || step + 1 == total || asked || next));
   *asked_by_signal = asked;
   req.set_total_steps(total);
   // Clipping over several stages, or loss scaling: every stage's share of

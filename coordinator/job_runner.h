@@ -186,6 +186,9 @@ class JobRunner {
   WorkerPool odd_pool_;  // the calls of odd training steps (pool_: even ones and everything else)
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> checkpoint_requested_{false};
+  // A checkpoint at the next step, unasked: the state a replica kept at a
+  // loss (KeepReplicaState) then has a copy on another server.
+  bool checkpoint_next_ = false;
   std::mutex reason_mu_;  // guards cancel_reason_
   std::condition_variable cancel_cv_;  // with reason_mu_: wakes waits when cancelled
   std::string cancel_reason_;

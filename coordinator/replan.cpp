@@ -145,8 +145,12 @@ void JobRunner::KeepReplicaState(const std::set<std::size_t>& hit) {
     return;
   }
   RecordCheckpoint(records[0]->step(), replies);
+  // That state is on the servers that wrote it alone: the next step's
+  // checkpoint sends its copies.
+  checkpoint_next_ = spec_.checkpoint_every() > 0 && CheckpointCopies(spec_) > 0;
   Event("replica " + std::to_string(keep) + " kept its state after step " + std::to_string(records[0]->step()) +
-        " (commit_steps): the job goes on from it");
+        " (commit_steps): the job goes on from it" +
+        (checkpoint_next_ ? ", with a checkpoint at its next step for a copy on another server" : ""));
 }
 
 Status JobRunner::Replan(const std::vector<std::size_t>& lost) {

@@ -256,6 +256,7 @@ TEST(LostServer, WithCommittedStepsALostReplicaCostsOnlyTheStepThatFailed) {
   EXPECT_EQ(end.state(), v1::JOB_STATE_SUCCEEDED) << end.error() << "\n" << Events(end);
   EXPECT_EQ(end.lost_servers_size(), 1);
   EXPECT_THAT(Events(end), HasSubstr("replica 0 kept its state after step"));
+  EXPECT_THAT(Events(end), HasSubstr("with a checkpoint at its next step for a copy on another server"));
   const auto [failed, restored] = FailedAndRestoredSteps(end);
   ASSERT_GE(failed, 25) << Events(end);
   EXPECT_GE(restored, failed) << "went back past the step that failed:\n" << Events(end);
