@@ -109,7 +109,10 @@ Status JobRunner::DropReplica(const std::vector<std::size_t>& lost) {
                            std::to_string(static_cast<int>(LostAfterS(spec_))) + " s): " + gone +
                            "; the job goes on as " + std::to_string(left) + " replica(s) of " + std::to_string(p) +
                            " stages, each step still over the global batch of " +
-                           std::to_string(spec_.batch_size()) + ", from its newest complete checkpoint";
+                           std::to_string(spec_.batch_size()) + ", from its newest complete checkpoint" +
+                           (planned_spec_.commit_steps() ? ""
+                                                         : " (the steps since are redone; commit_steps: true keeps "
+                                                           "them, redoing the step that failed alone)");
   LOG_WARN("job ", status_.job_id(), ": ", text);
   Event(text);
   return absl::OkStatus();
