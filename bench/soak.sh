@@ -81,6 +81,9 @@ watcher=$!
 pids+=("$watcher")
 
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo ""; }
+# The anonymous part of it (heap, stacks): VmRSS also counts the pages of the
+# libraries' files, shared with other processes, read in as code runs.
+anon_kb() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status" 2>/dev/null || echo ""; }
 cpu_s() {  # utime + stime, in seconds
   awk -v hz="$(getconf CLK_TCK)" '{sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz}' "/proc/$1/stat" 2>/dev/null || echo ""
 }
@@ -90,7 +93,7 @@ steps_total() {  # the coordinator's conveyor_steps_total, as Prometheus would s
 db_bytes() { cat "$RUN"/state/conveyor.db* 2>/dev/null | wc -c; }
 
 csv="$OUT/soak.csv"
-echo "seconds,step,coordinator_rss_kb,stage0_rss_kb,stage1_rss_kb,watcher_rss_kb,db_bytes,coordinator_cpu_s,stage0_cpu_s,stage1_cpu_s,event" > "$csv"
+echo "seconds,step,coordinator_rss_kb,stage0_rss_kb,stage1_rss_kb,watcher_rss_kb,db_bytes,coordinator_cpu_s,stage0_cpu_s,stage1_cpu_s,coordinator_anon_kb,stage0_anon_kb,stage1_anon_kb,event" > "$csv"
 start=$(date +%s.%N)
 killed=0
 while kill -0 "$watcher" 2>/dev/null; do
@@ -108,10 +111,11 @@ while kill -0 "$watcher" 2>/dev/null; do
     echo "soak: $event at step $step"
   fi
   now=$(date +%s.%N)
-  printf '%.1f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$(awk -v a="$now" -v b="$start" 'BEGIN {print a - b}')" "${step%.*}" \
-    "$(rss_kb "$coordinator_pid")" "$(rss_kb "${stage_pid[0]}")" "$(rss_kb "${stage_pid[1]}")" \
+  printf '%.1f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n' "$(awk -v a="$now" -v b="$start" 'BEGIN {print a - b}')" \
+    "${step%.*}" "$(rss_kb "$coordinator_pid")" "$(rss_kb "${stage_pid[0]}")" "$(rss_kb "${stage_pid[1]}")" \
     "$(rss_kb "$watcher")" "$(db_bytes)" "$(cpu_s "$coordinator_pid")" "$(cpu_s "${stage_pid[0]}")" \
-    "$(cpu_s "${stage_pid[1]}")" "$event" >> "$csv"
+    "$(cpu_s "${stage_pid[1]}")" "$(anon_kb "$coordinator_pid")" "$(anon_kb "${stage_pid[0]}")" \
+    "$(anon_kb "${stage_pid[1]}")" "$event" >> "$csv"
   sleep "$SAMPLE_S"
 done
 rc=0

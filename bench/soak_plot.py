@@ -27,6 +27,33 @@ def fit_slope(xs, ys):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
+def report(p, kind, warm, kill):
+    """Prints process p's memory of `kind` (rss or anon) after warm-up and its
+    growth; returns whether it is flat."""
+    key = f"{p}_{kind}_kb"
+    pts = [(r["step"], r[key]) for r in warm if r.get(key)]
+    # Fitted apart before the kill and after the recovery (from WARMUP_STEPS
+    # past it): the recovery configures the job anew once, which is not a
+    # growth a step; stage 1 is another process after it.
+    parts = [pts]
+    if kill:
+        parts = [[(s, m) for s, m in pts if s < kill[0]],
+                 [(s, m) for s, m in pts if s >= kill[0] + WARMUP_STEPS]]
+    parts = [q for q in parts if len(q) >= 2]
+    if not parts:
+        print(f"{p}: too few samples after warm-up")
+        return True
+    slopes = [fit_slope([s for s, _ in q], [m for _, m in q]) * 1000 for q in parts]  # KiB per 1000 steps
+    ok = all(x < FLAT_KIB_PER_1000_STEPS for x in slopes)
+    jump = f", {(parts[1][0][1] - parts[0][-1][1]) / 1024:+.1f} MiB across the recovery" if len(parts) == 2 else ""
+    name = "RSS" if kind == "rss" else "anonymous RSS"
+    print(f"{p}: {name} {pts[0][1] / 1024:.1f} MiB at step {int(pts[0][0])}, {pts[-1][1] / 1024:.1f} MiB at step "
+          f"{int(pts[-1][0])}{jump}; " + " / ".join(f"{x:+.2f}" for x in slopes) +
+          f" KiB per 1000 steps after warm-up{' (before / after the kill)' if len(slopes) == 2 else ''}"
+          f" ({'flat' if ok else 'GROWS'})")
+    return ok
+
+
 def main():
     path, png = sys.argv[1], sys.argv[2]
     rows = [r for r in csv.DictReader(open(path)) if r["step"]]
@@ -36,30 +63,13 @@ def main():
                 r[k] = float(v) if v else None
     procs = ["coordinator", "stage0", "stage1", "watcher"]
     warm = [r for r in rows if r["step"] >= WARMUP_STEPS]
-    flat = True
     print(f"samples: {len(rows)}, steps: {int(rows[-1]['step'])}, seconds: {rows[-1]['seconds']:.0f}")
     kill = [r["step"] for r in rows if r["event"]]
-    for p in procs:
-        pts = [(r["step"], r[p + "_rss_kb"]) for r in warm if r[p + "_rss_kb"]]
-        # Fitted apart before the kill and after the recovery (from WARMUP_STEPS
-        # past it): the recovery configures the job anew once, which is not a
-        # growth a step; stage 1 is another process after it.
-        parts = [pts]
-        if kill:
-            parts = [[(s, m) for s, m in pts if s < kill[0]],
-                     [(s, m) for s, m in pts if s >= kill[0] + WARMUP_STEPS]]
-        parts = [q for q in parts if len(q) >= 2]
-        if not parts:
-            print(f"{p}: too few samples after warm-up")
-            continue
-        slopes = [fit_slope([s for s, _ in q], [m for _, m in q]) * 1000 for q in parts]  # KiB per 1000 steps
-        ok = all(x < FLAT_KIB_PER_1000_STEPS for x in slopes)
-        flat = flat and ok
-        jump = f", {(parts[1][0][1] - parts[0][-1][1]) / 1024:+.1f} MiB across the recovery" if len(parts) == 2 else ""
-        print(f"{p}: RSS {pts[0][1] / 1024:.1f} MiB at step {int(pts[0][0])}, {pts[-1][1] / 1024:.1f} MiB at step "
-              f"{int(pts[-1][0])}{jump}; " + " / ".join(f"{x:+.2f}" for x in slopes) +
-              f" KiB per 1000 steps after warm-up{' (before / after the kill)' if len(slopes) == 2 else ''}"
-              f" ({'flat' if ok else 'GROWS'})")
+    flat = all([report(p, "rss", warm, kill) for p in procs])
+    # The anonymous part (heap, stacks; soak.sh samples it from its second
+    # version on): VmRSS also counts the libraries' file pages read in as
+    # code runs, shared with other processes and given back under pressure.
+    anon = [report(p, "anon", warm, kill) for p in procs if p + "_anon_kb" in rows[0]]
     db = [(r["step"], r["db_bytes"]) for r in rows if r["db_bytes"]]
     db_slope = fit_slope([s for s, _ in db], [b for _, b in db])
     print(f"job database: {db[0][1] / 2**20:.2f} MiB at step {int(db[0][0])}, {db[-1][1] / 2**20:.2f} MiB at step "
@@ -68,6 +78,8 @@ def main():
     print("CPU seconds: " + ", ".join(f"{p} {last[p + '_cpu_s']:.0f}" for p in ["coordinator", "stage0", "stage1"]
                                       if last[p + "_cpu_s"] is not None) + " (stage1: since its restart)")
     print("memory flat after warm-up: " + ("yes" if flat else "NO"))
+    if anon:
+        print("anonymous memory flat after warm-up: " + ("yes" if all(anon) else "NO"))
 
     import matplotlib
     matplotlib.use("Agg")
