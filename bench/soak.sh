@@ -124,5 +124,9 @@ echo "soak: the watcher exited $rc"
 $C status "$job" --json > "$OUT/status.json" || true
 $C list > "$OUT/list.txt" || true
 cp "$RUN"/*.log "$RUN/watch.err" "$OUT/" 2>/dev/null || true
-python3 bench/soak_plot.py "$csv" "$OUT/soak.png" | tee "$OUT/summary.txt"
+# Debian's python3 has matplotlib (scripts/setup.sh); another one first
+# on PATH (a pyenv's) may not.
+py=python3
+/usr/bin/python3 -c "import matplotlib" 2>/dev/null && py=/usr/bin/python3
+"$py" bench/soak_plot.py "$csv" "$OUT/soak.png" | tee "$OUT/summary.txt"
 exit "$rc"
