@@ -76,7 +76,8 @@ void AddRecoveryKeys(Table& add) {
       "before; the job goes on from their state, redoing at most that step, not from its newest checkpoint (see "
       "[recovery.md](recovery.md)). Costs a round trip to the coordinator a step, and no step overlaps the next "
       "(`steps_in_flight`). Needs 2 or more `replicas`, and stage servers with a `--checkpoint-dir` (the state is "
-      "written there as a checkpoint), also without `checkpoint_every`")
+      "written there as a checkpoint), also without `checkpoint_every`; not with `zero: 1` (a lost replica's slice "
+      "of the optimizer state is on its servers alone)")
       .Default("false")
       .Set([](const V& v, S* s) { s->set_commit_steps(v.flag); });
 }

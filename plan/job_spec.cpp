@@ -643,6 +643,9 @@ Status ValidateJobTraining(const v1::JobSpec& spec) {
     return Invalid("matmul_sm_carveout: must be off, auto or 1 to 64 SMs");
   if (spec.commit_steps() && Replicas(spec) < 2)
     return Invalid("commit_steps: keeps the other replicas whole when one is lost: it needs replicas of 2 or more");
+  if (spec.commit_steps() && spec.zero_stage() > 0)
+    return Invalid("commit_steps: cannot keep a zero 1 job's state when a replica is lost (that replica's slice of "
+                   "the optimizer state was on its servers alone); leave out commit_steps or zero");
   if (spec.steps() > 0 && spec.profile_step() > spec.steps())
     return Invalid("profile_step: " + std::to_string(spec.profile_step()) + " is past the job's last step (" +
                    std::to_string(spec.steps()) + ")");

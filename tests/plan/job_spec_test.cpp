@@ -230,6 +230,8 @@ const BadValueCase kBadValueCases[] = {
     {"model: toy\npartition: {stages: 2, balance: time, link_gbps: -1}\n", "partition.link_gbps"},
     {"model: toy\ncheckpoint_every: 10\ncommit_steps: true\n", "commit_steps: keeps the other replicas whole when "
      "one is lost: it needs replicas of 2 or more"},
+    {"model: toy\nbatch_size: 8\nreplicas: 2\nzero: 1\ncommit_steps: true\n",
+     "commit_steps: cannot keep a zero 1 job's state when a replica is lost"},
     {"model: toy\nprofile_step: -1\n", "profile_step"},
     {"model: toy\nsteps: 5\nprofile_step: 6\n", "profile_step: 6 is past the job's last step (5)"},
     {"model: toy\nmatmul_sm_carveout: some\n", "matmul_sm_carveout: expected auto, off or a number"},
