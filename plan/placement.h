@@ -8,6 +8,10 @@
 //
 // On two H100s the Quick start's job (4 stages) took 4.5 s an epoch as four
 // processes, two on each GPU, and 2.3 s folded into two (bench/RESULTS.md).
+//
+// The same folds re-plan a job whose servers are lost for good (MergeStages,
+// FoldOntoServers; docs/recovery.md), and TrainingDigest says which
+// checkpoints a job may load under another layout.
 #pragma once
 
 #include <string>
