@@ -5,6 +5,8 @@
 #include "stage_server/stage.h"
 #include "stage_server/stage_impl.h"
 
+#include <functional>
+
 #include "plan/placement.h"
 #include "stage_server/checkpoint_peers.h"
 
@@ -81,6 +83,25 @@ Status CopyNamed(const std::map<std::string, at::Tensor>& named, const std::stri
   return absl::OkStatus();
 }
 
+using Fits = std::function<bool(const v1::CheckpointHeader&)>;
+
+// The file of `id` whose header `fits`: this server's own or the copy it
+// keeps, else the file or copy of the first of `peers` that has one. A peer's
+// file that `wanted` (where given) says is not needed is not fetched: empty.
+// `header` receives its header, `where` where it was.
+StatusOr<std::string> LocateCheckpoint(const CheckpointFiles& files, const CheckpointFileId& id,
+                                       const std::vector<std::string>& peers, const Fits& fits, const Fits& wanted,
+                                       v1::CheckpointHeader* header, std::string* where) {
+  auto file = files.ReadFile(id.job_id, id.stage, id.step, header, where);
+  if (file.ok() && !fits(*header)) file = absl::NotFoundError(*where + " was written under another cut");
+  if (!absl::IsNotFound(file.status()) || peers.empty()) return file;
+  std::string holder;
+  CONVEYOR_ASSIGN_OR_RETURN(*header, PeerCheckpointHeader(peers, id, kPartTimeoutS, &holder, fits));
+  if (wanted && !wanted(*header)) return std::string();
+  *where = holder + " (checkpoint " + id.Describe() + ")";
+  return PeerCheckpointFile(holder, id, kPartTimeoutS);
+}
+
 }  // namespace
 
 StatusOr<v1::CheckpointFilePart> Stage::Impl::ReadCheckpointFile(const v1::CheckpointFileRequest& req) {
@@ -107,24 +128,17 @@ StatusOr<std::string> Stage::Impl::FindCheckpoint(const v1::LoadCheckpointReques
   auto own = checkpoints_.Load(req.job_id(), stage, req.step(), header, record);
   if (own.ok() || !(absl::IsNotFound(own.status()) || checkpoints_.dir().empty())) return own;
   // The copy this server keeps, else a peer's file or copy.
-  CheckpointFileId id{req.job_id(), stage, req.step()};
+  const CheckpointFileId id{req.job_id(), stage, req.step()};
+  const int stages = req.stages() > 0 ? req.stages() : job_->assignment.num_stages();
+  auto fits = [stages](const v1::CheckpointHeader& h) { return h.spec().partition().stages() == stages; };
   std::string where;
-  auto file = checkpoints_.ReadFile(id.job_id, stage, id.step, header, &where);
-  if (absl::IsNotFound(file.status()) && !req.peers().empty()) {
-    const int stages = req.stages() > 0 ? req.stages() : job_->assignment.num_stages();
-    auto fits = [stages](const v1::CheckpointHeader& h) { return h.spec().partition().stages() == stages; };
-    const std::vector<std::string> peers(req.peers().begin(), req.peers().end());
-    std::string holder;
-    auto found = PeerCheckpointHeader(peers, id, kPartTimeoutS, &holder, fits);
-    if (!found.ok()) return found.status();
-    file = PeerCheckpointFile(holder, id, kPartTimeoutS);
-    where = holder + " (checkpoint " + id.Describe() + ")";
-  }
-  if (!file.ok()) return file.status();
-  CONVEYOR_ASSIGN_OR_RETURN(std::string payload, ParseCheckpoint(*file, where, header));
+  CONVEYOR_ASSIGN_OR_RETURN(std::string file,
+                            LocateCheckpoint(checkpoints_, id, {req.peers().begin(), req.peers().end()}, fits, nullptr,
+                                             header, &where));
+  CONVEYOR_ASSIGN_OR_RETURN(std::string payload, ParseCheckpoint(file, where, header));
   record->set_step(id.step);
   record->set_path(where);
-  record->set_bytes(static_cast<int64_t>(file->size()));
+  record->set_bytes(static_cast<int64_t>(file.size()));
   return payload;
 }
 
@@ -142,16 +156,10 @@ Status Stage::Impl::LoadResharded(const v1::LoadCheckpointRequest& req, v1::Load
     CheckpointFileId id{req.job_id(), s, req.step()};
     v1::CheckpointHeader header;
     std::string where;
-    auto file = checkpoints_.ReadFile(id.job_id, s, id.step, &header, &where);
-    if (file.ok() && !fits(header)) file = absl::NotFoundError(where + " was written under another cut");
-    if (absl::IsNotFound(file.status())) {
-      std::string holder;
-      CONVEYOR_ASSIGN_OR_RETURN(header, PeerCheckpointHeader(peers, id, kPartTimeoutS, &holder, fits));
-      if (!Overlaps(header, a)) continue;
-      CONVEYOR_ASSIGN_OR_RETURN(file, PeerCheckpointFile(holder, id, kPartTimeoutS));
-      where = holder + " (checkpoint " + id.Describe() + ")";
-    }
+    auto file = LocateCheckpoint(checkpoints_, id, peers, fits, [&a](const v1::CheckpointHeader& h) { return Overlaps(h, a); },
+                                 &header, &where);
     if (!file.ok()) return Annotate(file.status(), Who());
+    if (file->empty()) continue;  // a peer's stage that held none of these layers
     CONVEYOR_ASSIGN_OR_RETURN(std::string payload, ParseCheckpoint(*file, where, &header));
     if (header.job_id() != id.job_id || header.stage_index() != s || header.step() != id.step)
       return absl::FailedPreconditionError(Who() + ": " + where + " is not checkpoint " + id.Describe());
