@@ -236,7 +236,8 @@ class Stage::Impl {
     // updated_params: each part's parameter, an index into param_names
     // (the trainable parameters' names, in the reducer's order).
     // whole_state: replica 0's copy of every parameter's optimizer state by
-    // name, gathered from the replicas' parts for a checkpoint.
+    // name, gathered from the replicas' parts for a checkpoint and dropped
+    // once it is written.
     bool sliced = false;
     std::vector<at::Tensor> updated;
     std::vector<std::size_t> updated_params;

@@ -3,8 +3,6 @@
 #include "stage_server/stage_impl.h"
 #include "stage_server/stage_metrics.h"
 
-#include <cstring>
-
 #include "common/wire.h"
 #include "model/torchscript_export.h"
 #include "plan/placement.h"

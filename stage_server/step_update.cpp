@@ -161,6 +161,8 @@ StatusOr<v1::CheckpointRecord> Stage::Impl::CheckpointAfter(int64_t step) {
   if (job_->sliced) CONVEYOR_RETURN_IF_ERROR(GatherOptimizerState());
   if (job_->assignment.num_replicas() > 1 && job_->assignment.replica() > 0) return v1::CheckpointRecord();
   auto record = SaveCheckpoint(step + 1);
+  // The gathered state is the whole optimizer's: not kept past its file.
+  job_->whole_state.clear();
   if (!record.ok()) {
     LOG_WARN("job ", job_->assignment.job_id(), " ", Who(), ": checkpoint of step ", step + 1, " failed: ",
              record.status().message());
