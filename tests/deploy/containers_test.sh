@@ -100,7 +100,13 @@ say "cluster up in $(( $(date +%s) - t1 )) s: coordinator $coordinator, Promethe
 # 4. A job through the published port; a stage container killed mid-job, as
 # soon as stage1 has written its first checkpoint into its volume (watched on
 # the host: polling the CLI, each poll a process, once saw the checkpoint 16 s
-# after the submission, when the 2000 steps had already ended).
+# after the submission, when the 2000 steps had already ended). The volume's
+# path and stage1's PID are read before the submission: on a loaded 2-core
+# machine one podman call can take seconds, and once took the 11 s that an
+# 800-step job trains for.
+volume=$(podman volume inspect -f '{{.Mountpoint}}' "${project}_stage1-checkpoints") || fail "no stage1 volume"
+first_pid=$(podman inspect -f '{{.State.Pid}}' "$(container stage1)")
+[ -n "$first_pid" ] && [ "$first_pid" -gt 0 ] || fail "no PID for stage1's container"
 cat > "$tmp/job.yaml" <<JOB
 name: compose-test
 model: {name: convnet, num_classes: 10}
@@ -109,7 +115,7 @@ data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist}
 batch_size: 64
 micro_batches: 2
 optimizer: {name: adam, lr: 0.001}
-steps: 800
+steps: 1600
 checkpoint_every: 50
 seed: 7
 JOB
@@ -117,16 +123,14 @@ job=$("$bin/conveyor" --coordinator "$coordinator" submit "$tmp/job.yaml" 2> "$t
 [ -n "$job" ] || fail "submit printed no job id"
 status() { "$bin/conveyor" --coordinator "$coordinator" status "$job" --json 2> /dev/null; }
 field() { status | python3 -c "import json,sys; print(json.load(sys.stdin).get('$1', ''))" 2> /dev/null; }
-volume=$(podman volume inspect -f '{{.Mountpoint}}' "${project}_stage1-checkpoints") || fail "no stage1 volume"
 written() { compgen -G "$volume/$job/stage-1/step-*.ckpt" > /dev/null; }
 await 180 "$job's first checkpoint on stage1" written
 # A crash, not `podman kill` (an engine's kill or stop is the user's, which a
 # restart policy leaves alone): the stage server, PID 1 of its container,
 # killed from the host. Its restart policy (unless-stopped) brings it back.
-first_pid=$(podman inspect -f '{{.State.Pid}}' "$(container stage1)")
-[ -n "$first_pid" ] && [ "$first_pid" -gt 0 ] || fail "no PID for stage1's container"
 kill -KILL "$first_pid" || fail "kill $first_pid"
-say "stage1 wrote $(basename "$(compgen -G "$volume/$job/stage-1/step-*.ckpt" | head -1)"): its server crashed (SIGKILL)"
+at_kill=$(basename "$(compgen -G "$volume/$job/stage-1/step-*.ckpt" | tail -1)")
+say "stage1 wrote $at_kill: its server crashed (SIGKILL)"
 recovered() { [ "$(field recoveries)" -ge 1 ] 2> /dev/null; }
 back() {
   local pid
@@ -139,7 +143,7 @@ ended() { case "$(field state)" in succeeded|failed|cancelled) return 0 ;; esac;
 await 300 "$job's end" ended
 "$bin/conveyor" --coordinator "$coordinator" status "$job" > "$tmp/status.log" 2>&1
 [ "$(field state)" = succeeded ] || fail "$job did not succeed: $(field state) $(field error)"
-recovered || fail "$job succeeded without a recovery after the kill"
+recovered || fail "$job succeeded without a recovery after the kill (stage1's newest checkpoint then: $at_kill)"
 say "$job succeeded after $(field recoveries) recovery: $(grep -iE 'recover' "$tmp/status.log" | head -3 | tr -s ' ' | tr '\n' ' ')"
 
 # 5. Prometheus scraped the three servers.
