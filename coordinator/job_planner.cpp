@@ -36,7 +36,7 @@ Status BalancePartition(const std::string& job_id, StageClient* stage0, v1::JobS
   }
   if (static_cast<int>(costs.size()) < chunks) return absl::InvalidArgumentError("more chunks than layers");
   std::string cut;
-  const int micro_batches = static_cast<int>(MicroBatchSizes(*spec, spec->batch_size()).size());
+  const int micro_batches = static_cast<int>(MicroBatchCount(*spec, spec->batch_size()));
   for (int b : ScheduledBoundaries(costs, spec->schedule(), part->stages(), micro_batches,
                                    std::max(1, spec->virtual_stages()), link)) {
     part->add_boundaries(b);

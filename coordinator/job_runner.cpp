@@ -786,7 +786,7 @@ void JobRunner::AnnounceStart() {
   status_.set_schedule(spec_.schedule());
   status_.set_batch_size(spec_.batch_size());
   status_.set_tokens(TokensPerSample(spec_) > 0);
-  status_.set_micro_batches(static_cast<int>(MicroBatchSizes(spec_, spec_.batch_size()).size()));
+  status_.set_micro_batches(static_cast<int>(MicroBatchCount(spec_, spec_.batch_size())));
   status_.set_virtual_stages(spec_.virtual_stages());
   status_.set_theoretical_idle_fraction(TheoreticalIdleFraction(spec_));
   Publish();

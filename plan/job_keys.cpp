@@ -287,6 +287,11 @@ std::string DidYouMean(const std::string& section, const std::string& name) {
     const std::string key = k.key.substr(section.empty() ? 0 : section.size() + 1);
     std::string bare = key;
     bare.erase(std::remove(bare.begin(), bare.end(), '_'), bare.end());
+    // A key whose length differs by more than the edits allowed cannot be
+    // near enough (and a long unknown key would cost its length squared).
+    const std::size_t allowed = std::max<std::size_t>(1, key.size() / 3);
+    const std::size_t gap = name.size() > key.size() ? name.size() - key.size() : key.size() - name.size();
+    if (bare != name && gap > allowed) continue;
     const std::size_t d = bare == name ? 0 : EditDistance(name, key);
     if (d < best_d) {
       best_d = d;

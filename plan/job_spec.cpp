@@ -531,7 +531,7 @@ GraphsChoice CudaGraphsFor(const v1::JobSpec& spec, bool reference) {
     return off("replicas of a pipeline of several stages (set cuda_graphs: true to try)");
   if (SplitsBackward(spec.schedule()))
     return off("the " + ScheduleName(spec.schedule()) + " schedule splits backward in two passes");
-  const bool one_in_flight = spec.partition().stages() <= 1 || MicroBatchSizes(spec, spec.batch_size()).size() <= 1;
+  const bool one_in_flight = spec.partition().stages() <= 1 || MicroBatchCount(spec, spec.batch_size()) <= 1;
   if (spec.schedule() != v1::SCHEDULE_GPIPE && !one_in_flight)
     return off("graphs would hold every micro-batch's activations, where this schedule holds a few "
                "(set cuda_graphs: true to trade that memory for fewer launches)");
@@ -606,6 +606,16 @@ Status ValidateJobBatchSplit(const v1::JobSpec& spec) {
   if (spec.split_size() > spec.batch_size())
     return Invalid("split_size: " + std::to_string(spec.split_size()) +
                    " is larger than batch_size " + std::to_string(spec.batch_size()));
+  // Each micro-batch is a message between every pair of stages and a slot in
+  // every schedule: past this, a step is all overhead.
+  constexpr int64_t kMaxMicroBatches = 65536;
+  const int64_t m = MicroBatchCount(spec, spec.batch_size());
+  if (m > kMaxMicroBatches)
+    return Invalid((spec.split_size() > 0 ? "split_size: batch_size " + std::to_string(spec.batch_size()) +
+                                                " with split_size " + std::to_string(spec.split_size()) + " makes "
+                                          : "micro_batches: ") +
+                   std::to_string(m) + " micro-batches, more than " + std::to_string(kMaxMicroBatches) +
+                   ": give fewer micro_batches or a larger split_size");
   if (Replicas(spec) > 1) {
     const int r = Replicas(spec);
     if (spec.batch_size() % r != 0)
@@ -656,7 +666,7 @@ Status ValidateJobTraining(const v1::JobSpec& spec) {
 Status ValidateJobStageKeys(const v1::JobSpec& spec) {
   if (spec.schedule() == v1::SCHEDULE_INTERLEAVED) {
     if (spec.virtual_stages() < 2) return Invalid("virtual_stages: the interleaved schedule needs 2 or more");
-    const int64_t m = static_cast<int64_t>(MicroBatchSizes(spec, spec.batch_size()).size());
+    const int64_t m = MicroBatchCount(spec, spec.batch_size());
     if (m % spec.partition().stages() != 0) {
       return Invalid("micro_batches: the interleaved schedule needs a multiple of the stages (" +
                      std::to_string(spec.partition().stages()) + "), got " + std::to_string(m));
@@ -818,7 +828,7 @@ v1::EpochReport EpochSummary(const google::protobuf::RepeatedField<float>& losse
 
 double TheoreticalIdleFraction(const v1::JobSpec& spec) {
   const double p = spec.partition().stages();
-  const double m = static_cast<double>(MicroBatchSizes(spec, spec.batch_size()).size());
+  const double m = static_cast<double>(MicroBatchCount(spec, spec.batch_size()));
   const double v = std::max(1, spec.virtual_stages());
   switch (spec.schedule()) {
     case v1::SCHEDULE_INTERLEAVED: return (p - 1) / (v * m + p - 1);
@@ -849,6 +859,7 @@ ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica) {
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {
   std::vector<int64_t> sizes;
   if (batch <= 0) return sizes;
+  sizes.reserve(static_cast<std::size_t>(MicroBatchCount(spec, batch)));
   if (spec.split_size() > 0) {
     for (int64_t start = 0; start < batch; start += spec.split_size())
       sizes.push_back(std::min<int64_t>(spec.split_size(), batch - start));
@@ -857,6 +868,12 @@ std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {
   int64_t m = std::min<int64_t>(std::max(spec.micro_batches(), 1), batch);
   for (int64_t i = 0; i < m; ++i) sizes.push_back(batch / m + (i < batch % m ? 1 : 0));
   return sizes;
+}
+
+int64_t MicroBatchCount(const v1::JobSpec& spec, int64_t batch) {
+  if (batch <= 0) return 0;
+  if (spec.split_size() > 0) return (batch + spec.split_size() - 1) / spec.split_size();
+  return std::min<int64_t>(std::max(spec.micro_batches(), 1), batch);
 }
 
 }  // namespace conveyor

@@ -129,6 +129,9 @@ ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica);
 // micro_batches: M -> M near-equal parts (as torch.tensor_split; fewer when
 // batch < M); split_size: S -> parts of S samples, the last one smaller.
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch);
+// MicroBatchSizes(spec, batch).size(), without building the list (a job file
+// may ask for hundreds of thousands of one-sample micro-batches).
+int64_t MicroBatchCount(const v1::JobSpec& spec, int64_t batch);
 
 // The schedule's idle fraction of a step, for equal forward and backward
 // costs per micro-batch: (P-1)/(M+P-1) for gpipe and 1f1b, (P-1)/(vM+P-1)

@@ -84,7 +84,7 @@ StatusOr<ServerFold> FoldOntoServers(const v1::JobSpec& spec, int servers) {
   v1::JobSpec& next = fold.spec;
   next.mutable_partition()->set_stages(servers);
   if (spec.schedule() == v1::SCHEDULE_INTERLEAVED &&
-      MicroBatchSizes(spec, spec.batch_size()).size() % static_cast<std::size_t>(servers) != 0) {
+      MicroBatchCount(spec, spec.batch_size()) % servers != 0) {
     next.set_schedule(v1::SCHEDULE_1F1B);
     next.set_virtual_stages(1);
     fold.changed = "the interleaved schedule needs micro-batches a multiple of the stages (" +

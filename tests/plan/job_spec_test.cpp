@@ -286,6 +286,26 @@ TEST(JobSpec, MicroBatchSizes) {
   EXPECT_EQ(MicroBatchSizes(spec, 16), (std::vector<int64_t>{8, 8}));
 }
 
+TEST(JobSpec, MoreThan65536MicroBatchesAreRefused) {
+  const Status st = ParseError("model: toy\nbatch_size: 502480\nsplit_size: 1\n");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("with split_size 1 makes 502480 micro-batches, more than 65536: give fewer"));
+  EXPECT_TRUE(ParseJobYaml("model: toy\nbatch_size: 502480\nsplit_size: 8\n").ok());
+}
+
+TEST(JobSpec, MicroBatchCountIsTheListsLengthWithoutTheList) {
+  for (int64_t batch : {0, 1, 2, 7, 16, 20, 501}) {
+    for (int64_t m : {1, 3, 4, 64}) {
+      v1::JobSpec spec;
+      spec.set_micro_batches(m);
+      EXPECT_EQ(MicroBatchCount(spec, batch), static_cast<int64_t>(MicroBatchSizes(spec, batch).size())) << batch;
+      spec.set_micro_batches(0);
+      spec.set_split_size(m);
+      EXPECT_EQ(MicroBatchCount(spec, batch), static_cast<int64_t>(MicroBatchSizes(spec, batch).size())) << batch;
+    }
+  }
+}
+
 TEST(ModelCatalog, BalancedBoundariesMinimiseTheCostliestRange) {
   EXPECT_EQ(BalancedBoundaries({1, 1, 1, 1}, 2), (std::vector<int>{2}));
   EXPECT_EQ(BalancedBoundaries({5, 1, 1, 1, 1, 1}, 2), (std::vector<int>{1}));
