@@ -510,11 +510,41 @@ Status JobStore::AddCurves(const std::string& job_id, const std::vector<v1::Curv
       if (!st.ok()) break;
     }
   }
+  if (st.ok()) st = ThinCurvesLocked(job_id);
   if (!st.ok()) {
     Exec("ROLLBACK;").IgnoreError();
     return st;
   }
   return Exec("COMMIT;");
+}
+
+// A week-long job at hundreds of steps a second would otherwise add a row a
+// step for ever (about 100 bytes each); a picture or a CSV of the run needs
+// thousands of points, not millions.
+Status JobStore::ThinCurvesLocked(const std::string& job_id) {
+  auto count = [&](int64_t stride) -> StatusOr<int64_t> {
+    Stmt q(db_, "SELECT count(*) FROM curve_steps WHERE job_id = ? AND (step - 1) % ? = 0;");
+    q.BindText(1, job_id);
+    q.Bind(2, stride);
+    const int64_t n = q.Step() ? q.Int(0) : 0;
+    CONVEYOR_RETURN_IF_ERROR(q.status());
+    return n;
+  };
+  CONVEYOR_ASSIGN_OR_RETURN(int64_t rows, count(1));
+  if (rows <= 2 * kCurveRows) return absl::OkStatus();
+  int64_t stride = 2;
+  for (;;) {
+    CONVEYOR_ASSIGN_OR_RETURN(rows, count(stride));
+    if (rows <= kCurveRows) break;
+    stride *= 2;
+  }
+  Stmt del(db_,
+           "DELETE FROM curve_steps WHERE job_id = ?1 AND (step - 1) % ?2 != 0 "
+           "AND step < (SELECT max(step) FROM curve_steps WHERE job_id = ?1);");
+  del.BindText(1, job_id);
+  del.Bind(2, stride);
+  del.Step();
+  return del.status();
 }
 
 Status JobStore::DropCurves(const std::string& job_id, int64_t step) {

@@ -111,7 +111,11 @@ class JobStore {
 
   // Training curves: per-step rows and evaluations, in one transaction (the
   // runner batches them). A step or evaluation stored before (a step run
-  // again after a recovery) is replaced.
+  // again after a recovery) is replaced. A job's step rows stay at most
+  // 2 x kCurveRows: past that they are thinned, over the whole run alike, to
+  // steps 1, 1 + S, 1 + 2S, ... (S a power of two) and the newest step, at
+  // most kCurveRows of them; new steps come in whole until the next thinning.
+  static constexpr int64_t kCurveRows = 10000;
   Status AddCurves(const std::string& job_id, const std::vector<v1::CurvePoint>& steps,
                    const std::vector<v1::EvalPoint>& evals);
   // Forgets a job's curve rows of steps after `step` (the job goes back to
@@ -127,6 +131,7 @@ class JobStore {
   Status AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& type);
   Status UpdateLocked(const v1::JobStatus& status, bool with_series);  // REQUIRES: mu_ held
   // Drops `stage`'s records of `job_id` but its newest `keep`.  REQUIRES: mu_ held
+  Status ThinCurvesLocked(const std::string& job_id);  // REQUIRES: mu_ held
   Status PruneCheckpointsLocked(const std::string& job_id, int stage, int keep);
 
   std::mutex mu_;  // serialises every use of db_

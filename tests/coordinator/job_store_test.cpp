@@ -22,6 +22,58 @@ v1::CurvePoint Point(int64_t step, double loss, bool grad_norm) {
   return p;
 }
 
+// A week-long job's curves stay a bounded number of rows, thinned alike over
+// the whole run; the newest step is always there.
+TEST(JobStore, ALongJobsCurvesAreThinnedEvenlyToABoundedNumberOfRows) {
+  const testing::ScopedTempDir folder("job-store");
+  auto store = JobStore::Open(folder.path() + "/curves.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  constexpr int64_t kSteps = 50000, kBatch = 1000;
+  const int64_t most = 2 * JobStore::kCurveRows;
+  for (int64_t first = 1; first <= kSteps; first += kBatch) {
+    std::vector<v1::CurvePoint> batch;
+    for (int64_t step = first; step < first + kBatch; ++step) batch.push_back(Point(step, 1.0, false));
+    ASSERT_TRUE((*store)->AddCurves("job-1", batch, {}).ok());
+    auto curves = (*store)->Curves("job-1");
+    ASSERT_TRUE(curves.ok()) << curves.status();
+    ASSERT_LE(curves->steps_size(), most) << "after step " << first + kBatch - 1;
+    ASSERT_EQ(curves->steps(curves->steps_size() - 1).step(), first + kBatch - 1);
+  }
+  ASSERT_TRUE((*store)->AddCurves("job-2", {Point(1, 7, false)}, {}).ok());
+  auto curves = (*store)->Curves("job-1");
+  ASSERT_TRUE(curves.ok());
+  const int n = curves->steps_size();
+  ASSERT_GT(n, JobStore::kCurveRows / 2);
+  EXPECT_EQ(curves->steps(0).step(), 1);
+  EXPECT_EQ(curves->steps(n - 1).step(), kSteps);
+  // Before the steps since the last thinning (whole), every S-th step from
+  // step 1 (S a power of two), and the newest step of that thinning.
+  const int64_t stride = curves->steps(1).step() - 1;
+  EXPECT_GT(stride, 1);
+  EXPECT_EQ(stride & (stride - 1), 0) << stride;
+  int tail = n - 1;
+  while (tail > 0 && curves->steps(tail).step() - curves->steps(tail - 1).step() == 1) --tail;
+  EXPECT_GT(n - tail, 1) << "no whole steps after the last thinning";
+  int unaligned = 0;
+  int64_t previous = 1 - stride;
+  for (int i = 0; i < tail; ++i) {
+    const int64_t step = curves->steps(i).step();
+    if ((step - 1) % stride != 0) {
+      ++unaligned;
+      continue;
+    }
+    EXPECT_EQ(step, previous + stride) << "a thinned step is missing";
+    previous = step;
+  }
+  EXPECT_LE(unaligned, 1);
+  // Another job's rows are its own; a recovery still drops later rows.
+  EXPECT_EQ((*store)->Curves("job-2")->steps_size(), 1);
+  ASSERT_TRUE((*store)->DropCurves("job-1", 1000).ok());
+  auto dropped = (*store)->Curves("job-1");
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_LE(dropped->steps(dropped->steps_size() - 1).step(), 1000);
+}
+
 TEST(JobStore, KeepsCurvesAcrossReopening) {
   const testing::ScopedTempDir folder("job-store");
   const std::string path = folder.path() + "/curves.db";
