@@ -29,7 +29,7 @@ bool IsPipeSplit(const std::string& target) { return target.find("_pipe_split") 
 std::vector<std::string> ModulePaths(const json& metadata) {
   std::vector<std::string> out;
   if (!metadata.contains("nn_module_stack")) return out;
-  std::stringstream in(metadata["nn_module_stack"].get<std::string>());
+  std::stringstream in(metadata.at("nn_module_stack").get<std::string>());
   for (std::string entry; std::getline(in, entry, ';');) {
     const std::size_t a = entry.find(',');
     const std::size_t b = a == std::string::npos ? a : entry.find(',', a + 1);
@@ -52,14 +52,14 @@ StatusOr<WeightMeta> MetaOf(const Program& p, const std::string& name, const jso
     return Bad(p, "'" + name + "' is stored pickled, which this reader does not read");
   const json& meta = entry.at("tensor_meta");
   const auto dtype = ScalarTypeOf(meta.at("dtype").get<int>());
-  if (!dtype) return Bad(p, "'" + name + "' has dtype code " + meta["dtype"].dump() + ", not read here");
+  if (!dtype) return Bad(p, "'" + name + "' has dtype code " + meta.at("dtype").dump() + ", not read here");
   WeightMeta m{*dtype, {}, {}, 0};
   for (const json& s : meta.at("sizes")) {
     if (!s.contains("as_int")) return Bad(p, "'" + name + "' has a symbolic size");
-    m.sizes.push_back(s["as_int"].get<int64_t>());
+    m.sizes.push_back(s.at("as_int").get<int64_t>());
   }
   for (const json& s : meta.at("strides")) m.strides.push_back(s.value("as_int", int64_t{0}));
-  if (meta.contains("storage_offset")) m.offset = meta["storage_offset"].value("as_int", int64_t{0});
+  if (meta.contains("storage_offset")) m.offset = meta.at("storage_offset").value("as_int", int64_t{0});
   return m;
 }
 
@@ -98,18 +98,18 @@ Status OpenArchive(Program& p, json* model, json* weights) {
 Status ReadSignature(Program& p, const json& signature) {
   for (const json& spec : signature.at("input_specs")) {
     if (spec.contains("parameter")) {
-      const std::string ph = spec["parameter"]["arg"]["name"], name = spec["parameter"]["parameter_name"];
+      const std::string ph = spec.at("parameter").at("arg").at("name"), name = spec.at("parameter").at("parameter_name");
       p.state_of[ph] = name;
       p.parameters.insert(name);
       p.state_order.push_back(name);
     } else if (spec.contains("buffer")) {
-      const std::string ph = spec["buffer"]["arg"]["name"], name = spec["buffer"]["buffer_name"];
+      const std::string ph = spec.at("buffer").at("arg").at("name"), name = spec.at("buffer").at("buffer_name");
       p.state_of[ph] = name;
       p.state_order.push_back(name);
     } else if (spec.contains("user_input")) {
-      const json& arg = spec["user_input"]["arg"];
+      const json& arg = spec.at("user_input").at("arg");
       if (!arg.contains("as_tensor")) return Bad(p, "an input that is not a tensor: " + arg.dump());
-      p.user_inputs.push_back(arg["as_tensor"]["name"]);
+      p.user_inputs.push_back(arg.at("as_tensor").at("name"));
     } else {
       return Bad(p, "an input this reader does not take (constants, tokens, custom objects): " + spec.dump());
     }
@@ -119,16 +119,16 @@ Status ReadSignature(Program& p, const json& signature) {
       return Bad(p, "an output other than the model's (a mutated buffer or a gradient): " + spec.dump() +
                         "; export the module itself (torch.export.export(model, args))");
     }
-    const json& arg = spec["user_output"]["arg"];
+    const json& arg = spec.at("user_output").at("arg");
     if (!arg.contains("as_tensor")) return Bad(p, "an output that is not a tensor: " + arg.dump());
-    p.user_outputs.push_back(arg["as_tensor"]["name"]);
+    p.user_outputs.push_back(arg.at("as_tensor").at("name"));
   }
   return absl::OkStatus();
 }
 
 // Where the state lies in the archive (each partition reads its own).
 Status ReadStateConfig(Program& p, const json& weights) {
-  const json& config = weights.contains("config") ? weights["config"] : json::object();
+  const json& config = weights.contains("config") ? weights.at("config") : json::object();
   for (const std::string& name : p.state_order) {
     if (!config.contains(name)) return Bad(p, "the archive has no weights for '" + name + "'");
     CONVEYOR_ASSIGN_OR_RETURN(WeightMeta meta, MetaOf(p, name, config[name]));
@@ -149,7 +149,7 @@ Status ReadNodes(Program& p, const json& graph, std::vector<std::size_t>* cuts) 
     node.target = n.at("target").get<std::string>();
     node.inputs = n.at("inputs");
     node.outputs = n.at("outputs");
-    if (n.contains("metadata")) node.modules = ModulePaths(n["metadata"]);
+    if (n.contains("metadata")) node.modules = ModulePaths(n.at("metadata"));
     if (IsPipeSplit(node.target)) {
       cuts->push_back(p.nodes.size());
       continue;
@@ -202,7 +202,7 @@ Status ReadGraph(Program& p, const json& model, const json& weights, const std::
   const json& gm = model.at("graph_module");
   const json& graph = gm.at("graph");
   CONVEYOR_RETURN_IF_ERROR(ReadSymValues(p, graph));
-  if (graph.contains("tensor_values")) *tensor_values = graph["tensor_values"];
+  if (graph.contains("tensor_values")) *tensor_values = graph.at("tensor_values");
   CONVEYOR_RETURN_IF_ERROR(ReadSignature(p, gm.at("signature")));
   CONVEYOR_RETURN_IF_ERROR(ReadStateConfig(p, weights));
   CONVEYOR_RETURN_IF_ERROR(ReadNodes(p, graph, cuts));
@@ -243,13 +243,16 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   json model, weights, tensor_values;
   CONVEYOR_RETURN_IF_ERROR(OpenArchive(*p, &model, &weights));
   std::vector<std::size_t> cuts;  // node indices a layer starts at
+  // Every json access throws on a key or type the archive lacks (.at(), never
+  // a const operator[], which reads past the end there): a damaged archive is
+  // an error, not a crash.
   try {
     CONVEYOR_RETURN_IF_ERROR(ReadGraph(*p, model, weights, cut_before, &tensor_values, &cuts));
+    MakeLayers(*p, cuts);
+    CONVEYOR_RETURN_IF_ERROR(FindCrossings(*p));
   } catch (const json::exception& e) {
     return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + WithoutBacktrace(e));
   }
-  MakeLayers(*p, cuts);
-  CONVEYOR_RETURN_IF_ERROR(FindCrossings(*p));
   try {
     BindSymbols(*p, tensor_values);
   } catch (const json::exception& e) {

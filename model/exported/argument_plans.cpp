@@ -44,7 +44,7 @@ StatusOr<ArgPlan> PlanTensors(const Program& p, const Node& node, const std::str
   a.kind = kind == "as_tensors" ? ArgPlan::kTensorList : ArgPlan::kOptionalTensorList;
   for (const json& t : v) {
     if (kind == "as_tensors" || t.contains("as_tensor")) {
-      CONVEYOR_ASSIGN_OR_RETURN(int s, slot(kind == "as_tensors" ? t : t["as_tensor"]));
+      CONVEYOR_ASSIGN_OR_RETURN(int s, slot(kind == "as_tensors" ? t : t.at("as_tensor")));
       a.slots.push_back(s);
     } else {
       a.slots.push_back(-1);
@@ -58,7 +58,7 @@ StatusOr<ArgPlan> PlanTensors(const Program& p, const Node& node, const std::str
 StatusOr<ArgPlan> PlanSizes(const Program& p, const Node& node, const json& v, bool named_sizes,
                             const c10::TypePtr& type) {
   auto size = [&](const json& i) -> StatusOr<SymExpr> {
-    if (i.contains("as_int")) return SymExpr::Parse(std::to_string(i["as_int"].get<int64_t>()));
+    if (i.contains("as_int")) return SymExpr::Parse(std::to_string(i.at("as_int").get<int64_t>()));
     const std::string name = i.at("as_name").get<std::string>();
     auto it = p.sym_values.find(name);
     if (it == p.sym_values.end())
@@ -102,12 +102,12 @@ StatusOr<ArgPlan> PlanConstant(const Program& p, const Node& node, const std::st
     for (const json& b : v) list.push_back(b.get<bool>());
     c = c10::IValue(list);
   } else if (kind == "as_sym_int" && v.contains("as_int")) {
-    c = c10::IValue(v["as_int"].get<int64_t>());
+    c = c10::IValue(v.at("as_int").get<int64_t>());
   } else if (kind == "as_sym_ints") {
     std::vector<int64_t> ints;
     for (const json& i : v) {
       if (!i.contains("as_int")) return Bad(p, "node '" + node.name + "' takes a symbolic size (dynamic shapes)");
-      ints.push_back(i["as_int"].get<int64_t>());
+      ints.push_back(i.at("as_int").get<int64_t>());
     }
     c = c10::IValue(ints);
   } else if (kind == "as_scalar_type") {
@@ -118,7 +118,7 @@ StatusOr<ArgPlan> PlanConstant(const Program& p, const Node& node, const std::st
     // The device the program was exported on (`torch.arange(T, device=x.device)` is written
     // as "cpu" when exported on the CPU): a tensor it makes goes to the stage's device, as
     // torch.export's move_to_device_pass moves every device of a program.
-    if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    if (!v.is_object() || !v.contains("type") || !v.at("type").is_string())
       return Bad(p, "node '" + node.name + "' names the device " + v.dump());
     a.kind = ArgPlan::kDevice;
     return a;
@@ -226,7 +226,7 @@ Status PlanNode(Program& p, std::size_t i) {
     node.outs.push_back(std::move(slots));
   }
   if (op == "aten::add_" && given.count("self") && given["self"]->contains("as_tensor")) {
-    auto s = p.state_of.find((*given["self"])["as_tensor"]["name"].get<std::string>());
+    auto s = p.state_of.find((*given["self"]).at("as_tensor").at("name").get<std::string>());
     const std::string suffix = "num_batches_tracked";
     if (s != p.state_of.end() && s->second.size() >= suffix.size() &&
         s->second.compare(s->second.size() - suffix.size(), suffix.size(), suffix) == 0)

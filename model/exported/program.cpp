@@ -30,14 +30,14 @@ std::optional<at::ScalarType> ScalarTypeOf(int code) {
 }
 
 void CollectReads(const json& arg, std::vector<std::string>* out) {
-  if (arg.contains("as_tensor")) out->push_back(arg["as_tensor"]["name"].get<std::string>());
+  if (arg.contains("as_tensor")) out->push_back(arg.at("as_tensor").at("name").get<std::string>());
   if (arg.contains("as_tensors"))
-    for (const json& t : arg["as_tensors"]) out->push_back(t["name"].get<std::string>());
+    for (const json& t : arg.at("as_tensors")) out->push_back(t.at("name").get<std::string>());
   if (arg.contains("as_optional_tensors"))
-    for (const json& t : arg["as_optional_tensors"])
-      if (t.contains("as_tensor")) out->push_back(t["as_tensor"]["name"].get<std::string>());
-  if (arg.contains("as_optional_tensor") && arg["as_optional_tensor"].contains("as_tensor"))
-    out->push_back(arg["as_optional_tensor"]["as_tensor"]["name"].get<std::string>());
+    for (const json& t : arg.at("as_optional_tensors"))
+      if (t.contains("as_tensor")) out->push_back(t.at("as_tensor").at("name").get<std::string>());
+  if (arg.contains("as_optional_tensor") && arg.at("as_optional_tensor").contains("as_tensor"))
+    out->push_back(arg.at("as_optional_tensor").at("as_tensor").at("name").get<std::string>());
 }
 
 std::size_t LayerOf(const Program& p, std::size_t i) {

@@ -19,9 +19,9 @@ std::string ExprText(const json& as_expr) {
 StatusOr<SymExpr> SymValueOf(const Program& p, const std::string& name, const json& v) {
   std::string text;
   if (v.contains("as_int")) {
-    text = std::to_string(v["as_int"].get<int64_t>());
+    text = std::to_string(v.at("as_int").get<int64_t>());
   } else if (v.contains("as_expr")) {
-    text = ExprText(v["as_expr"]);
+    text = ExprText(v.at("as_expr"));
   } else {
     return Bad(p, "the symbolic value '" + name + "' is " + v.dump() + ", which this reader does not read");
   }
@@ -41,7 +41,7 @@ std::string SymbolOf(const std::string& text) {
 
 Status ReadSymValues(Program& p, const json& graph) {
   if (!graph.contains("sym_int_values")) return absl::OkStatus();
-  for (const auto& [name, v] : graph["sym_int_values"].items()) {
+  for (const auto& [name, v] : graph.at("sym_int_values").items()) {
     CONVEYOR_ASSIGN_OR_RETURN(SymExpr e, SymValueOf(p, name, v));
     p.sym_values.emplace(name, std::move(e));
   }
@@ -74,12 +74,12 @@ void BindSymbols(Program& p, const json& tensor_values) {
     for (std::size_t i = 0; i < p.crossing[k].size(); ++i) {
       auto tv = tensor_values.find(p.crossing[k][i]);
       if (tv == tensor_values.end()) continue;
-      const json& meta = tv->contains("meta") ? (*tv)["meta"] : *tv;  // TensorValue{meta} in older archives
+      const json& meta = tv->contains("meta") ? (*tv).at("meta") : *tv;  // TensorValue{meta} in older archives
       if (!meta.contains("sizes")) continue;
       int64_t d = 0;
-      for (const json& size : meta["sizes"]) {
+      for (const json& size : meta.at("sizes")) {
         if (size.contains("as_expr")) {
-          const std::string symbol = SymbolOf(ExprText(size["as_expr"]));
+          const std::string symbol = SymbolOf(ExprText(size.at("as_expr")));
           if (!symbol.empty() && bound.insert(symbol).second) p.bindings[k].push_back({i, d, symbol});
         }
         ++d;

@@ -97,6 +97,30 @@ TEST(ExportedProgram, NamesWhatItCannotRead) {
   RemoveTree(dir);
 }
 
+// Each key of the program's model.json missing in turn: the reader refuses
+// the archive or reads it, and never reads past a key that is not there (a
+// const json operator[] did, for "parameter_name" among others).
+TEST(ExportedProgram, AnArchiveMissingAnyOneKeyIsRefusedOrReadNeverCrashed) {
+  const std::string dir = testing::MakeTempDir("exported");
+  const std::string gone = Edited(Cnn(), dir, "gone.pt2", [](std::string& json) {
+    ReplaceAll(json, "\"parameter_name\":", "\"parameter_nam\":");
+  });
+  ExpectRefused(DescribeExportedProgram(gone, "").status(),
+                "the program's graph is not as torch.export.save writes it");
+  for (const char* key : {"arg", "as_tensor", "name", "kind", "dtype", "sizes", "strides", "storage_offset", "inputs",
+                          "outputs", "metadata", "target", "nn_module_stack", "signature", "parameter", "buffer",
+                          "buffer_name", "graph_module", "graph", "nodes", "tensor_values", "sym_int_values",
+                          "input_specs", "user_input", "output_specs", "user_output", "as_int", "as_ints"}) {
+    const std::string quoted = std::string("\"") + key + "\":";
+    const std::string path = Edited(Cnn(), dir, std::string(key) + ".pt2", [&](std::string& json) {
+      ReplaceAll(json, quoted, std::string("\"") + key + "_gone\":");
+    });
+    auto summary = DescribeExportedProgram(path, "bn, fc");
+    if (!summary.ok()) EXPECT_EQ(summary.status().code(), absl::StatusCode::kInvalidArgument) << key << ": " << summary.status();
+  }
+  RemoveTree(dir);
+}
+
 // A pipe_split() mark (torch.distributed.pipelining's, a node of its own in
 // the graph) cuts the program there, as cut_before does before a module: the
 // program edited to carry one before the linear layer.
