@@ -3,7 +3,8 @@
 # RUNS executions (default 1,000,000), from its seeds (bench/fuzz/seeds, the
 # example job files) and its committed corpus (bench/fuzz/corpus: what earlier
 # long runs found, minimized with -merge=1; docs/testing.md, "Fuzzing").
-#   bench/fuzz/run.sh [RUNS [TARGET...]]     TARGET: job_file, torch_file, ... (default: all)
+#   bench/fuzz/run.sh [RUNS [TARGET...]]     TARGET: job_file, torch_file, ... (default: all
+#                                             but exported_program, which builds with LibTorch)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-1000000}
@@ -11,8 +12,11 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(job_file tensor_frame chunk_stream sym_expr torch_file pickle checkpoint http_request)
 build=${FUZZ_BUILD_DIR:-build-fuzz}
+# exported_program (a .pt2 archive) needs LibTorch: built only when named.
+torch=OFF
+for target in "${targets[@]}"; do [ "$target" = exported_program ] && torch=ON; done
 CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONVEYOR_FUZZ=ON \
-  -DCMAKE_CXX_COMPILER_LAUNCHER= >/dev/null
+  -DCONVEYOR_FUZZ_TORCH=$torch -DCMAKE_CXX_COMPILER_LAUNCHER= >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}" >/dev/null
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
@@ -33,7 +37,9 @@ if [ -d "$corpus/sym_expr" ]; then
 fi
 for target in "${targets[@]}"; do
   start=$(date +%s)
-  "$build/bin/fuzz_$target" -runs="$runs" -max_len=4096 -print_final_stats=1 "$corpus/$target" \
+  max_len=4096
+  [ "$target" = exported_program ] && max_len=131072  # a model.json is 8 to 91 KB
+  "$build/bin/fuzz_$target" -runs="$runs" -max_len=$max_len -print_final_stats=1 "$corpus/$target" \
     > "$corpus/$target.log" 2>&1 || { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED"; exit 1; }
   echo "fuzz_$target: $(grep -m1 -o 'stat::number_of_executed_units: [0-9]*' "$corpus/$target.log" | awk '{print $2}') executions, no crash ($(( $(date +%s) - start )) s)"
 done

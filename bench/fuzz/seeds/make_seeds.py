@@ -112,3 +112,12 @@ write("http_request/get", b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:9400\r\nAcc
 write("http_request/head-query", b"HEAD /metrics?name[]=x HTTP/1.0\r\n\r\n")
 write("http_request/post", b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc")
 write("http_request/other-path", b"GET / HTTP/1.1\r\n\r\n")
+# fuzz_exported_program: the byte that picks the fixture (its list's order),
+# then that program's models/model.json.
+fixtures = os.path.join(here, "..", "..", "..", "tests", "fixtures", "pt2")
+os.makedirs(os.path.join(here, "exported_program"), exist_ok=True)
+for i, name in enumerate(["cnn", "mlp", "dec", "dec_dyn", "dec_heads", "dec_ids", "dec_mask", "dec_math",
+                          "dec_pair", "dec_shared", "gpt_dyn"]):
+    with zipfile.ZipFile(os.path.join(fixtures, name + ".pt2")) as z:
+        model = next(n for n in z.namelist() if n.endswith("/models/model.json"))
+        write(f"exported_program/{name}", bytes([i]) + z.read(model))
