@@ -118,6 +118,9 @@ class Stmt {
 constexpr char kJobStoreSchema[] =
     "PRAGMA journal_mode=WAL;"
     "PRAGMA synchronous=NORMAL;"
+    // The write-ahead log keeps the size of its largest run of writes between
+    // checkpoints unless told otherwise; past 1 MiB it is cut back after each.
+    "PRAGMA journal_size_limit=1048576;"
     "CREATE TABLE IF NOT EXISTS jobs ("
     "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
     "  id TEXT UNIQUE,"
