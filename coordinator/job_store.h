@@ -130,8 +130,8 @@ class JobStore {
   // A column that came after the table: added where missing, NULL in old rows.
   Status AddColumnIfMissing(const std::string& table, const std::string& column, const std::string& type);
   Status UpdateLocked(const v1::JobStatus& status, bool with_series);  // REQUIRES: mu_ held
-  // Drops `stage`'s records of `job_id` but its newest `keep`.  REQUIRES: mu_ held
   Status ThinCurvesLocked(const std::string& job_id);  // REQUIRES: mu_ held
+  // Drops `stage`'s records of `job_id` but its newest `keep`.  REQUIRES: mu_ held
   Status PruneCheckpointsLocked(const std::string& job_id, int stage, int keep);
 
   std::mutex mu_;  // serialises every use of db_
