@@ -13,7 +13,8 @@
 # its write-ahead log). Then bench/soak_plot.py draws OUT_DIR/soak.png and prints
 # the figures. Exits 0 when the job succeeded.
 #
-# Settings (environment): BIN (build/bin), STEPS, KILL_AT_STEP, SAMPLE_S.
+# Settings (environment): BIN (build/bin), STEPS, KILL_AT_STEP, SAMPLE_S;
+# SOAK_WARMUP_STEPS (10000) for bench/soak_plot.py's fits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-build/bin}

@@ -4,8 +4,9 @@
     bench/soak_plot.py soak.csv soak.png
 
 Prints, for each process, the resident memory at the first sample after
-warm-up (WARMUP_STEPS: 10000 steps, or $SOAK_WARMUP_STEPS), at the end, and its growth per 1000 steps
-fitted over the steps after warm-up (a least-squares line; before the kill and
+warm-up (WARMUP_STEPS: 10000 steps, or $SOAK_WARMUP_STEPS), at the end, and
+its growth per 1000 steps fitted over the steps after warm-up (a least-squares
+line; before the kill and
 after the recovery apart, with the step between), the job database's
 size, and the CPU seconds each process used. The check "flat" passes when
 every process grew by less than 1 KiB per 1000 steps after warm-up (a copy
