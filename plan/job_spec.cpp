@@ -858,14 +858,13 @@ ReplicaShare ShareOf(const v1::JobSpec& spec, int64_t batch, int replica) {
 
 std::vector<int64_t> MicroBatchSizes(const v1::JobSpec& spec, int64_t batch) {
   std::vector<int64_t> sizes;
-  if (batch <= 0) return sizes;
-  sizes.reserve(static_cast<std::size_t>(MicroBatchCount(spec, batch)));
+  const int64_t m = MicroBatchCount(spec, batch);
+  sizes.reserve(static_cast<std::size_t>(m));
   if (spec.split_size() > 0) {
     for (int64_t start = 0; start < batch; start += spec.split_size())
       sizes.push_back(std::min<int64_t>(spec.split_size(), batch - start));
     return sizes;
   }
-  int64_t m = std::min<int64_t>(std::max(spec.micro_batches(), 1), batch);
   for (int64_t i = 0; i < m; ++i) sizes.push_back(batch / m + (i < batch % m ? 1 : 0));
   return sizes;
 }
