@@ -1,16 +1,11 @@
-// conveyor: the command-line client.
+// conveyor: the command-line client, without LibTorch: `train --reference`
+// and `export --checkpoint-dir` run in conveyor-torch (cli/torch_binary.h).
 #include "cli/commands.h"
+#include "cli/torch_binary.h"
 #include "common/server.h"
-
-#include <cstdio>
-#include <cstdlib>
 
 int main(int argc, char** argv) {
   conveyor::InstallCrashHandler("conveyor");
-  const int rc = conveyor::cli::Main(argc, argv, conveyor::cli::RunReference, conveyor::cli::ExportCheckpoints);
-  // Everything is done and written: leave without running static destructors.
-  // With a PyTorch wheel's LibTorch beside Debian's gRPC and protobuf, those
-  // crashed the process after its work (exit 139 on the GPU machine).
-  std::fflush(nullptr);
-  std::_Exit(rc);
+  return conveyor::cli::Main(argc, argv, conveyor::cli::TrainInTorchBinary(argv),
+                             conveyor::cli::ExportInTorchBinary(argv));
 }

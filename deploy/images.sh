@@ -76,11 +76,11 @@ CONF
       rm -rf "$tmp/rootfs"
       report "$base" "$start" ;;
     cpu)
-      for p in stage_server coordinator conveyor; do
+      for p in stage_server coordinator conveyor conveyor-torch; do
         [ -x "$bin/$p" ] || { echo "images: no $bin/$p (run scripts/build.sh first)" >&2; exit 1; }
       done
       mkdir -p "$tmp/cpu/bin"
-      cp "$bin/stage_server" "$bin/coordinator" "$bin/conveyor" "$tmp/cpu/bin/"
+      cp "$bin/stage_server" "$bin/coordinator" "$bin/conveyor" "$bin/conveyor-torch" "$tmp/cpu/bin/"
       cp -r "$src/examples" "$tmp/cpu/examples"
       "$src/scripts/runtime-packages.sh" "$bin/stage_server" "$bin/coordinator" "$bin/conveyor" > "$tmp/cpu/runtime-packages.txt"
       build "localhost/conveyor:$tag" "$src/deploy/Dockerfile.binaries" "$tmp/cpu"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Configures and builds Conveyor into ./build (BUILD_DIR overrides).
 #   scripts/build.sh             everything: the programs, the test suites, the benchmarks
-#   scripts/build.sh programs    the three programs only (conveyor, stage_server, coordinator):
-#                                the Quick start's, without GoogleTest or the test suites
+#   scripts/build.sh programs    the three programs only (conveyor, with conveyor-torch, which runs
+#                                its LibTorch commands; stage_server, coordinator): the Quick
+#                                start's, without GoogleTest or the test suites
 #   scripts/build.sh --sanitize asan|tsan [TARGET...]
 #                                instrumented (asan: AddressSanitizer and UndefinedBehaviorSanitizer,
 #                                tsan: ThreadSanitizer) into ./build-asan or ./build-tsan, with the
@@ -24,7 +25,7 @@ if [ -n "$sanitize" ]; then
         -DCONVEYOR_SANITIZE="$sanitize" -DCONVEYOR_BUILD_TESTS=ON)
   [ $# -gt 0 ] && targets=(--target "$@")
 elif [ "${1:-}" = programs ]; then
-  targets=(--target conveyor stage_server coordinator)
+  targets=(--target conveyor conveyor-torch stage_server coordinator)
   # A build folder that already has the tests keeps them (the test suite's own build).
   grep -qs '^CONVEYOR_BUILD_TESTS:BOOL=ON' "$build/CMakeCache.txt" || args+=(-DCONVEYOR_BUILD_TESTS=OFF)
 else

@@ -32,7 +32,7 @@ using testing::RunCommand;
 std::string Example(const std::string& name) { return std::string(CONVEYOR_SOURCE_DIR) + "/examples/" + name; }
 
 TEST(Cli, EveryProgramHasHelp) {
-  for (const char* bin : {"conveyor", "stage_server", "coordinator"}) {
+  for (const char* bin : {"conveyor", "conveyor-torch", "stage_server", "coordinator"}) {
     auto r = RunCommand({Binary(bin), "--help"});
     EXPECT_EQ(r.exit_code, 0) << bin;
     EXPECT_THAT(r.out, HasSubstr("Usage")) << bin;
@@ -40,6 +40,32 @@ TEST(Cli, EveryProgramHasHelp) {
   auto r = RunCommand({Binary("conveyor"), "local", "--help"});
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("--stages"));
+}
+
+// `conveyor` is linked without LibTorch, so that each call starts at once; its
+// two LibTorch commands run in conveyor-torch from its own folder, and where
+// that is missing they say so and how to build it.
+TEST(Cli, ConveyorLoadsNoLibTorchAndNamesConveyorTorchWhereItIsMissing) {
+  auto libs = RunCommand({"ldd", Binary("conveyor")});
+  ASSERT_EQ(libs.exit_code, 0) << libs.err;
+  EXPECT_THAT(libs.out, HasSubstr("libgrpc"));
+  EXPECT_THAT(libs.out, ::testing::Not(HasSubstr("libtorch")));
+  auto torch = RunCommand({"ldd", Binary("conveyor-torch")});
+  EXPECT_THAT(torch.out, HasSubstr("libtorch"));
+
+  testing::ScopedTempDir tmp("cli-alone");
+  const std::string dir = tmp.path();
+  std::filesystem::copy_file(Binary("conveyor"), dir + "/conveyor");
+  auto r = RunCommand({dir + "/conveyor", "train", Example("toy.yaml"), "--reference"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.err, HasSubstr((std::filesystem::canonical(dir) / "conveyor-torch").string()));
+  EXPECT_THAT(r.err, HasSubstr("scripts/build.sh programs"));
+  r = RunCommand({dir + "/conveyor", "export", "job-1", "--checkpoint-dir", dir, "--out", dir + "/w.pt"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("conveyor-torch"));
+  r = RunCommand({dir + "/conveyor", "train", Example("toy.yaml"), "--reference", "--dry-run"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(Cli, LocalRunMatchesTheReference) {
