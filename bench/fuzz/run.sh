@@ -39,7 +39,11 @@ for target in "${targets[@]}"; do
   start=$(date +%s)
   max_len=4096
   [ "$target" = exported_program ] && max_len=131072  # a model.json is 8 to 91 KB
-  "$build/bin/fuzz_$target" -runs="$runs" -max_len=$max_len -print_final_stats=1 "$corpus/$target" \
-    > "$corpus/$target.log" 2>&1 || { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED"; exit 1; }
+  # A crash's, leak's or slow input's file goes to build-fuzz/artifacts, not
+  # into the work tree.
+  mkdir -p "$build/artifacts"
+  "$build/bin/fuzz_$target" -runs="$runs" -max_len=$max_len -print_final_stats=1 \
+    -artifact_prefix="$build/artifacts/$target-" "$corpus/$target" > "$corpus/$target.log" 2>&1 ||
+    { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED (its input: $build/artifacts/)"; exit 1; }
   echo "fuzz_$target: $(grep -m1 -o 'stat::number_of_executed_units: [0-9]*' "$corpus/$target.log" | awk '{print $2}') executions, no crash ($(( $(date +%s) - start )) s)"
 done
