@@ -35,13 +35,13 @@ if [ -d "$corpus/sym_expr" ]; then
     printf '\x05%s' "$e" > "$corpus/sym_expr/$(printf '%s' "$e" | md5sum | cut -c1-8)"
   done
 fi
+# A crash's, leak's or slow input's file goes to build-fuzz/artifacts, not
+# into the work tree.
+mkdir -p "$build/artifacts"
 for target in "${targets[@]}"; do
   start=$(date +%s)
   max_len=4096
   [ "$target" = exported_program ] && max_len=131072  # a model.json is 8 to 91 KB
-  # A crash's, leak's or slow input's file goes to build-fuzz/artifacts, not
-  # into the work tree.
-  mkdir -p "$build/artifacts"
   "$build/bin/fuzz_$target" -runs="$runs" -max_len=$max_len -print_final_stats=1 \
     -artifact_prefix="$build/artifacts/$target-" "$corpus/$target" > "$corpus/$target.log" 2>&1 ||
     { tail -40 "$corpus/$target.log"; echo "fuzz_$target: FAILED (its input: $build/artifacts/)"; exit 1; }
