@@ -9,7 +9,10 @@ usage: plot_curves.py CURVES.csv OUT.png [TITLE]
 import csv
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(3)  # this python3 has none: cli/plot.cpp tries the next
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -20,8 +20,12 @@ from trace microseconds to x pixels.
 """
 import argparse
 import json
+import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(3)  # this python3 has none: cli/plot.cpp tries the next
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
