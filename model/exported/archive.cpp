@@ -246,22 +246,25 @@ StatusOr<std::shared_ptr<const Program>> ReadProgram(const std::string& path, co
   // Every json access throws on a key or type the archive lacks (.at(), never
   // a const operator[], which reads past the end there): a damaged archive is
   // an error, not a crash.
+  // What else a damaged graph throws (a std::map's at() on a name that no
+  // node makes, say) is refused the same way: a reader of a file a job names
+  // returns an error, it never throws (fuzz_exported_program).
   try {
     CONVEYOR_RETURN_IF_ERROR(ReadGraph(*p, model, weights, cut_before, &tensor_values, &cuts));
     MakeLayers(*p, cuts);
     CONVEYOR_RETURN_IF_ERROR(FindCrossings(*p));
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {
     return Bad(*p, std::string("the program's graph is not as torch.export.save writes it: ") + WithoutBacktrace(e));
   }
   try {
     BindSymbols(*p, tensor_values);
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {
     return Bad(*p, std::string("the program's tensor_values are not as torch.export.save writes them: ") +
                        WithoutBacktrace(e));
   }
   try {
     CONVEYOR_RETURN_IF_ERROR(Compile(*p));
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {
     return Bad(*p, std::string("an argument of the program's graph is not as torch.export.save writes it: ") +
                        WithoutBacktrace(e));
   }

@@ -51,24 +51,41 @@ std::set<std::string> MarkBatchFree(Program& p) {
 
 
 // Where each value is made (the node) and last read (p.nodes.size(): the
-// graph returns it).
-void MadeAndRead(const Program& p, std::map<std::string, std::size_t>* made,
-                 std::map<std::string, std::size_t>* last_read) {
+// graph returns it). torch.export makes each value once, under a name no
+// input or state has; a layer's replay follows a value to its one maker, so
+// a graph that makes one twice is refused (found by fuzz_exported_program:
+// the replay followed a value to the wrong maker, then to a name nothing made).
+Status MadeAndRead(const Program& p, std::map<std::string, std::size_t>* made,
+                   std::map<std::string, std::size_t>* last_read) {
+  std::set<std::string> placeholders(p.user_inputs.begin(), p.user_inputs.end());
+  for (const auto& [placeholder, name] : p.state_of) placeholders.insert(placeholder);
   for (std::size_t i = 0; i < p.nodes.size(); ++i) {
     for (const std::string& r : p.nodes[i].reads) (*last_read)[r] = i;
     std::vector<std::string> outs;
     for (const json& o : p.nodes[i].outputs) CollectReads(o, &outs);
-    for (const std::string& o : outs) (*made)[o] = i;
+    for (const std::string& o : outs) {
+      if (placeholders.count(o)) {
+        return Bad(p, "node '" + p.nodes[i].name + "' makes '" + o +
+                          "', the name of an input or state of the program: the graph is not as torch.export.save "
+                          "writes it");
+      }
+      auto [at, first] = made->emplace(o, i);
+      if (!first) {
+        return Bad(p, "'" + o + "' is made twice, by node '" + p.nodes[at->second].name + "' and by node '" +
+                          p.nodes[i].name + "': the graph is not as torch.export.save writes it");
+      }
+    }
   }
   for (const std::string& o : p.user_outputs) (*last_read)[o] = p.nodes.size();
+  return absl::OkStatus();
 }
 
 // Layer k's crossing values, and the nodes it runs again (with the state
 // they read) to make the batch-free ones: those and the nodes before them,
 // all batch-free. `values`: (made at, name) in the order they are made.
-void CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::size_t, std::string>>& values,
-               const std::map<std::string, std::size_t>& made, const std::map<std::string, std::size_t>& last_read,
-               const std::set<std::string>& batch_free) {
+Status CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::size_t, std::string>>& values,
+                 const std::map<std::string, std::size_t>& made, const std::map<std::string, std::size_t>& last_read,
+                 const std::set<std::string>& batch_free) {
   const std::size_t start = p.starts[k];
   std::set<std::size_t> replay;
   std::vector<std::string> wanted;
@@ -90,13 +107,20 @@ void CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::size_
       state.insert(s->second);
       continue;
     }
-    const std::size_t node = made.at(name);
+    auto m = made.find(name);
+    if (m == made.end()) {
+      return Bad(p, "a node reads '" + name +
+                        "', which no node of the graph makes and which is no input or state of it: the graph is "
+                        "not as torch.export.save writes it");
+    }
+    const std::size_t node = m->second;
     if (!replay.insert(node).second) continue;
     wanted.insert(wanted.end(), p.nodes[node].reads.begin(), p.nodes[node].reads.end());
   }
   p.replay[k].assign(replay.begin(), replay.end());
   for (const std::string& name : p.state_order)
     if (state.count(name)) p.replay_state[k].push_back(name);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -133,7 +157,7 @@ void MakeLayers(Program& p, const std::vector<std::size_t>& cuts) {
 Status FindCrossings(Program& p) {
   const std::size_t layers = p.starts.size();
   std::map<std::string, std::size_t> made, last_read;
-  MadeAndRead(p, &made, &last_read);
+  CONVEYOR_RETURN_IF_ERROR(MadeAndRead(p, &made, &last_read));
   // What crosses into each layer: values made before it (or the user's inputs)
   // and read at or after it, in the order they are made.
   p.crossing.assign(layers, {});
@@ -151,7 +175,9 @@ Status FindCrossings(Program& p) {
   }
   p.replay.assign(layers, {});
   p.replay_state.assign(layers, {});
-  for (std::size_t k = 1; k < layers; ++k) CrossInto(p, k, values, made, last_read, batch_free);
+  for (std::size_t k = 1; k < layers; ++k) {
+    CONVEYOR_RETURN_IF_ERROR(CrossInto(p, k, values, made, last_read, batch_free));
+  }
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/autograd/function.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <functional>
@@ -118,6 +119,32 @@ TEST(ExportedProgram, AnArchiveMissingAnyOneKeyIsRefusedOrReadNeverCrashed) {
     auto summary = DescribeExportedProgram(path, "bn, fc");
     if (!summary.ok()) EXPECT_EQ(summary.status().code(), absl::StatusCode::kInvalidArgument) << key << ": " << summary.status();
   }
+  RemoveTree(dir);
+}
+
+// A value made by two nodes, or under the name of an input, is refused with
+// both makers named: a later layer's replay followed the value to its last
+// maker, then to a name that nothing made, and the reader threw
+// std::out_of_range, which no caller caught (found by fuzz_exported_program).
+TEST(ExportedProgram, AValueMadeTwiceOrUnderAnInputsNameIsRefused) {
+  const std::string dir = testing::MakeTempDir("exported");
+  auto nodes_edited = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    return Edited(Fixture("dec_ids.pt2"), dir, name, [&](std::string& text) {
+      nlohmann::json model = nlohmann::json::parse(text);
+      edit(model.at("graph_module").at("graph").at("nodes"));
+      text = model.dump();
+    });
+  };
+  const std::string twice = nodes_edited("twice.pt2", [](nlohmann::json& nodes) {
+    nodes.push_back(nodes.at(0));  // the first node again, at the end
+  });
+  const auto first = DescribeExportedProgram(Fixture("dec_ids.pt2"), "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ExpectRefused(DescribeExportedProgram(twice, "").status(), "is made twice, by node '");
+  const std::string input = nodes_edited("input.pt2", [](nlohmann::json& nodes) {
+    nodes.at(0).at("outputs").at(0)["as_tensor"]["name"] = "t";  // the program's input
+  });
+  ExpectRefused(DescribeExportedProgram(input, "").status(), "makes 't', the name of an input or state of the program");
   RemoveTree(dir);
 }
 
