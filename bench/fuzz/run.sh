@@ -25,6 +25,9 @@ for target in "${targets[@]}"; do
   for dir in bench/fuzz/seeds/$target bench/fuzz/corpus/$target; do
     [ -d "$dir" ] && cp "$dir"/* "$corpus/$target/"
   done
+  # A corpus of near-copies of one file (exported_program's model.json
+  # variants: 22 MB) is committed as an xz tarball (95 KB).
+  [ -f "bench/fuzz/corpus/$target.tar.xz" ] && tar -C "$corpus/$target" -xJf "bench/fuzz/corpus/$target.tar.xz"
 done
 cp examples/*.yaml "$corpus/job_file/" 2>/dev/null || true
 # sizes as torch.export prints them, each after the byte that picks the symbols' value
