@@ -1,6 +1,5 @@
 #include "cli/plot.h"
 
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
