@@ -83,9 +83,9 @@ Status MadeAndRead(const Program& p, std::map<std::string, std::size_t>* made,
 // Layer k's crossing values, and the nodes it runs again (with the state
 // they read) to make the batch-free ones: those and the nodes before them,
 // all batch-free. `values`: (made at, name) in the order they are made.
-Status CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::size_t, std::string>>& values,
-                 const std::map<std::string, std::size_t>& made, const std::map<std::string, std::size_t>& last_read,
-                 const std::set<std::string>& batch_free) {
+void CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::size_t, std::string>>& values,
+               const std::map<std::string, std::size_t>& made, const std::map<std::string, std::size_t>& last_read,
+               const std::set<std::string>& batch_free) {
   const std::size_t start = p.starts[k];
   std::set<std::size_t> replay;
   std::vector<std::string> wanted;
@@ -107,20 +107,15 @@ Status CrossInto(Program& p, std::size_t k, const std::vector<std::pair<std::siz
       state.insert(s->second);
       continue;
     }
-    auto m = made.find(name);
-    if (m == made.end()) {
-      return Bad(p, "a node reads '" + name +
-                        "', which no node of the graph makes and which is no input or state of it: the graph is "
-                        "not as torch.export.save writes it");
-    }
-    const std::size_t node = m->second;
+    // A batch-free value's maker reads batch-free values alone: state, or
+    // what another node makes (each value once: MadeAndRead).
+    const std::size_t node = made.at(name);
     if (!replay.insert(node).second) continue;
     wanted.insert(wanted.end(), p.nodes[node].reads.begin(), p.nodes[node].reads.end());
   }
   p.replay[k].assign(replay.begin(), replay.end());
   for (const std::string& name : p.state_order)
     if (state.count(name)) p.replay_state[k].push_back(name);
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -175,9 +170,7 @@ Status FindCrossings(Program& p) {
   }
   p.replay.assign(layers, {});
   p.replay_state.assign(layers, {});
-  for (std::size_t k = 1; k < layers; ++k) {
-    CONVEYOR_RETURN_IF_ERROR(CrossInto(p, k, values, made, last_read, batch_free));
-  }
+  for (std::size_t k = 1; k < layers; ++k) CrossInto(p, k, values, made, last_read, batch_free);
   return absl::OkStatus();
 }
 
