@@ -4,14 +4,12 @@
 // target's seeds and corpus under gcc's ASan+UBSan); a report or a crash is
 // the failure, as under libFuzzer.
 //   replay_TARGET PATH...
-#include <cstddef>
-#include <cstdint>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -22,13 +20,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 namespace {
 
 int Replay(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "replay: cannot read %s\n", file.c_str());
+  auto bytes = conveyor::ReadWholeFile(file);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "replay: %s\n", std::string(bytes.status().message()).c_str());
     return 1;
   }
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size());
   return 0;
 }
 
