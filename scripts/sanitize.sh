@@ -54,6 +54,7 @@ for kind in "${kinds[@]}"; do
     [ "$kind" = tsan ] && ctest_args+=(-E '^ServerHealth\.')
     [ -n "$units" ] && [ "$kind" = asan ] && ctest_args+=(-E '^sanitize\.replay_')  # --units builds no replay
   fi
-  ctest --test-dir "$build" -j"$(nproc)" --output-on-failure --timeout 900 "${ctest_args[@]}" "$@"
+  ctest --test-dir "$build" -j"$(nproc)" --output-on-failure --timeout 900 "${ctest_args[@]}" "$@" ||
+    { rc=$?; scripts/failures.sh "$build"; exit "$rc"; }
   echo "sanitize.sh $kind: built in $built s, $(( $(date +%s) - start )) s in all"
 done

@@ -17,5 +17,8 @@ scripts/build.sh
 # A short fuzz smoke of the decoders the servers run on untrusted input
 # (bench/fuzz/run.sh without an argument runs 1,000,000 executions each).
 bench/fuzz/run.sh "${FUZZ_RUNS:-20000}"
-ctest --test-dir "${BUILD_DIR:-build}" -j"$(nproc)" --output-on-failure --timeout 900 "$@"
+# A failure's lines are repeated at the end (scripts/failures.sh): a long
+# log's middle, where ctest printed them, is what gets cut.
+ctest --test-dir "${BUILD_DIR:-build}" -j"$(nproc)" --output-on-failure --timeout 900 "$@" ||
+  { rc=$?; scripts/failures.sh "${BUILD_DIR:-build}"; exit "$rc"; }
 echo "test.sh: $(( $(date +%s) - start )) s in all"
