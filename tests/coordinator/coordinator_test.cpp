@@ -533,13 +533,18 @@ TEST(Coordinator, AfterAFailureTheSurvivorsAreReleasedTogether) {
 }
 
 // Clients of two in-process stages where the coordinator's Abort reaches
-// stage 0 before the step it aborts: stage 1's third step call fails without
-// running, and stage 0's third waits until stage 0 has been aborted.
+// stage 0 before the step it aborts: the first call of training step 2 on
+// stage 1 fails without running, once stage 0's call of that step has begun;
+// stage 0's call waits until stage 0 has been aborted, then runs. (Counted by
+// calls, the step could be another: a call that begins after a stage failed
+// is not made, and stage 0's third call was then the next run's first step.)
 struct AbortFirst {
   std::mutex mu;
   std::condition_variable cv;
+  std::atomic<bool> held[2] = {false, false};  // each stage's call of step 2 was held
+  bool stage0_waits = false;                  // stage 0's call of step 2 has begun
   bool aborted = false;
-  Status late_step;  // stage 0's third step, begun after the abort
+  Status late_step;  // stage 0's step 2, run after the abort
 };
 
 class AbortFirstClient : public StageClient {
@@ -547,23 +552,42 @@ class AbortFirstClient : public StageClient {
   AbortFirstClient(Stage* stage, std::string address, int index, AbortFirst* shared)
       : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
   const std::string& address() const override { return address_; }
-#define CONVEYOR_STAGE_ABORT_FIRST(Name, Request, Reply, Thread, How)                               \
-  StatusOr<Reply> Name(const Request& request, double) override {                                   \
-    const bool third = std::string_view(#Name) == "RunStep" && ++step_calls_ == 3;                 \
-    if (third && index_ == 1) return absl::UnavailableError(address_ + ": connection reset");       \
-    if (third && index_ == 0) AwaitAbort();                                                         \
-    auto reply = stage_->Name(request);                                                             \
-    if (third && index_ == 0) shared_->late_step = reply.status();                                  \
-    if (std::string_view(#Name) == "Abort" && index_ == 0) NoteAbort();                             \
-    return reply;                                                                                   \
+#define CONVEYOR_STAGE_ABORT_FIRST(Name, Request, Reply, Thread, How)                         \
+  StatusOr<Reply> Name(const Request& request, double) override {                             \
+    const bool held = Holds(request);                                                         \
+    if (held && index_ == 1) return FailOnceStage0Waits();                                    \
+    if (held && index_ == 0) AwaitAbort();                                                    \
+    auto reply = stage_->Name(request);                                                       \
+    if (held && index_ == 0) NoteLateStep(reply.status());                                    \
+    if (std::string_view(#Name) == "Abort" && index_ == 0) NoteAbort();                       \
+    return reply;                                                                             \
   }
   CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_ABORT_FIRST)
 #undef CONVEYOR_STAGE_ABORT_FIRST
 
  private:
+  // The first call of training step 2 (the run after the recovery steps it again).
+  bool Holds(const v1::RunStepRequest& r) {
+    return r.phase() == v1::PHASE_TRAIN && r.step() == 2 && !shared_->held[index_].exchange(true);
+  }
+  template <typename Request>
+  bool Holds(const Request&) {
+    return false;
+  }
+  Status FailOnceStage0Waits() {
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->stage0_waits; });
+    return absl::UnavailableError(address_ + ": connection reset");
+  }
   void AwaitAbort() {
     std::unique_lock<std::mutex> lock(shared_->mu);
+    shared_->stage0_waits = true;
+    shared_->cv.notify_all();
     shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->aborted; });
+  }
+  void NoteLateStep(const Status& st) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->late_step = st;
   }
   void NoteAbort() {
     std::lock_guard<std::mutex> lock(shared_->mu);
@@ -575,7 +599,6 @@ class AbortFirstClient : public StageClient {
   std::string address_;
   int index_;
   AbortFirst* shared_;
-  std::atomic<int> step_calls_{0};
 };
 
 // An Abort that reaches a stage before the step it aborts has begun still
