@@ -167,8 +167,10 @@ Status JobRunner::ConfigureAll() {
   std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
   status_.clear_stages();
   std::vector<std::string> stores(static_cast<std::size_t>(p));  // replica 0's, by stage
+  ++deployment_;
   for (int s = 0; s < n; ++s) {
     v1::StageAssignment a = assignments_[s];
+    a.set_deployment(deployment_);
     if (a.num_replicas() > 1 && a.replica() > 0) a.set_replica_store(stores[s % p]);
     auto reply = stages_[s]->Configure(a, kControlDeadlineS);
     if (!reply.ok()) return OnStage(reply.status(), s);
@@ -318,6 +320,7 @@ v1::RunStepRequest JobRunner::TrainRequest(int64_t step, bool* asked_by_signal) 
   req.set_job_id(status_.job_id());
   req.set_phase(v1::PHASE_TRAIN);
   req.set_step(step);
+  req.set_deployment(deployment_);
   req.set_batch_size(spec_.batch_size());
   const bool asked = checkpoint_requested_.exchange(false);
   const bool next = std::exchange(checkpoint_next_, false);
@@ -492,6 +495,7 @@ Status JobRunner::Update(const v1::RunStepRequest& req, std::vector<v1::RunStepR
   v1::ApplyStepRequest apply;
   apply.set_job_id(status_.job_id());
   apply.set_step(req.step());
+  apply.set_deployment(deployment_);
   apply.set_skip(found_inf);
   apply.set_grad_scale(found_inf ? 1.0 : spec_.clip_grad_norm() > 0 ? ClipFactor(spec_.clip_grad_norm(), norm) : 1.0);
   apply.set_checkpoint(req.checkpoint());
@@ -553,6 +557,7 @@ Status JobRunner::Evaluate() {
     req.set_job_id(status_.job_id());
     req.set_phase(v1::PHASE_EVAL);
     req.set_step(b);
+    req.set_deployment(deployment_);
     req.set_batch_size(std::min(eb, test_samples_ - b * eb));
     CONVEYOR_RETURN_IF_ERROR(StepAll(req, &replies));
     const std::size_t p = static_cast<std::size_t>(spec_.partition().stages());

@@ -105,6 +105,14 @@ Status Stage::Impl::CheckJob(const std::string& job_id) const {
   return absl::OkStatus();
 }
 
+Status Stage::Impl::CheckDeployment(int64_t deployment, const std::string& what) const {
+  const int64_t held = job_->assignment.deployment();
+  if (deployment == held) return absl::OkStatus();
+  return absl::AbortedError(Who() + ": " + what + " was sent to configuration " + std::to_string(deployment) +
+                            " of the job, and the coordinator has configured it anew since (configuration " +
+                            std::to_string(held) + "): not run");
+}
+
 namespace {
 
 NcclOptions NcclOptionsOf(const v1::JobSpec& spec) {
@@ -157,6 +165,7 @@ void Stage::Impl::DropJob() {
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_.clear();
   stage_index_ = -1;
+  deployment_ = 0;
   replica_ = 0;
   aborted_.clear();
   next_train_step_ = -1;
@@ -324,6 +333,7 @@ StatusOr<v1::ConfigureReply> Stage::Impl::Configure(const v1::StageAssignment& a
   job_ = std::move(job);
   std::lock_guard<std::mutex> lock(info_mu_);
   job_id_ = a.job_id();
+  deployment_ = a.deployment();
   stage_index_ = a.stage_index();
   replica_ = a.replica();
   next_train_step_ = 0;

@@ -315,6 +315,10 @@ class Stage::Impl {
   };
 
   Status CheckJob(const std::string& job_id) const;
+  // ABORTED unless `deployment` is the configuration this stage holds
+  // (StageAssignment.deployment): `what` ("step 7") was sent to an earlier one.
+  // REQUIRES: CheckJob passed.
+  Status CheckDeployment(int64_t deployment, const std::string& what) const;
   // Configure, in its order: the assignment checked (`who` names the stage
   // in errors); one chunk built, initialised, moved to the device and probed;
   // the data and loss of the chunks that read them; CUDA graphs when they
@@ -506,6 +510,7 @@ class Stage::Impl {
   std::string job_id_;
   int stage_index_ = -1;
   int replica_ = 0;
+  int64_t deployment_ = 0;  // the job's configuration (StageAssignment.deployment)
   // Why the coordinator aborted the job's step (Abort), until the job is
   // dropped: a step that begins after it fails at its first wait.
   std::string aborted_;

@@ -501,9 +501,12 @@ bool Stage::Impl::ReadsAfterUpdate(const v1::RunStepRequest& req) const {
 Status Stage::Impl::AwaitTurn(const v1::RunStepRequest& req) {
   if (req.phase() != v1::PHASE_TRAIN) return absl::OkStatus();
   std::unique_lock<std::mutex> lock(info_mu_);
-  if (job_id_ != req.job_id()) return absl::OkStatus();  // LaunchRunStep says what is wrong
+  // LaunchRunStep says what is wrong, without a wait for a turn that would
+  // not come (a step of another job, or of an earlier configuration).
+  if (job_id_ != req.job_id() || deployment_ != req.deployment()) return absl::OkStatus();
   auto turn = [&] {
-    return next_train_step_ < 0 || req.step() <= next_train_step_ || !aborted_.empty() || job_id_ != req.job_id();
+    return next_train_step_ < 0 || req.step() <= next_train_step_ || !aborted_.empty() || job_id_ != req.job_id() ||
+           deployment_ != req.deployment();
   };
   // The coordinator configures the job anew (or ends it) before it steps it again.
   if (!aborted_.empty()) return absl::AbortedError(aborted_);
@@ -552,6 +555,7 @@ StatusOr<Stage::Impl::StepEnd> Stage::Impl::LaunchRunStep(const v1::RunStepReque
 
 Status Stage::Impl::CheckRunStep(const v1::RunStepRequest& req) const {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  CONVEYOR_RETURN_IF_ERROR(CheckDeployment(req.deployment(), "step " + std::to_string(req.step())));
   const v1::JobSpec& spec = job_->spec();
   if (req.phase() != v1::PHASE_TRAIN && req.phase() != v1::PHASE_EVAL)
     return absl::InvalidArgumentError(Who() + ": step without a phase");

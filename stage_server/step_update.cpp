@@ -126,6 +126,7 @@ Status Stage::Impl::GatherOptimizerState() {
 
 StatusOr<v1::ApplyStepReply> Stage::Impl::ApplyStep(const v1::ApplyStepRequest& req) {
   CONVEYOR_RETURN_IF_ERROR(CheckJob(req.job_id()));
+  CONVEYOR_RETURN_IF_ERROR(CheckDeployment(req.deployment(), "the update of step " + std::to_string(req.step())));
   // A stage without trainable parameters has no optimizer and holds nothing.
   if (job_->optimizer && job_->pending_step != req.step())
     return absl::FailedPreconditionError(Who() + ": no deferred update of step " + std::to_string(req.step()) +

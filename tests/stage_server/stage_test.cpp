@@ -202,6 +202,39 @@ TEST_F(StageTest, CallsForAnotherJobAreRefused) {
   EXPECT_TRUE(stage_->RunStep(req).ok());
 }
 
+// A step or update sent to an earlier configuration of the job (a call the
+// coordinator cancelled before it configured the job anew, still on its way)
+// is refused ABORTED, and the stage's state is the new configuration's: its
+// own step 0 then runs, and holds its update for its own ApplyStep.
+TEST_F(StageTest, CallsOfAnEarlierConfigurationAreRefused) {
+  v1::StageAssignment a = Assignment("model: toy\noptimizer: {name: sgd, lr: 0.1}\nclip_grad_norm: 1.0\n", 0, 1, 0, 3, {10});
+  a.set_deployment(2);
+  ASSERT_TRUE(stage_->Configure(a).ok());
+  v1::RunStepRequest req;
+  req.set_job_id("job-1");
+  req.set_phase(v1::PHASE_TRAIN);
+  req.set_batch_size(32);
+  req.set_defer_update(true);
+  req.set_deployment(1);
+  auto stale = stage_->RunStep(req);
+  EXPECT_TRUE(absl::IsAborted(stale.status())) << stale.status();
+  EXPECT_THAT(std::string(stale.status().message()),
+              HasSubstr("step 0 was sent to configuration 1 of the job, and the coordinator has configured it anew "
+                        "since (configuration 2): not run"));
+  req.set_deployment(2);
+  ASSERT_TRUE(stage_->RunStep(req).ok());
+  v1::ApplyStepRequest apply;
+  apply.set_job_id("job-1");
+  apply.set_step(0);
+  apply.set_grad_scale(1);
+  apply.set_deployment(1);
+  auto stale_apply = stage_->ApplyStep(apply);
+  EXPECT_TRUE(absl::IsAborted(stale_apply.status())) << stale_apply.status();
+  EXPECT_THAT(std::string(stale_apply.status().message()), HasSubstr("the update of step 0 was sent to configuration 1"));
+  apply.set_deployment(2);
+  EXPECT_TRUE(stage_->ApplyStep(apply).ok()) << "the stale update left the held one alone";
+}
+
 // clip_grad_norm over several stages: RunStep holds the update, ApplyStep
 // makes it once, scaled; an ApplyStep with nothing held is refused.
 TEST_F(StageTest, ADeferredUpdateIsAppliedOnceScaled) {
