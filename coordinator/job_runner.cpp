@@ -167,7 +167,9 @@ Status JobRunner::ConfigureAll() {
   std::vector<v1::StageReport> before(status_.stages().begin(), status_.stages().end());
   status_.clear_stages();
   std::vector<std::string> stores(static_cast<std::size_t>(p));  // replica 0's, by stage
-  ++deployment_;
+  // Greater than any number a coordinator gave the job before, also one
+  // before a restart (the system clock's microseconds).
+  deployment_ = std::max(deployment_ + 1, UnixMicros());
   for (int s = 0; s < n; ++s) {
     v1::StageAssignment a = assignments_[s];
     a.set_deployment(deployment_);

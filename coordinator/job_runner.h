@@ -205,7 +205,7 @@ class JobRunner {
   bool grow_back_ = false;  // Train() stopped at a checkpoint to return to it
   bool started_ = false;  // training began (now or before a coordinator restart)
   int64_t failed_at_ = -1;  // steps done at the last recovery
-  int64_t deployment_ = 0;  // configurations so far (StageAssignment.deployment)
+  int64_t deployment_ = 0;  // the job's configuration (StageAssignment.deployment)
   int same_step_recoveries_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t test_samples_ = 0;
