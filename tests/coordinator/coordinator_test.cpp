@@ -625,6 +625,89 @@ TEST(Coordinator, AnAbortThatComesBeforeItsStepAbortsIt) {
   EXPECT_TRUE(absl::IsAborted(shared.late_step)) << shared.late_step;
 }
 
+// Clients of in-process stages that note the configuration number each
+// Configure, RunStep and ApplyStep carries; stage 1's first call of training
+// step 2 fails once without running, so that the job is configured twice.
+struct Deployments {
+  std::mutex mu;
+  std::vector<int64_t> configured[2];  // each stage's, in order
+  int calls = 0;                       // step and update calls
+  int off = 0;                         // of them, with another number than their stage's last Configure
+  std::atomic<bool> failed{false};
+};
+
+class DeploymentClient : public StageClient {
+ public:
+  DeploymentClient(Stage* stage, std::string address, int index, Deployments* shared)
+      : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
+  const std::string& address() const override { return address_; }
+#define CONVEYOR_STAGE_DEPLOYMENTS(Name, Request, Reply, Thread, How)      \
+  StatusOr<Reply> Name(const Request& request, double) override {          \
+    Note(request);                                                         \
+    if (Fails(request)) return absl::UnavailableError(address_ + ": reset"); \
+    return stage_->Name(request);                                          \
+  }
+  CONVEYOR_STAGE_CONTROL_OPS(CONVEYOR_STAGE_DEPLOYMENTS)
+#undef CONVEYOR_STAGE_DEPLOYMENTS
+
+ private:
+  void Note(const v1::StageAssignment& a) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->configured[index_].push_back(a.deployment());
+  }
+  void Note(const v1::RunStepRequest& r) { NoteCall(r.deployment()); }
+  void Note(const v1::ApplyStepRequest& r) { NoteCall(r.deployment()); }
+  template <typename Request>
+  void Note(const Request&) {}
+  void NoteCall(int64_t deployment) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    ++shared_->calls;
+    const auto& mine = shared_->configured[index_];
+    if (mine.empty() || mine.back() != deployment) ++shared_->off;
+  }
+  bool Fails(const v1::RunStepRequest& r) {
+    return index_ == 1 && r.phase() == v1::PHASE_TRAIN && r.step() == 2 && !shared_->failed.exchange(true);
+  }
+  template <typename Request>
+  bool Fails(const Request&) {
+    return false;
+  }
+
+  Stage* stage_;
+  std::string address_;
+  int index_;
+  Deployments* shared_;
+};
+
+// Each configuration of a job has a number greater than the one before it,
+// and every step and update call carries its configuration's: a stage refuses
+// a call of an earlier one (StageTest.CallsOfAnEarlierConfigurationAreRefused).
+TEST(Coordinator, EachConfigurationHasAGreaterNumberThatItsCallsCarry) {
+  InProcessCluster cluster(2);
+  Deployments shared;
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
+    const int i = address == cluster.addresses()[1] ? 1 : 0;
+    return std::make_unique<DeploymentClient>(&cluster.stage(i), address, i, &shared);
+  };
+  auto c = Coordinator::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::JobStatus s =
+      RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nclip_grad_norm: 1.0\n");
+  ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
+  EXPECT_EQ(s.recoveries(), 1);
+  std::lock_guard<std::mutex> lock(shared.mu);
+  for (const auto& numbers : shared.configured) {
+    ASSERT_EQ(numbers.size(), 2u);
+    EXPECT_GT(numbers[0], 0);
+    EXPECT_GT(numbers[1], numbers[0]);
+  }
+  EXPECT_EQ(shared.configured[0], shared.configured[1]);
+  EXPECT_GT(shared.calls, 12);  // steps and updates
+  EXPECT_EQ(shared.off, 0);
+}
+
 // save.path: a second job that writes the file a queued or running job
 // writes is refused at submission naming that job (they overwrote each
 // other silently); once that job ended, the path is free again.
