@@ -460,6 +460,23 @@ TEST(FakeClock, AWaitEndsWhenTheTimeIsAdvancedPastItsDeadlineOrItsConditionHolds
   woken.join();
 }
 
+// Runs `yaml` to its end on a coordinator over two in-process stages, each
+// reached through a Client(stage, address, index, shared): the clients below
+// that fail, hold or note calls.
+template <typename Client, typename Shared>
+v1::JobStatus RunOverTwoStages(Shared* shared, const std::string& yaml) {
+  InProcessCluster cluster(2);
+  CoordinatorOptions options;
+  options.stages = cluster.addresses();
+  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
+    const int i = address == cluster.addresses()[1] ? 1 : 0;
+    return std::make_unique<Client>(&cluster.stage(i), address, i, shared);
+  };
+  auto c = Coordinator::Start(options);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? RunToEnd(**c, yaml) : v1::JobStatus();
+}
+
 // Clients of two in-process stages for the order of Release after a failure:
 // stage 1's third step call fails once after the stage ran it (its reply
 // lost: a server that died and came straight back), and stage 0's Release holds until stage 1's Release has been called,
@@ -514,17 +531,9 @@ class ReleaseOrderClient : public StageClient {
 // stage 0's Release held until its deadline (5 s: the recovery wait of a
 // replica-1 server's death, issue 32).
 TEST(Coordinator, AfterAFailureTheSurvivorsAreReleasedTogether) {
-  InProcessCluster cluster(2);
   ReleaseOrder order;
-  CoordinatorOptions options;
-  options.stages = cluster.addresses();
-  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
-    const int i = address == cluster.addresses()[1] ? 1 : 0;
-    return std::make_unique<ReleaseOrderClient>(&cluster.stage(i), address, i, &order);
-  };
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  const v1::JobStatus s = RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\n");
+  const v1::JobStatus s =
+      RunOverTwoStages<ReleaseOrderClient>(&order, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\n");
   ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(s.recoveries(), 1);
   std::lock_guard<std::mutex> lock(order.mu);
@@ -606,18 +615,9 @@ class AbortFirstClient : public StageClient {
 // forgot it and waited for its neighbour until stage_timeout
 // (DEADLINE_EXCEEDED), delaying the recovery by that much.
 TEST(Coordinator, AnAbortThatComesBeforeItsStepAbortsIt) {
-  InProcessCluster cluster(2);
   AbortFirst shared;
-  CoordinatorOptions options;
-  options.stages = cluster.addresses();
-  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
-    const int i = address == cluster.addresses()[1] ? 1 : 0;
-    return std::make_unique<AbortFirstClient>(&cluster.stage(i), address, i, &shared);
-  };
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  const v1::JobStatus s =
-      RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nstage_timeout: 5\n");
+  const v1::JobStatus s = RunOverTwoStages<AbortFirstClient>(
+      &shared, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nstage_timeout: 5\n");
   ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(s.recoveries(), 1);
   std::lock_guard<std::mutex> lock(shared.mu);
@@ -683,18 +683,9 @@ class DeploymentClient : public StageClient {
 // and every step and update call carries its configuration's: a stage refuses
 // a call of an earlier one (StageTest.CallsOfAnEarlierConfigurationAreRefused).
 TEST(Coordinator, EachConfigurationHasAGreaterNumberThatItsCallsCarry) {
-  InProcessCluster cluster(2);
   Deployments shared;
-  CoordinatorOptions options;
-  options.stages = cluster.addresses();
-  options.client_factory = [&](const std::string& address) -> std::unique_ptr<StageClient> {
-    const int i = address == cluster.addresses()[1] ? 1 : 0;
-    return std::make_unique<DeploymentClient>(&cluster.stage(i), address, i, &shared);
-  };
-  auto c = Coordinator::Start(options);
-  ASSERT_TRUE(c.ok()) << c.status();
-  const v1::JobStatus s =
-      RunToEnd(**c, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nclip_grad_norm: 1.0\n");
+  const v1::JobStatus s = RunOverTwoStages<DeploymentClient>(
+      &shared, "model: toy\npartition: {stages: 2}\nbatch_size: 8\nsteps: 6\nclip_grad_norm: 1.0\n");
   ASSERT_EQ(s.state(), v1::JOB_STATE_SUCCEEDED) << s.error();
   EXPECT_EQ(s.recoveries(), 1);
   std::lock_guard<std::mutex> lock(shared.mu);
