@@ -4,7 +4,6 @@
 // of the tests that passed.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
