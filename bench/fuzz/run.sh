@@ -26,7 +26,7 @@ for target in "${targets[@]}"; do
     [ -d "$dir" ] && cp "$dir"/* "$corpus/$target/"
   done
   # A corpus of near-copies of one file (exported_program's model.json
-  # variants: 20 MB) is committed as an xz tarball (160 KB).
+  # variants: 24 MB) is committed as an xz tarball (170 KB).
   [ -f "bench/fuzz/corpus/$target.tar.xz" ] && tar -C "$corpus/$target" -xJf "bench/fuzz/corpus/$target.tar.xz"
 done
 cp examples/*.yaml "$corpus/job_file/" 2>/dev/null || true
