@@ -460,6 +460,22 @@ TEST(FakeClock, AWaitEndsWhenTheTimeIsAdvancedPastItsDeadlineOrItsConditionHolds
   woken.join();
 }
 
+// What the clients of RunOverTwoStages share: stage `index` of the two, at
+// `address`, and the test's state they note or wait on.
+template <typename Shared>
+class TwoStageClient : public StageClient {
+ public:
+  TwoStageClient(Stage* stage, std::string address, int index, Shared* shared)
+      : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
+  const std::string& address() const override { return address_; }
+
+ protected:
+  Stage* stage_;
+  std::string address_;
+  int index_;
+  Shared* shared_;
+};
+
 // Runs `yaml` to its end on a coordinator over two in-process stages, each
 // reached through a Client(stage, address, index, shared): the clients below
 // that fail, hold or note calls.
@@ -489,11 +505,9 @@ struct ReleaseOrder {
   bool freed_by_partner = false;
 };
 
-class ReleaseOrderClient : public StageClient {
+class ReleaseOrderClient : public TwoStageClient<ReleaseOrder> {
  public:
-  ReleaseOrderClient(Stage* stage, std::string address, int index, ReleaseOrder* order)
-      : stage_(stage), address_(std::move(address)), index_(index), order_(order) {}
-  const std::string& address() const override { return address_; }
+  using TwoStageClient::TwoStageClient;
 #define CONVEYOR_STAGE_RELEASE_ORDER(Name, Request, Reply, Thread, How)                   \
   StatusOr<Reply> Name(const Request& request, double) override {                         \
     if (std::string_view(#Name) == "Release") BeforeRelease();                            \
@@ -509,19 +523,15 @@ class ReleaseOrderClient : public StageClient {
   bool Fails(std::string_view name) { return index_ == 1 && name == "RunStep" && ++step_calls_ == 3; }
   void BeforeRelease() {
     if (index_ != 0) return;
-    std::unique_lock<std::mutex> lock(order_->mu);
-    order_->freed_by_partner = order_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return order_->released[1]; });
+    std::unique_lock<std::mutex> lock(shared_->mu);
+    shared_->freed_by_partner = shared_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return shared_->released[1]; });
   }
   void AfterRelease() {
-    std::lock_guard<std::mutex> lock(order_->mu);
-    order_->released[index_] = true;
-    order_->cv.notify_all();
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->released[index_] = true;
+    shared_->cv.notify_all();
   }
 
-  Stage* stage_;
-  std::string address_;
-  int index_;
-  ReleaseOrder* order_;
   std::atomic<int> step_calls_{0};
 };
 
@@ -556,11 +566,9 @@ struct AbortFirst {
   Status late_step;  // stage 0's step 2, run after the abort
 };
 
-class AbortFirstClient : public StageClient {
+class AbortFirstClient : public TwoStageClient<AbortFirst> {
  public:
-  AbortFirstClient(Stage* stage, std::string address, int index, AbortFirst* shared)
-      : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
-  const std::string& address() const override { return address_; }
+  using TwoStageClient::TwoStageClient;
 #define CONVEYOR_STAGE_ABORT_FIRST(Name, Request, Reply, Thread, How)                         \
   StatusOr<Reply> Name(const Request& request, double) override {                             \
     const bool held = Holds(request);                                                         \
@@ -603,11 +611,6 @@ class AbortFirstClient : public StageClient {
     shared_->aborted = true;
     shared_->cv.notify_all();
   }
-
-  Stage* stage_;
-  std::string address_;
-  int index_;
-  AbortFirst* shared_;
 };
 
 // An Abort that reaches a stage before the step it aborts has begun still
@@ -636,11 +639,9 @@ struct Deployments {
   std::atomic<bool> failed{false};
 };
 
-class DeploymentClient : public StageClient {
+class DeploymentClient : public TwoStageClient<Deployments> {
  public:
-  DeploymentClient(Stage* stage, std::string address, int index, Deployments* shared)
-      : stage_(stage), address_(std::move(address)), index_(index), shared_(shared) {}
-  const std::string& address() const override { return address_; }
+  using TwoStageClient::TwoStageClient;
 #define CONVEYOR_STAGE_DEPLOYMENTS(Name, Request, Reply, Thread, How)      \
   StatusOr<Reply> Name(const Request& request, double) override {          \
     Note(request);                                                         \
@@ -672,11 +673,6 @@ class DeploymentClient : public StageClient {
   bool Fails(const Request&) {
     return false;
   }
-
-  Stage* stage_;
-  std::string address_;
-  int index_;
-  Deployments* shared_;
 };
 
 // Each configuration of a job has a number greater than the one before it,
